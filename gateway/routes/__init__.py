@@ -1,0 +1,1 @@
+"""HTTP routers, one file per resource."""

@@ -1,0 +1,117 @@
+"""Conversations: create, chat (wait for the answer), post (don't wait), history, live events."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, HTTPException, Query
+from sqlmodel import Session
+from sse_starlette import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
+
+from gateway.deps import SessionDep, StateDep, require_key
+from gateway.schemas import Accepted, ChatIn, ChatOut, ConversationIn, ConversationOut, MessageOut, ToolCallOut
+from gateway.state import AppState
+from gateway.waiting import last_event_id, wait_for_run
+from shared.agent import conversations, views
+from shared.agent.events import stream_key
+from shared.agent.service import Submitted, after_commit, submit
+from shared.db import get_engine
+from shared.models import Conversation, RunStatus, new_id
+
+router = APIRouter(prefix="/api/v1/conversations", tags=["conversations"], dependencies=[Depends(require_key)])
+
+
+def _origin(conversation_id: str) -> dict[str, str]:
+    return {"channel": "api", "chat_id": conversation_id}
+
+
+@router.post("", response_model=ConversationOut)
+def create_conversation(s: SessionDep, body: ConversationIn | None = None) -> ConversationOut:
+    """A new API conversation."""
+    cid = new_id()
+    conv = conversations.get_or_create(s, session_key=f"api:{cid}", channel="api", chat_id=cid,
+                                       meta={"title": body.title} if body and body.title else {})
+    s.commit()
+    return ConversationOut(conversation_id=conv.id)
+
+
+def _submit(state: AppState, conversation_id: str, body: ChatIn) -> Submitted:
+    with Session(get_engine(state.settings.database_url), expire_on_commit=False) as s:
+        conv = s.get(Conversation, conversation_id)
+        if conv is None:
+            raise HTTPException(404, f"no conversation {conversation_id}")
+        out = submit(state.runtime, s, conv, body.message, origin=_origin(conversation_id), model=body.model)
+        s.commit()
+    after_commit(state.runtime, out)
+    state.dispatch(out.nexts)
+    return out
+
+
+@router.post("/{conversation_id}/chat", response_model=ChatOut,
+             responses={404: {"description": "no such conversation"}, 504: {"description": "timed out"}})
+async def chat(conversation_id: str, body: ChatIn, state: StateDep) -> ChatOut:
+    """Send a message and wait for the agent's answer (and the tool calls it made)."""
+    since = await last_event_id(state, conversation_id)
+    out = await run_in_threadpool(_submit, state, conversation_id, body)
+    if out.reply is not None or out.message_id is None:
+        return ChatOut(conversation_id=conversation_id, assistant_message=out.reply or "")
+    run = await wait_for_run(state, conversation_id=conversation_id, message_id=out.message_id,
+                             run_id=out.run_id, since=since, timeout=state.settings.agent.chat_timeout)
+    if run is None:
+        raise HTTPException(504, f"no answer within {state.settings.agent.chat_timeout:g}s; "
+                                 "the run goes on: see GET /api/v1/conversations/{id}/messages")
+    calls = await run_in_threadpool(_tool_calls, state, run.id)
+    text = run.final_text or ("Stopped." if run.status == RunStatus.CANCELLED else "")
+    return ChatOut(conversation_id=conversation_id, assistant_message=text, tool_calls=calls,
+                   run_id=run.id, status=run.status.value)
+
+
+def _tool_calls(state: AppState, run_id: str) -> list[ToolCallOut]:
+    with Session(get_engine(state.settings.database_url)) as s:
+        return [ToolCallOut.model_validate(c) for c in views.tool_calls(s, [run_id])]
+
+
+@router.post("/{conversation_id}/messages", status_code=202, response_model=Accepted,
+             responses={404: {"description": "no such conversation"}})
+async def post_message(conversation_id: str, body: ChatIn, state: StateDep) -> Accepted:
+    """Queue a message and return at once with the run that will handle it."""
+    out = await run_in_threadpool(_submit, state, conversation_id, body)
+    return Accepted(conversation_id=conversation_id, run_id=out.run_id, message_id=out.message_id,
+                    queued=out.run_id is None and out.reply is None, reply=out.reply)
+
+
+@router.get("/{conversation_id}/messages", response_model=list[MessageOut],
+            responses={404: {"description": "no such conversation"}})
+def list_messages(
+    conversation_id: str, s: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200, offset: Annotated[int, Query(ge=0)] = 0,
+) -> list[MessageOut]:
+    """The conversation's messages in order, including any still waiting in the mailbox."""
+    if s.get(Conversation, conversation_id) is None:
+        raise HTTPException(404, f"no conversation {conversation_id}")
+    return [MessageOut.model_validate(m) for m in views.messages(s, conversation_id, limit=limit, offset=offset)]
+
+
+@router.get("/{conversation_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
+async def events(
+    conversation_id: str, state: StateDep,
+    last_event: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+) -> EventSourceResponse:
+    """Server-Sent Events: run started, step started, text deltas, tools, run finished or failed."""
+    key = stream_key(conversation_id)
+    since = last_event or "$"
+
+    async def stream() -> AsyncIterator[dict[str, str]]:
+        nonlocal since
+        while True:
+            batches = await state.aredis.xread({key: since}, block=15_000, count=100)
+            for _, entries in batches:
+                for entry_id, fields in entries:
+                    since = entry_id
+                    yield {"id": entry_id, "event": fields.get("event", "message"),
+                           "data": fields.get("data", json.dumps({}))}
+
+    return EventSourceResponse(stream(), ping=15)

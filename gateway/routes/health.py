@@ -1,0 +1,42 @@
+"""Liveness and readiness."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from gateway.deps import StateDep
+from shared.db import ping as db_ping
+
+router = APIRouter(tags=["health"])
+WORKER_PING_TIMEOUT = 1.0
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    """The process is alive."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", responses={503: {"description": "a dependency is down; `failing` names it"}})
+def readyz(state: StateDep) -> JSONResponse:
+    """Database, Redis and at least one worker answer."""
+    checks: dict[str, Any] = {}
+    try:
+        db_ping(state.settings.database_url)
+        checks["database"] = "ok"
+    except Exception as err:
+        checks["database"] = f"down: {type(err).__name__}"
+    try:
+        state.redis.ping()
+        checks["redis"] = "ok"
+        replies = state.producer.app.control.ping(timeout=WORKER_PING_TIMEOUT)
+        checks["workers"] = len(replies) if replies else "none answering"
+    except Exception as err:
+        checks.setdefault("redis", f"down: {type(err).__name__}")
+        checks["workers"] = "unknown (redis down)"
+    failing = [k for k, v in checks.items() if not (v == "ok" or isinstance(v, int))]
+    body = {"status": "ready" if not failing else "not ready", "checks": checks, "failing": failing}
+    return JSONResponse(body, status_code=503 if failing else 200)

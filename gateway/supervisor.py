@@ -1,0 +1,93 @@
+"""`nanofleet up`: migrations, gateway, one worker for all queues and beat as child processes,
+with embedded Redis and PostgreSQL when none is configured or answering. Ctrl-C stops them all."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from gateway.embedded import EmbeddedService, port_open, start_postgres, start_redis
+from shared.migrate import upgrade
+from shared.settings import Settings
+
+STOP_GRACE = 20.0
+
+
+def _default_reachable(url: str, default_port: int) -> bool:
+    parts = urlsplit(url)
+    return port_open(parts.hostname or "127.0.0.1", parts.port or default_port)
+
+
+def _embedded(settings: Settings, say: Callable[[str], None]) -> tuple[dict[str, str], list[EmbeddedService]]:
+    """Start what is neither configured nor answering; returns env overrides and the services."""
+    env: dict[str, str] = {}
+    services: list[EmbeddedService] = []
+    configured = settings.model_fields_set
+    if "redis_url" not in configured and not _default_reachable(settings.redis_url, 6379):
+        svc = start_redis(settings.data_dir)
+        services.append(svc)
+        env["NANOFLEET_REDIS_URL"] = svc.url
+        say(f"nanofleet: no Redis configured or answering; started an embedded one at {svc.url}")
+    if "database_url" not in configured and not _default_reachable(settings.database_url, 5432):
+        svc = start_postgres(settings.data_dir)
+        services.append(svc)
+        env["NANOFLEET_DATABASE_URL"] = svc.url
+        say(f"nanofleet: no PostgreSQL configured or answering; started an embedded one at {svc.url}")
+    return env, services
+
+
+def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "gateway.cli", *args], env=env, start_new_session=True)
+
+
+def _stop(children: list[subprocess.Popen[bytes]]) -> None:
+    for child in children:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE
+    for child in children:
+        try:
+            child.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+
+
+def run_all(settings: Settings, *, host: str, port: int, concurrency: int, say: Callable[[str], None] = print) -> int:
+    env_over, services = _embedded(settings, say)
+    env = {**os.environ, **env_over}
+    children: list[subprocess.Popen[bytes]] = []
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        upgrade(env_over.get("NANOFLEET_DATABASE_URL", settings.database_url))
+        children = [
+            _spawn(["gateway", "--host", host, "--port", str(port)], env),
+            _spawn(["worker", "--concurrency", str(concurrency)], env),
+            _spawn(["beat"], env),
+        ]
+        say(f"nanofleet: up at http://{host}:{port} (Ctrl-C to stop)")
+        while not stopping:
+            dead = [c for c in children if c.poll() is not None]
+            if dead:
+                say(f"nanofleet: a child process exited ({dead[0].args}); stopping everything")
+                return 1
+            time.sleep(0.2)
+        return 0
+    finally:
+        say("nanofleet: stopping")
+        _stop(children)
+        for svc in reversed(services):
+            svc.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

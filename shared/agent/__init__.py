@@ -1,0 +1,1 @@
+"""The agent runtime: runs advanced by short, idempotent steps over Postgres state."""

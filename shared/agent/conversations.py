@@ -1,0 +1,111 @@
+"""Conversations, the mailbox and the turn lock: at most one active turn per conversation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import func, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlmodel import Session, col, select
+
+from shared.models import Conversation, Message, Role, Run, RunKind, new_id, utcnow
+
+
+@dataclass(frozen=True)
+class Posted:
+    """Where a posted message went: the new turn it started, or the mailbox of a busy conversation."""
+
+    message_id: int
+    conversation_id: str
+    run_id: str | None  # a new turn, or None when it waits for the active one
+
+
+def get_or_create(
+    s: Session, *, session_key: str, channel: str = "api", chat_id: str = "", meta: dict[str, Any] | None = None
+) -> Conversation:
+    now = utcnow()
+    s.execute(
+        insert(Conversation)
+        .values(
+            id=new_id(), session_key=session_key, channel=channel, chat_id=chat_id, meta=meta or {},
+            active_run_id=None, prompt_tokens=0, completion_tokens=0, cost=0.0,
+            created_at=now, last_active_at=now,
+        )
+        .on_conflict_do_nothing(index_elements=["session_key"])
+    )
+    return s.exec(select(Conversation).where(Conversation.session_key == session_key)).one()
+
+
+def post_message(
+    s: Session,
+    conversation_id: str,
+    content: str,
+    *,
+    origin: dict[str, Any],
+    lease_seconds: float,
+    meta: dict[str, Any] | None = None,
+    max_iterations: int = 20,
+) -> Posted:
+    """Store a user message in the mailbox and start a turn unless one is running."""
+    msg = Message(conversation_id=conversation_id, role=Role.USER, content=content, pending=True, meta=meta or {})
+    s.add(msg)
+    s.flush()
+    run = try_start_turn(
+        s, conversation_id, origin=origin, lease_seconds=lease_seconds,
+        model=(meta or {}).get("model"), max_iterations=max_iterations,
+    )
+    assert msg.id is not None
+    return Posted(message_id=msg.id, conversation_id=conversation_id, run_id=run.id if run else None)
+
+
+def try_start_turn(
+    s: Session,
+    conversation_id: str,
+    *,
+    origin: dict[str, Any],
+    lease_seconds: float,
+    kind: RunKind = RunKind.TURN,
+    model: str | None = None,
+    max_iterations: int = 20,
+    task: str | None = None,
+) -> Run | None:
+    """Take the conversation's turn lock and create the run, or None when a turn is active."""
+    run_id = new_id()
+    taken = s.execute(
+        update(Conversation)
+        .where(col(Conversation.id) == conversation_id, col(Conversation.active_run_id).is_(None))
+        .values(active_run_id=run_id, last_active_at=func.now())
+    )
+    if taken.rowcount != 1:  # type: ignore[attr-defined]
+        return None
+    run = Run(
+        id=run_id, conversation_id=conversation_id, kind=kind, origin=origin, model=model,
+        max_iterations=max_iterations, task=task,
+        lease_until=utcnow() + timedelta(seconds=lease_seconds),  # the sweeper's cue if the enqueue is lost
+    )
+    s.add(run)
+    s.flush()
+    return run
+
+
+def pending_messages(s: Session, conversation_id: str) -> list[Message]:
+    return list(
+        s.exec(
+            select(Message)
+            .where(Message.conversation_id == conversation_id, col(Message.pending).is_(True))
+            .order_by(col(Message.id))
+        )
+    )
+
+
+def fold_mailbox(s: Session, conversation_id: str, run_id: str) -> int:
+    """Move waiting messages into the transcript, at its end, as part of this run."""
+    pending = pending_messages(s, conversation_id)
+    for msg in pending:
+        msg.pending = False
+        msg.run_id = run_id
+        msg.seq = s.execute(select(func.nextval("message_seq"))).scalar_one()
+        s.add(msg)
+    return len(pending)

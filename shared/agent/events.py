@@ -1,0 +1,57 @@
+"""Run events for the SSE stream: a capped Redis stream per conversation."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Protocol
+
+import redis
+
+from shared.constants import KEY_EVENTS
+
+log = logging.getLogger(__name__)
+STREAM_MAXLEN = 2000
+
+RUN_STARTED = "run.started"
+STEP_STARTED = "step.started"
+TEXT_DELTA = "text.delta"
+TOOL_STARTED = "tool.started"
+TOOL_PROGRESS = "tool.progress"
+TOOL_FINISHED = "tool.finished"
+RUN_FINISHED = "run.finished"
+RUN_FAILED = "run.failed"
+FINAL = (RUN_FINISHED, RUN_FAILED)
+
+
+def stream_key(conversation_id: str) -> str:
+    return KEY_EVENTS + conversation_id
+
+
+class EventSink(Protocol):
+    def publish(self, conversation_id: str, event: str, data: dict[str, Any]) -> None: ...
+
+
+class NullEvents:
+    """Drops events (the in-process `nanofleet agent` has no listeners)."""
+
+    def publish(self, conversation_id: str, event: str, data: dict[str, Any]) -> None:
+        return None
+
+
+class RedisEvents:
+    """Appends events to the conversation's stream; losing one never fails a run."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def publish(self, conversation_id: str, event: str, data: dict[str, Any]) -> None:
+        try:
+            self.client.xadd(
+                stream_key(conversation_id),
+                {"event": event, "data": json.dumps(data, default=str)},
+                maxlen=STREAM_MAXLEN,
+                approximate=True,
+            )
+        except redis.RedisError as err:
+            log.warning("could not publish %s: %s", event, err)

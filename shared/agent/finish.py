@@ -1,0 +1,102 @@
+"""How a run ends: the final message, the reply, the turn lock, the next turn, cancellation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from shared.agent import conversations, events, memory
+from shared.agent.runtime import Next, Runtime
+from shared.constants import T_AGENT_STEP, T_COMPACT
+from shared.models import TERMINAL, Conversation, Message, Phase, Role, Run, RunStatus, utcnow
+from shared.outbox import add_reply
+
+
+def finish(
+    rt: Runtime, s: Session, run: Run, *, status: RunStatus, text: str, store: bool = True, error: str | None = None
+) -> list[Next]:
+    """End `run` (locked by the caller) and return what to enqueue after the commit."""
+    conv = s.get_one(Conversation, run.conversation_id, with_for_update=True)
+    if store and text:
+        s.add(Message(conversation_id=run.conversation_id, run_id=run.id, role=Role.ASSISTANT, content=text))
+    run.status, run.final_text, run.error = status, text, error
+    run.phase, run.finished_at = Phase.DONE, utcnow()
+    run.lease_owner, run.lease_until = None, None
+    s.add(run)
+    hook = rt.finish_hooks.get(run.kind.value)
+    nexts = hook(rt, s, run) if hook else deliver(rt, s, run)
+    nexts += release_turn(rt, s, conv, run)
+    if memory.needs_compaction(s, conv.id, rt.settings.memory):
+        nexts.append(Next(T_COMPACT, (conv.id,)))
+    return nexts
+
+
+def deliver(rt: Runtime, s: Session, run: Run) -> list[Next]:
+    """The reply goes to the chat it came from, unless the message tool already answered there."""
+    origin = run.origin or {}
+    channel = origin.get("channel", "api")
+    if channel == "api" or run.suppress_reply or not run.final_text:
+        return []
+    return add_reply(s, rt.settings, key=run.id, channel=channel, chat_id=str(origin.get("chat_id", "")),
+                     text=run.final_text, meta=origin.get("reply_meta", {}))
+
+
+def release_turn(rt: Runtime, s: Session, conv: Conversation, run: Run) -> list[Next]:
+    """Free the turn lock; messages that waited in the mailbox start the next turn at once."""
+    if conv.active_run_id != run.id:
+        return []
+    conv.active_run_id = None
+    s.add(conv)
+    s.flush()
+    waiting = conversations.pending_messages(s, conv.id)
+    if not waiting:
+        return []
+    origin = waiting[0].meta.get("origin") or run.origin
+    nxt = conversations.try_start_turn(
+        s, conv.id, origin=origin, lease_seconds=rt.settings.runtime.lease_seconds,
+        model=waiting[0].meta.get("model"), max_iterations=rt.settings.agent.max_iterations,
+    )
+    return [Next(T_AGENT_STEP, (nxt.id, 0))] if nxt else []
+
+
+def publish_final(rt: Runtime, run: Run) -> None:
+    """Tell listeners the run ended; called after the commit, so they read the final state."""
+    event = events.RUN_FINISHED if run.status == RunStatus.SUCCEEDED else events.RUN_FAILED
+    data: dict[str, Any] = {"run_id": run.id, "status": run.status.value, "text": run.final_text}
+    rt.events.publish(run.conversation_id, event, data)
+
+
+def cancel(rt: Runtime, s: Session, run_id: str, reason: str, cancelled: list[Run]) -> list[Next]:
+    """Cancel a run and every subagent its conversation started; publish `cancelled` after commit."""
+    run = s.get(Run, run_id, with_for_update=True)
+    if run is None or run.status in TERMINAL:
+        return []
+    nexts = finish(rt, s, run, status=RunStatus.CANCELLED, text="", store=False, error=reason)
+    cancelled.append(run)
+    children = s.exec(
+        select(Run.id).where(
+            col(Run.parent_run_id).in_(select(Run.id).where(Run.conversation_id == run.conversation_id)),
+            col(Run.status).in_((RunStatus.QUEUED, RunStatus.RUNNING)),
+        )
+    ).all()
+    for child in children:
+        nexts += cancel(rt, s, child, reason, cancelled)
+    return nexts
+
+
+def cancel_conversation(rt: Runtime, s: Session, conversation_id: str, cancelled: list[Run]) -> list[Next]:
+    """`/stop`: cancel the active turn and the conversation's running subagents."""
+    ids = list(
+        s.exec(
+            select(Run.id).where(
+                (Run.conversation_id == conversation_id)
+                | col(Run.parent_run_id).in_(select(Run.id).where(Run.conversation_id == conversation_id)),
+                col(Run.status).in_((RunStatus.QUEUED, RunStatus.RUNNING)),
+            )
+        ).all()
+    )
+    nexts: list[Next] = []
+    for rid in ids:
+        nexts += cancel(rt, s, rid, "stopped by the user", cancelled)
+    return nexts

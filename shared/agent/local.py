@@ -1,0 +1,32 @@
+"""Run the same steps in-process without a broker (for `nanofleet agent`)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from shared.agent import memory, steps
+from shared.agent.runtime import Next, Runtime
+from shared.constants import T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EXECUTE
+
+Handler = Callable[[Runtime, Next], list[Next]]
+
+HANDLERS: dict[str, Handler] = {
+    T_AGENT_STEP: lambda rt, n: steps.llm_step(rt, *n.args),
+    T_SUBAGENT_STEP: lambda rt, n: steps.llm_step(rt, *n.args),
+    T_TOOL_EXECUTE: lambda rt, n: steps.tool_step(rt, *n.args),
+    T_COMPACT: lambda rt, n: (memory.compact(rt, n.args[0], everything=bool(n.args[1:] and n.args[1])), [])[1],
+}
+
+
+def drain(rt: Runtime, nexts: list[Next]) -> list[Next]:
+    """Run every task inline until none is left; returns the ones with no local handler."""
+    queue, skipped = deque(nexts), []
+    while queue:
+        nxt = queue.popleft()
+        handler = HANDLERS.get(nxt.task)
+        if handler is None:
+            skipped.append(nxt)
+            continue
+        queue.extend(handler(rt, nxt))
+    return skipped

@@ -1,0 +1,92 @@
+"""Memory: compaction into SUMMARY messages, and a token guard that fits the context window."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, text
+from sqlmodel import Session, col, select
+
+from shared.agent import prompt
+from shared.models import Message, MessageType, Role
+from shared.settings import MemorySettings
+
+if TYPE_CHECKING:
+    from shared.agent.runtime import Runtime
+
+log = logging.getLogger(__name__)
+RESERVE_TOKENS = 4096  # room for the answer
+TRIM_CHARS = 2000
+
+SUMMARY_PROMPT = """Summarise the conversation below for your own future reference. Keep facts,
+decisions, names, open tasks and the user's preferences; drop chit-chat. Write at most 300 words.
+{previous}
+Conversation:
+{transcript}"""
+
+
+def _normal_after(s: Session, conversation_id: str, after_seq: int) -> Any:
+    return select(Message).where(
+        Message.conversation_id == conversation_id,
+        Message.type == MessageType.NORMAL,
+        col(Message.pending).is_(False),
+        col(Message.seq) > after_seq,
+    )
+
+
+def needs_compaction(s: Session, conversation_id: str, settings: MemorySettings) -> bool:
+    after = prompt.covered(prompt.latest_summary(s, conversation_id))
+    count = s.exec(select(func.count()).select_from(_normal_after(s, conversation_id, after).subquery())).one()
+    return int(count) > settings.compact_after
+
+
+def compact(rt: Runtime, conversation_id: str, *, everything: bool = False) -> bool:
+    """Summarise what the window no longer shows (or everything, for /new); True if it wrote one."""
+    with rt.session() as s:
+        if not s.execute(text("select pg_try_advisory_xact_lock(hashtext(:c))"), {"c": conversation_id}).scalar():
+            return False
+        summary = prompt.latest_summary(s, conversation_id)
+        rows = list(s.exec(_normal_after(s, conversation_id, prompt.covered(summary)).order_by(col(Message.seq))))
+        keep = 0 if everything else rt.settings.memory.window
+        old = rows[: len(rows) - keep] if keep else rows
+        if not old:
+            return False
+        transcript = "\n".join(f"{m.role.value}: {m.content[:TRIM_CHARS]}" for m in old if m.content)
+        previous = f"Previous summary:\n{summary.content}\n" if summary else ""
+        response = rt.llm.complete(
+            [{"role": "user", "content": SUMMARY_PROMPT.format(previous=previous, transcript=transcript)}]
+        )
+        covers = old[-1].seq or 0
+        if summary is None:
+            summary = Message(conversation_id=conversation_id, role=Role.SYSTEM, type=MessageType.SUMMARY)
+        summary.content = response.content
+        summary.meta = {**summary.meta, "covers_until_seq": covers, "reset": everything}
+        s.add(summary)
+        log.info("compacted %d messages of %s", len(old), conversation_id)
+        return True
+
+
+def fit(rt: Runtime, messages: list[dict[str, Any]], model: str | None) -> list[dict[str, Any]]:
+    """Trim the history so the prompt fits the model's context window, tool calls counted."""
+    profile = rt.llm.profile(model)
+    budget = profile.context_window - (profile.max_tokens or RESERVE_TOKENS)
+    if rt.llm.count_tokens(messages, model) <= budget:
+        return messages
+    head = [m for m in messages[:2] if m["role"] == "system"]
+    body, tail = messages[len(head):-1], messages[-1:]
+    if rt.settings.memory.context_strategy == "hard_trim":
+        body = [_shorten(m) for m in body]
+    while len(body) > 1 and rt.llm.count_tokens(head + body + tail, model) > budget:
+        body.pop(0)
+        while body and body[0]["role"] == "tool":  # never start with an orphan tool result
+            body.pop(0)
+    log.info("trimmed prompt to %d history messages to fit %d tokens", len(body), budget)
+    return head + body + tail
+
+
+def _shorten(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    if isinstance(content, str) and len(content) > TRIM_CHARS:
+        return {**message, "content": content[:TRIM_CHARS] + " [trimmed]"}
+    return message

@@ -1,0 +1,108 @@
+"""The sweeper: re-enqueues the current step of runs whose lease expired (a worker died, or the
+broker lost the task), and starts turns for mailboxes nobody is serving."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from shared.agent import conversations, steps
+from shared.agent.runtime import Next, Runtime
+from shared.constants import T_AGENT_STEP, T_TOOL_EXECUTE
+from shared.models import Conversation, Message, Phase, Run, RunStatus, ToolCall, ToolStatus, utcnow
+from shared.tools.base import ErrorCode, ToolResult
+
+log = logging.getLogger(__name__)
+BATCH = 200
+
+# Extra sweeps registered by other parts (outbox redelivery, cron reconciliation).
+EXTRA_SWEEPS: list[Callable[[Runtime], list[Next]]] = []
+
+
+def sweep(rt: Runtime) -> list[Next]:
+    """One pass; returns the tasks to enqueue."""
+    nexts: list[Next] = []
+    ready: list[tuple[str, int]] = []  # tools phases whose calls all have results
+    with rt.session() as s:
+        for run in _expired(s):
+            nexts += _recover(rt, s, run, ready)
+    for run_id, step_seq in ready:
+        nexts += steps.advance(rt, run_id, step_seq)
+    with rt.session() as s:
+        nexts += _orphan_mailboxes(rt, s)
+    for extra in EXTRA_SWEEPS:
+        nexts += extra(rt)
+    return nexts
+
+
+def _expired(s: Session) -> list[Run]:
+    return list(
+        s.exec(
+            select(Run)
+            .where(col(Run.status).in_((RunStatus.QUEUED, RunStatus.RUNNING)), col(Run.lease_until) < func.now())
+            .order_by(col(Run.lease_until))
+            .limit(BATCH)
+            .with_for_update(skip_locked=True)
+        )
+    )
+
+
+def _recover(rt: Runtime, s: Session, run: Run, ready: list[tuple[str, int]]) -> list[Next]:
+    log.info("run %s: lease expired in %s step %d; re-enqueueing", run.id, run.phase, run.step_seq)
+    run.lease_owner = None
+    run.lease_until = utcnow() + timedelta(seconds=rt.settings.runtime.lease_seconds)
+    s.add(run)
+    if run.phase == Phase.LLM:
+        return [Next(steps.step_task(run), (run.id, run.step_seq))]
+    nexts: list[Next] = []
+    calls = s.exec(select(ToolCall).where(ToolCall.run_id == run.id, ToolCall.step_seq == run.step_seq)).all()
+    for call in calls:
+        if call.status == ToolStatus.RUNNING:
+            _interrupted(rt, s, call)
+        if call.status == ToolStatus.PENDING:
+            nexts.append(Next(T_TOOL_EXECUTE, (call.id,)))
+    if all(c.status in steps.DONE for c in calls):
+        ready.append((run.id, run.step_seq))
+    return nexts
+
+
+def _interrupted(rt: Runtime, s: Session, call: ToolCall) -> None:
+    """A worker died inside this tool. Idempotent tools run again; others are never re-run blind."""
+    tool = rt.tools.get(call.name)
+    if tool is not None and tool.idempotent:
+        call.status = ToolStatus.PENDING
+    else:
+        result = ToolResult.fail(
+            ErrorCode.FAILED,
+            "the worker running this tool stopped before it reported; it may or may not have taken "
+            "effect. Check before trying again.",
+            retryable=True,
+        )
+        call.status = ToolStatus.FAILED
+        call.result = result.model_dump(mode="json")
+        call.finished_at = utcnow()
+    s.add(call)
+
+
+def _orphan_mailboxes(rt: Runtime, s: Session) -> list[Next]:
+    """Messages waiting in a conversation with no active turn (a lost race or a crash) get one."""
+    ids = s.exec(
+        select(Conversation.id)
+        .where(col(Conversation.active_run_id).is_(None))
+        .where(col(Conversation.id).in_(select(Message.conversation_id).where(col(Message.pending).is_(True))))
+        .limit(BATCH)
+    ).all()
+    nexts = []
+    for cid in ids:
+        first = conversations.pending_messages(s, cid)[0]
+        run = conversations.try_start_turn(
+            s, cid, origin=first.meta.get("origin", {}), lease_seconds=rt.settings.runtime.lease_seconds,
+            model=first.meta.get("model"), max_iterations=rt.settings.agent.max_iterations,
+        )
+        if run:
+            nexts.append(Next(T_AGENT_STEP, (run.id, 0)))
+    return nexts

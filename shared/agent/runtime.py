@@ -1,0 +1,60 @@
+"""The runtime context a step needs: settings, database, LLM, tools, events."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlmodel import Session
+
+from shared.agent.events import EventSink, NullEvents
+from shared.db import session_scope
+from shared.llm import LLMClient
+from shared.settings import Settings
+from shared.tools import build_registry
+from shared.tools.registry import ToolRegistry
+
+
+@dataclass(frozen=True)
+class Next:
+    """A task to enqueue once the step's transaction has committed."""
+
+    task: str
+    args: tuple[Any, ...] = ()
+    countdown: float | None = None
+
+
+# Called when a run ends, by run kind, to hand its result on (subagent announcements, delivery).
+FinishHook = Callable[["Runtime", Session, Any], list[Next]]
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    llm: LLMClient
+    tools: ToolRegistry
+    events: EventSink = field(default_factory=NullEvents)
+    worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}")
+    finish_hooks: dict[str, FinishHook] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, settings: Settings, *, events: EventSink | None = None) -> Runtime:
+        return cls(
+            settings=settings,
+            llm=LLMClient(settings.llm),
+            tools=build_registry(settings),
+            events=events or NullEvents(),
+        )
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with session_scope(self.settings.database_url) as s:
+            yield s
+
+    def owner(self) -> str:
+        """A fresh lease owner token for one step execution."""
+        return f"{self.worker_id}:{uuid.uuid4().hex[:8]}"

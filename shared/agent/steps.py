@@ -1,0 +1,231 @@
+"""The two kinds of step. Each reads the run from Postgres, does one LLM call or one tool call,
+writes the result, and returns the tasks to enqueue next. Running a step twice is harmless."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import func, update
+from sqlmodel import Session, col, select
+
+from shared.agent import conversations, events, lease, memory, prompt
+from shared.agent.finish import finish, publish_final
+from shared.agent.runtime import Next, Runtime
+from shared.aio import run_sync
+from shared.constants import T_AGENT_STEP, T_SUBAGENT_STEP, T_TOOL_EXECUTE
+from shared.llm import LLMError, LLMResponse
+from shared.models import Conversation, Message, Phase, Role, Run, RunKind, RunStatus, RunStep, ToolCall, ToolStatus, utcnow
+from shared.tools.base import ErrorCode, ToolContext, ToolResult
+
+log = logging.getLogger(__name__)
+ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING)
+SUBAGENT_EXCLUDED = ("message", "spawn", "cron")
+DONE = (ToolStatus.SUCCESS, ToolStatus.REJECTED, ToolStatus.FAILED)
+
+
+def step_task(run: Run) -> str:
+    return T_SUBAGENT_STEP if run.kind == RunKind.SUBAGENT else T_AGENT_STEP
+
+
+def bound_message(n: int) -> str:
+    return (
+        f"I stopped after {n} steps without reaching a final answer. "
+        "Tell me how you'd like to continue, or narrow the request."
+    )
+
+
+def llm_step(rt: Runtime, run_id: str, seq: int) -> list[Next]:
+    """One LLM call for step `seq` of the run, under the run's lease."""
+    owner = rt.owner()
+    with rt.session() as s:
+        if not lease.acquire(s, run_id=run_id, seq=seq, phase=Phase.LLM, owner=owner,
+                             seconds=rt.settings.runtime.lease_seconds):
+            return []
+    with lease.keeper(rt.settings.database_url, rt.settings.runtime.lease_seconds).hold(run_id, owner):
+        return _llm_step(rt, run_id, seq)
+
+
+def _llm_step(rt: Runtime, run_id: str, seq: int) -> list[Next]:
+    with rt.session() as s:
+        run = s.get_one(Run, run_id)
+        if rt.settings.agent.mailbox_mode == "steer" or run.iteration == 0:
+            conversations.fold_mailbox(s, run.conversation_id, run.id)
+        if run.iteration >= run.max_iterations:
+            nexts = finish(rt, s, run, status=RunStatus.SUCCEEDED, text=bound_message(run.max_iterations))
+            ended = True
+        else:
+            messages = memory.fit(rt, prompt.build(s, rt.settings, run), run.model)
+            exclude = SUBAGENT_EXCLUDED if run.kind == RunKind.SUBAGENT else ()
+            tools = rt.tools.specs(exclude=exclude)
+            ended = False
+    if ended:
+        publish_final(rt, run)
+        return nexts
+    if seq == 0:
+        rt.events.publish(run.conversation_id, events.RUN_STARTED, {"run_id": run_id, "kind": run.kind})
+    rt.events.publish(run.conversation_id, events.STEP_STARTED, {"run_id": run_id, "seq": seq, "kind": "llm"})
+    started = time.perf_counter()
+    try:
+        response = rt.llm.complete(
+            messages, tools=tools or None, model=run.model,
+            on_delta=lambda d: rt.events.publish(run.conversation_id, events.TEXT_DELTA, {"run_id": run_id, "text": d}),
+        )
+    except LLMError as err:
+        log.warning("run %s: LLM failed after retries: %s", run_id, err)
+        return _finish_if_current(rt, run_id, seq, status=RunStatus.FAILED, text=err.user_message,
+                                  store=False, error=str(err))
+    elapsed = (time.perf_counter() - started) * 1000
+    return _record(rt, run_id, seq, response, elapsed)
+
+
+def _finish_if_current(rt: Runtime, run_id: str, seq: int, **kw: Any) -> list[Next]:
+    with rt.session() as s:
+        run = s.get_one(Run, run_id, with_for_update=True)
+        if run.step_seq != seq or run.status not in ACTIVE:
+            return []
+        nexts = finish(rt, s, run, **kw)
+    publish_final(rt, run)
+    return nexts
+
+
+def _record(rt: Runtime, run_id: str, seq: int, response: LLMResponse, elapsed_ms: float) -> list[Next]:
+    """Write the model's answer and move the run on; a duplicate of this step writes nothing."""
+    with rt.session() as s:
+        run = s.get_one(Run, run_id, with_for_update=True)
+        if run.step_seq != seq or run.phase != Phase.LLM or run.status not in ACTIVE:
+            return []
+        _add_usage(s, run, response, seq, elapsed_ms)
+        if not response.tool_calls:
+            nexts = finish(rt, s, run, status=RunStatus.SUCCEEDED, text=response.content)
+            final = True
+        else:
+            nexts = _start_tools(s, run, response, rt.settings.runtime.lease_seconds)
+            final = False
+    if final:
+        publish_final(rt, run)
+    return nexts
+
+
+def _add_usage(s: Session, run: Run, response: LLMResponse, seq: int, elapsed_ms: float) -> None:
+    u = response.usage
+    s.add(RunStep(run_id=run.id, seq=seq, kind=Phase.LLM, model=response.model, prompt_tokens=u.prompt_tokens,
+                  completion_tokens=u.completion_tokens, cost=u.cost, elapsed_ms=elapsed_ms))
+    run.prompt_tokens += u.prompt_tokens
+    run.completion_tokens += u.completion_tokens
+    run.cost += u.cost
+    s.execute(
+        update(Conversation)
+        .where(col(Conversation.id) == run.conversation_id)
+        .values(prompt_tokens=Conversation.prompt_tokens + u.prompt_tokens,
+                completion_tokens=Conversation.completion_tokens + u.completion_tokens,
+                cost=Conversation.cost + u.cost, last_active_at=func.now())
+    )
+
+
+def _parse_arguments(raw: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw or "{}")
+    except json.JSONDecodeError:
+        return {"_invalid_json": raw}
+    return value if isinstance(value, dict) else {"_invalid_json": raw}
+
+
+def _start_tools(s: Session, run: Run, response: LLMResponse, lease_seconds: float) -> list[Next]:
+    specs = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+             for c in response.tool_calls]
+    s.add(Message(conversation_id=run.conversation_id, run_id=run.id, role=Role.ASSISTANT,
+                  content=response.content, tool_calls=specs))
+    calls = [ToolCall(run_id=run.id, step_seq=run.step_seq + 1, position=i, call_id=c.id, name=c.name,
+                      arguments=_parse_arguments(c.arguments)) for i, c in enumerate(response.tool_calls)]
+    s.add_all(calls)
+    run.phase = Phase.TOOLS
+    run.step_seq += 1
+    run.iteration += 1
+    _release(run, lease_seconds)
+    s.add(run)
+    s.flush()
+    return [Next(T_TOOL_EXECUTE, (c.id,)) for c in calls]
+
+
+def _release(run: Run, lease_seconds: float) -> None:
+    """Hand the run to whoever runs the next step; the sweeper steps in if nobody does."""
+    run.lease_owner = None
+    run.lease_until = utcnow() + timedelta(seconds=lease_seconds)
+
+
+def tool_step(rt: Runtime, tool_call_id: str) -> list[Next]:
+    """Execute one tool call, unless the journal already has its result."""
+    with rt.session() as s:
+        claimed = s.execute(
+            update(ToolCall)
+            .where(col(ToolCall.id) == tool_call_id, col(ToolCall.status) == ToolStatus.PENDING.value)
+            .values(status=ToolStatus.RUNNING.value, attempts=ToolCall.attempts + 1, started_at=func.now())
+        ).rowcount == 1  # type: ignore[attr-defined]
+        call = s.get(ToolCall, tool_call_id)
+        run = s.get(Run, call.run_id) if call else None
+    if call is None or run is None:
+        return []
+    if not claimed:
+        return advance(rt, run.id, call.step_seq) if call.status in DONE else []
+    if run.status not in ACTIVE:
+        result = ToolResult.fail(ErrorCode.FAILED, "the run was cancelled before this tool ran")
+    else:
+        result = _execute(rt, run, call)
+    with rt.session() as s:
+        s.execute(
+            update(ToolCall)
+            .where(col(ToolCall.id) == call.id, col(ToolCall.status) == ToolStatus.RUNNING.value)
+            .values(status=result.status, result=result.model_dump(mode="json"), elapsed_ms=result.elapsed_ms,
+                    finished_at=func.now())
+        )
+    rt.events.publish(run.conversation_id, events.TOOL_FINISHED, {
+        "run_id": run.id, "call_id": call.call_id, "tool": call.name, "status": result.status,
+        "elapsed_ms": result.elapsed_ms})
+    return advance(rt, run.id, call.step_seq)
+
+
+def _execute(rt: Runtime, run: Run, call: ToolCall) -> ToolResult:
+    origin = run.origin or {}
+    ctx = ToolContext(
+        settings=rt.settings, run_id=run.id, conversation_id=run.conversation_id,
+        channel=origin.get("channel", "api"), chat_id=str(origin.get("chat_id", "")), run_kind=run.kind.value,
+        call_id=call.call_id,
+        emit=lambda event, data: rt.events.publish(run.conversation_id, event, {"run_id": run.id, **data}),
+        extra={"origin": origin, "parent_run_id": run.parent_run_id},
+    )
+    rt.events.publish(run.conversation_id, events.TOOL_STARTED,
+                      {"run_id": run.id, "call_id": call.call_id, "tool": call.name})
+    args: dict[str, Any] | str = call.arguments
+    if "_invalid_json" in call.arguments:
+        args = str(call.arguments["_invalid_json"])
+    if run.kind == RunKind.SUBAGENT and call.name in SUBAGENT_EXCLUDED:
+        return ToolResult.fail(ErrorCode.NOT_ALLOWED, f"subagents cannot use '{call.name}'")
+    with lease.keeper(rt.settings.database_url, rt.settings.runtime.lease_seconds).hold(run.id):
+        return run_sync(rt.tools.execute(call.name, args, ctx))
+
+
+def advance(rt: Runtime, run_id: str, step_seq: int) -> list[Next]:
+    """When every tool call of the step has a result, add them to the transcript and go on."""
+    with rt.session() as s:
+        run = s.get_one(Run, run_id, with_for_update=True)
+        if run.phase != Phase.TOOLS or run.step_seq != step_seq or run.status not in ACTIVE:
+            return []
+        calls = list(s.exec(select(ToolCall).where(ToolCall.run_id == run_id, ToolCall.step_seq == step_seq)
+                            .order_by(col(ToolCall.position))))
+        if any(c.status not in DONE for c in calls):
+            return []
+        for c in calls:
+            result = ToolResult.model_validate(c.result or {"ok": False, "message": "no result"})
+            s.add(Message(conversation_id=run.conversation_id, run_id=run.id, role=Role.TOOL,
+                          content=result.for_model(), tool_name=c.name, tool_call_id=c.call_id))
+        s.add(RunStep(run_id=run.id, seq=step_seq, kind=Phase.TOOLS,
+                      elapsed_ms=sum(c.elapsed_ms for c in calls)))
+        run.phase = Phase.LLM
+        run.step_seq += 1
+        _release(run, rt.settings.runtime.lease_seconds)
+        s.add(run)
+        return [Next(step_task(run), (run.id, run.step_seq))]

@@ -1,0 +1,42 @@
+"""Names shared by the gateway and the workers: queues, task names, Redis key prefixes."""
+
+from __future__ import annotations
+
+# Queues, declared explicitly (task_create_missing_queues=False).
+Q_AGENT = "agent"
+Q_TOOLS = "tools"
+Q_SUBAGENTS = "subagents"
+Q_OUTBOUND = "outbound"
+Q_SCHEDULER = "scheduler"
+QUEUES = (Q_AGENT, Q_TOOLS, Q_SUBAGENTS, Q_OUTBOUND, Q_SCHEDULER)
+
+# Task names. Each prefix maps to one task module under workers/tasks and to one queue.
+T_PING = "nanofleet.scheduler.ping"
+T_AGENT_STEP = "nanofleet.agent.step"
+T_SUBAGENT_STEP = "nanofleet.subagents.step"
+T_COMPACT = "nanofleet.agent.compact"
+T_TOOL_EXECUTE = "nanofleet.tools.execute"
+T_OUTBOUND_DELIVER = "nanofleet.outbound.deliver"
+T_OUTBOUND_TYPING = "nanofleet.outbound.typing"
+T_SWEEP = "nanofleet.scheduler.sweep"
+T_CRON_FIRE = "nanofleet.scheduler.cron_fire"
+T_HEARTBEAT = "nanofleet.scheduler.heartbeat"
+T_DAILY_SUMMARY = "nanofleet.scheduler.daily_summary"
+
+TASK_ROUTES = {
+    "nanofleet.agent.*": {"queue": Q_AGENT},
+    "nanofleet.tools.*": {"queue": Q_TOOLS},
+    "nanofleet.subagents.*": {"queue": Q_SUBAGENTS},
+    "nanofleet.outbound.*": {"queue": Q_OUTBOUND},
+    "nanofleet.scheduler.*": {"queue": Q_SCHEDULER},
+}
+
+# Redis keys. Everything the app writes lives under this prefix (Celery and redbeat keep theirs).
+KEY_PREFIX = "nanofleet:"
+KEY_EVENTS = KEY_PREFIX + "events:"  # + conversation id: a capped stream of run events
+KEY_RATE = KEY_PREFIX + "rate:"  # + bucket name: shared rate limits for outbound sends
+KEY_CACHE = KEY_PREFIX + "cache:"  # + name: small shared caches (platform access tokens)
+REDBEAT_PREFIX = KEY_PREFIX + "redbeat:"
+
+# Header that carries the request id from the gateway into Celery tasks and logs.
+REQUEST_ID_HEADER = "request_id"

@@ -1,0 +1,181 @@
+"""The LLM client: the only module that imports litellm. Per-call keys and bases, retries with
+backoff that honour Retry-After, streamed deltas, usage and cost."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the cost map at import
+
+import litellm  # noqa: E402
+
+from shared.settings import LLMProfile, LLMSettings  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+RETRYABLE = (
+    litellm.RateLimitError,
+    litellm.APIConnectionError,
+    litellm.Timeout,
+    litellm.InternalServerError,
+    litellm.ServiceUnavailableError,
+    litellm.BadGatewayError,
+)
+
+
+@dataclass
+class LLMToolCall:
+    id: str
+    name: str
+    arguments: str  # raw JSON text, validated by the registry
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+
+
+@dataclass
+class LLMResponse:
+    content: str
+    tool_calls: list[LLMToolCall] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    model: str = ""
+
+
+class LLMError(Exception):
+    """The model could not be reached after retries; `user_message` is safe to show."""
+
+    def __init__(self, message: str, *, user_message: str) -> None:
+        super().__init__(message)
+        self.user_message = user_message
+
+
+def retry_after(err: Exception) -> float | None:
+    """Seconds from a Retry-After header on the provider's answer, when there is one."""
+    response = getattr(err, "response", None)
+    headers = getattr(response, "headers", None) or {}
+    value = headers.get("retry-after") or headers.get("Retry-After")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+class LLMClient:
+    """Chat completions through litellm with nanofleet's retry and usage rules."""
+
+    def __init__(self, settings: LLMSettings) -> None:
+        self.settings = settings
+
+    def profile(self, model: str | None = None) -> LLMProfile:
+        """A named profile, a raw litellm model string on the default endpoint, or the default."""
+        if model and model in self.settings.profiles:
+            return self.settings.profiles[model]
+        if model:
+            return self.settings.model_copy(update={"model": model})
+        return self.settings
+
+    def complete(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        model: str | None = None,
+        on_delta: Callable[[str], None] | None = None,
+    ) -> LLMResponse:
+        profile = self.profile(model)
+        attempt = 0
+        while True:
+            try:
+                return self._call(profile, messages, tools, on_delta)
+            except RETRYABLE as err:
+                attempt += 1
+                if attempt > self.settings.max_retries:
+                    raise LLMError(str(err), user_message=_user_message(err)) from err
+                delay = retry_after(err) or random.uniform(0, self.settings.retry_base_delay * 2**attempt)
+                delay = min(delay, self.settings.retry_max_delay)
+                log.warning("LLM call failed (%s); retry %d in %.1fs", type(err).__name__, attempt, delay)
+                time.sleep(delay)
+            except litellm.APIError as err:
+                raise LLMError(str(err), user_message=_user_message(err)) from err
+
+    def _call(
+        self,
+        profile: LLMProfile,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        on_delta: Callable[[str], None] | None,
+    ) -> LLMResponse:
+        kwargs: dict[str, Any] = {
+            "model": profile.model,
+            "messages": messages,
+            "api_base": profile.api_base,
+            "api_key": profile.api_key.get_secret_value() if profile.api_key else None,
+            "timeout": self.settings.timeout,
+            "num_retries": 0,
+            "max_retries": 0,
+        }
+        if tools:
+            kwargs["tools"] = tools
+        if profile.temperature is not None:
+            kwargs["temperature"] = profile.temperature
+        if profile.max_tokens is not None:
+            kwargs["max_tokens"] = profile.max_tokens
+        if on_delta is None:
+            return _parse(litellm.completion(**kwargs), profile.model)
+        kwargs.update(stream=True, stream_options={"include_usage": True})
+        chunks = []
+        for chunk in litellm.completion(**kwargs):
+            chunks.append(chunk)
+            delta = chunk.choices[0].delta.content if chunk.choices else None
+            if delta:
+                on_delta(delta)
+        return _parse(litellm.stream_chunk_builder(chunks, messages=messages), profile.model)
+
+    def count_tokens(self, messages: list[dict[str, Any]], model: str | None = None) -> int:
+        """Prompt tokens for these messages (tool calls included), as the model would count."""
+        try:
+            return int(litellm.token_counter(model=self.profile(model).model, messages=messages))
+        except Exception:  # unknown tokenizer: a safe over-estimate
+            return sum(len(json.dumps(m, default=str)) for m in messages) // 3
+
+
+def _parse(response: Any, model: str) -> LLMResponse:
+    message = response.choices[0].message
+    calls = [
+        LLMToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "{}")
+        for c in (message.tool_calls or [])
+    ]
+    usage = getattr(response, "usage", None)
+    try:
+        cost = float(litellm.completion_cost(completion_response=response, model=model))
+    except Exception:  # models without a price in the map
+        cost = 0.0
+    return LLMResponse(
+        content=message.content or "",
+        tool_calls=calls,
+        usage=Usage(
+            prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
+            completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
+            cost=cost,
+        ),
+        model=model,
+    )
+
+
+def _user_message(err: Exception) -> str:
+    kind = type(err).__name__
+    return (
+        "Sorry, I couldn't get an answer from the language model right now "
+        f"({kind}). Please try again in a moment."
+    )

@@ -1,0 +1,269 @@
+"""SQLModel tables: every piece of durable state lives here."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import BigInteger, Column, DateTime, Identity, Index, Sequence, Text, UniqueConstraint
+from sqlalchemy import Enum as SAEnum
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlmodel import Field, SQLModel
+
+MESSAGE_SEQ = Sequence("message_seq")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _ts() -> Any:
+    """A nullable timestamp column."""
+    return Field(default=None, sa_column=Column(DateTime(timezone=True), nullable=True))
+
+
+def _now(index: bool = False) -> Any:
+    """A timestamp column that defaults to now."""
+    return Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), nullable=False, index=index))
+
+
+def _enum(enum: type[StrEnum], default: StrEnum, index: bool = False) -> Any:
+    """An enum stored as its value in a plain string column (new values need no migration)."""
+    sa_type = SAEnum(enum, native_enum=False, length=16, values_callable=lambda e: [m.value for m in e])
+    return Field(default=default, sa_type=sa_type, index=index)
+
+
+def _json(default: Any) -> Any:
+    return Field(default_factory=default, sa_column=Column(JSONB, nullable=False))
+
+
+class Role(StrEnum):
+    SYSTEM = "SYSTEM"
+    USER = "USER"
+    ASSISTANT = "ASSISTANT"
+    TOOL = "TOOL"
+
+
+class MessageType(StrEnum):
+    NORMAL = "NORMAL"
+    SUMMARY = "SUMMARY"
+
+
+class RunKind(StrEnum):
+    TURN = "turn"
+    SUBAGENT = "subagent"
+    CRON = "cron"
+    HEARTBEAT = "heartbeat"
+
+
+class RunStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class Phase(StrEnum):
+    LLM = "llm"
+    TOOLS = "tools"
+    DONE = "done"
+
+
+class ToolStatus(StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCESS = "SUCCESS"
+    REJECTED = "REJECTED"
+    FAILED = "FAILED"
+
+
+class OutboxStatus(StrEnum):
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+
+
+class Conversation(SQLModel, table=True):
+    """A session: one chat on one channel (or one API conversation)."""
+
+    __tablename__ = "conversations"
+    id: str = Field(default_factory=new_id, primary_key=True)
+    session_key: str = Field(unique=True, index=True)
+    channel: str = "api"
+    chat_id: str = ""
+    active_run_id: str | None = None  # the turn lock: at most one active turn
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    meta: dict[str, Any] = _json(dict)
+    created_at: datetime = _now()
+    last_active_at: datetime = _now(index=True)
+
+
+class Message(SQLModel, table=True):
+    """One message of a conversation. A USER message with pending=True waits in the mailbox."""
+
+    __tablename__ = "messages"
+    __table_args__ = (Index("ix_messages_conv_seq", "conversation_id", "seq"),)
+    id: int | None = Field(default=None, sa_column=Column(BigInteger, Identity(), primary_key=True))
+    # Position in the transcript; re-drawn when a mailbox message is folded into a run.
+    seq: int | None = Field(
+        default=None, sa_column=Column(BigInteger, MESSAGE_SEQ, server_default=MESSAGE_SEQ.next_value())
+    )
+    conversation_id: str = Field(foreign_key="conversations.id", index=True)
+    run_id: str | None = Field(default=None, index=True)
+    role: Role = _enum(Role, Role.USER)
+    type: MessageType = _enum(MessageType, MessageType.NORMAL)
+    content: str = Field(default="", sa_column=Column(Text, nullable=False))
+    tool_name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSONB))
+    pending: bool = Field(default=False, index=True)
+    meta: dict[str, Any] = _json(dict)
+    created_at: datetime = _now()
+
+
+class Run(SQLModel, table=True):
+    """A unit of durable agent work, advanced one short step at a time."""
+
+    __tablename__ = "runs"
+    id: str = Field(default_factory=new_id, primary_key=True)
+    conversation_id: str = Field(foreign_key="conversations.id", index=True)
+    kind: RunKind = _enum(RunKind, RunKind.TURN)
+    status: RunStatus = _enum(RunStatus, RunStatus.QUEUED, index=True)
+    phase: Phase = _enum(Phase, Phase.LLM)
+    step_seq: int = 0
+    iteration: int = 0
+    max_iterations: int = 20
+    model: str | None = None
+    parent_run_id: str | None = Field(default=None, index=True)
+    label: str | None = None
+    task: str | None = Field(default=None, sa_column=Column(Text))
+    origin: dict[str, Any] = _json(dict)  # where the result goes: channel, chat_id, thread...
+    final_text: str | None = Field(default=None, sa_column=Column(Text))
+    error: str | None = Field(default=None, sa_column=Column(Text))
+    suppress_reply: bool = False  # the message tool already answered the current chat
+    announced: bool = False  # a subagent's result has been handed to its parent conversation
+    lease_owner: str | None = None
+    lease_until: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True), index=True))
+    request_id: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    created_at: datetime = _now()
+    started_at: datetime | None = _ts()
+    finished_at: datetime | None = _ts()
+
+
+class RunStep(SQLModel, table=True):
+    """One completed step of a run (an LLM call or a batch of tool calls)."""
+
+    __tablename__ = "run_steps"
+    __table_args__ = (UniqueConstraint("run_id", "seq"),)
+    id: int | None = Field(default=None, sa_column=Column(BigInteger, Identity(), primary_key=True))
+    run_id: str = Field(foreign_key="runs.id", index=True)
+    seq: int
+    kind: Phase = _enum(Phase, Phase.LLM)
+    model: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    elapsed_ms: float = 0.0
+    started_at: datetime = _now()
+    finished_at: datetime = _now()
+
+
+class ToolCall(SQLModel, table=True):
+    """The side-effect journal: a call whose result is written is never executed again."""
+
+    __tablename__ = "tool_calls"
+    __table_args__ = (UniqueConstraint("run_id", "step_seq", "call_id"),)
+    id: str = Field(default_factory=new_id, primary_key=True)
+    run_id: str = Field(foreign_key="runs.id", index=True)
+    step_seq: int
+    position: int = 0  # order within the model's response
+    call_id: str
+    name: str
+    arguments: dict[str, Any] = _json(dict)
+    status: ToolStatus = _enum(ToolStatus, ToolStatus.PENDING)
+    result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSONB))
+    attempts: int = 0
+    elapsed_ms: float = 0.0
+    created_at: datetime = _now()
+    started_at: datetime | None = _ts()
+    finished_at: datetime | None = _ts()
+
+
+class InboundEvent(SQLModel, table=True):
+    """The inbound ledger: a platform event is recorded once, before the webhook answers."""
+
+    __tablename__ = "inbound_events"
+    __table_args__ = (UniqueConstraint("channel", "event_id"),)
+    id: int | None = Field(default=None, sa_column=Column(BigInteger, Identity(), primary_key=True))
+    channel: str
+    event_id: str
+    received_at: datetime = _now()
+
+
+class Outbox(SQLModel, table=True):
+    """One outbound chunk, delivered once by the outbound queue."""
+
+    __tablename__ = "outbox"
+    id: str = Field(default_factory=new_id, primary_key=True)
+    key: str = Field(unique=True)  # e.g. "<run id>:<chunk no>"
+    channel: str = Field(index=True)
+    chat_id: str
+    content: str = Field(sa_column=Column(Text, nullable=False))
+    meta: dict[str, Any] = _json(dict)  # thread ids, reply-to, interaction tokens
+    status: OutboxStatus = _enum(OutboxStatus, OutboxStatus.PENDING, index=True)
+    attempts: int = 0
+    platform_message_id: str | None = None
+    last_error: str | None = Field(default=None, sa_column=Column(Text))
+    run_id: str | None = Field(default=None, index=True)
+    created_at: datetime = _now()
+    next_attempt_at: datetime | None = _ts()
+    delivered_at: datetime | None = _ts()
+
+
+class CronJob(SQLModel, table=True):
+    """A scheduled job; Postgres is the source of truth, redbeat mirrors it."""
+
+    __tablename__ = "cron_jobs"
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12], primary_key=True)
+    name: str = ""
+    message: str = Field(sa_column=Column(Text, nullable=False))
+    kind: str = "every"  # every | cron | at
+    every_seconds: int | None = None
+    cron_expr: str | None = None
+    tz: str = "UTC"
+    at: datetime | None = _ts()
+    enabled: bool = True
+    missed_policy: str = "skip"  # skip | run_once | catch_up
+    channel: str = "api"
+    chat_id: str = ""
+    origin: dict[str, Any] = _json(dict)
+    system: bool = False  # owned by nanofleet (daily summary), not by a user
+    last_fired_at: datetime | None = _ts()
+    created_at: datetime = _now()
+
+
+class CronReceipt(SQLModel, table=True):
+    """One row per (job, scheduled time): a duplicate fire never runs twice."""
+
+    __tablename__ = "cron_receipts"
+    __table_args__ = (UniqueConstraint("job_id", "scheduled_for"),)
+    id: int | None = Field(default=None, sa_column=Column(BigInteger, Identity(), primary_key=True))
+    job_id: str = Field(index=True)
+    scheduled_for: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    run_id: str | None = None
+    created_at: datetime = _now()

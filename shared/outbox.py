@@ -1,0 +1,36 @@
+"""The outbox: one row per outbound chunk with a unique key, delivered by the outbound queue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.dialects.postgresql import insert
+from sqlmodel import Session, col, select
+
+from shared.agent.runtime import Next
+from shared.channels import get_channel
+from shared.channels.base import default_chunks
+from shared.constants import T_OUTBOUND_DELIVER
+from shared.models import Outbox, OutboxStatus, new_id
+from shared.settings import Settings
+
+FALLBACK_LIMIT = 4000
+
+
+def add_reply(
+    s: Session, settings: Settings, *, key: str, channel: str, chat_id: str, text: str, meta: dict[str, Any]
+) -> list[Next]:
+    """Chunk `text` for the channel and store one row per chunk; a key seen before adds nothing."""
+    ch = get_channel(channel, settings)
+    parts = ch.chunks(text) if ch else default_chunks(text, FALLBACK_LIMIT)
+    total = len(parts)
+    for i, part in enumerate(parts):
+        s.execute(
+            insert(Outbox)
+            .values(id=new_id(), key=f"{key}:{i}", channel=channel, chat_id=chat_id, content=part,
+                    meta={**meta, "chunk": i, "chunks": total}, status=OutboxStatus.PENDING.value, attempts=0)
+            .on_conflict_do_nothing(index_elements=["key"])
+        )
+    keys = [f"{key}:{i}" for i in range(total)]
+    rows = s.exec(select(Outbox).where(col(Outbox.key).in_(keys), Outbox.status == OutboxStatus.PENDING)).all()
+    return [Next(T_OUTBOUND_DELIVER, (row.id,)) for row in sorted(rows, key=lambda r: int(r.meta.get("chunk", 0)))]

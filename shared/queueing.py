@@ -1,0 +1,87 @@
+"""Celery configuration shared by the worker app and the gateway's producer, and enqueue helpers."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+from shared.constants import QUEUES, REDBEAT_PREFIX, REQUEST_ID_HEADER, T_SWEEP, TASK_ROUTES
+from shared.logs import request_id_var
+from shared.settings import Settings
+
+VISIBILITY_TIMEOUT = 3600  # seconds; every task finishes far sooner (see the time limits)
+SOFT_TIME_LIMIT = 300
+HARD_TIME_LIMIT = 330
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Everything the app needs: explicit queues, routes, acks late, redbeat."""
+    exchange = Exchange("nanofleet", type="direct")
+    return {
+        "broker_url": settings.redis_url,
+        "result_backend": settings.redis_url,
+        "task_ignore_result": True,
+        "result_expires": 600,
+        "task_queues": [Queue(q, exchange, routing_key=q) for q in QUEUES],
+        "task_routes": TASK_ROUTES,
+        "task_default_queue": QUEUES[0],
+        "task_default_exchange": "nanofleet",
+        "task_create_missing_queues": False,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_soft_time_limit": SOFT_TIME_LIMIT,
+        "task_time_limit": HARD_TIME_LIMIT,
+        "broker_transport_options": {
+            "visibility_timeout": VISIBILITY_TIMEOUT,
+            "max_connections": 200,
+            "socket_keepalive": True,
+        },
+        "result_backend_transport_options": {"max_connections": 50},
+        "broker_connection_retry_on_startup": True,
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "worker_hijack_root_logger": False,
+        "beat_scheduler": "redbeat.RedBeatScheduler",
+        "redbeat_redis_url": settings.redis_url,
+        "redbeat_key_prefix": REDBEAT_PREFIX,
+        "redbeat_lock_timeout": 15,
+        "beat_max_loop_interval": 1,
+        "beat_schedule": {
+            "nanofleet-sweep": {
+                "task": T_SWEEP,
+                "schedule": timedelta(seconds=settings.runtime.sweep_interval),
+                "options": {"expires": max(5.0, settings.runtime.sweep_interval * 5)},
+            },
+        },
+        "timezone": "UTC",
+        "enable_utc": True,
+    }
+
+
+def make_celery(settings: Settings, *, name: str = "nanofleet", include: list[str] | None = None) -> Celery:
+    """A Celery app configured for nanofleet (the worker's, or a bare producer)."""
+    app = Celery(name, include=include or [])
+    app.conf.update(celery_config(settings))
+    return app
+
+
+class Producer:
+    """Sends tasks by name, with the current request id in the headers."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def send(self, task_name: str, *args: Any, countdown: float | None = None, **kwargs: Any) -> str:
+        headers = {REQUEST_ID_HEADER: request_id_var.get()}
+        result = self.app.send_task(
+            task_name, args=args, kwargs=kwargs, headers=headers, countdown=countdown
+        )
+        return str(result.id)

@@ -1,0 +1,335 @@
+"""One Settings object: environment (NANOFLEET_*, nested with __) over an optional TOML file."""
+
+from __future__ import annotations
+
+import os
+from enum import StrEnum
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+PLACEHOLDERS = {"changeme", "change-me", "your-key-here", "xxx", "todo", "replace-me"}
+CONFIG_FILE_ENV = "NANOFLEET_CONFIG_FILE"
+
+
+class Permission(StrEnum):
+    """Capabilities a tool may require; granted by the operator, denied by default."""
+
+    NET_HTTP = "NET_HTTP"
+    FS_READ = "FS_READ"
+    FS_WRITE = "FS_WRITE"
+    SHELL = "SHELL"
+
+
+def _not_placeholder(value: SecretStr | None) -> SecretStr | None:
+    if value is not None and value.get_secret_value().strip().lower() in PLACEHOLDERS:
+        raise ValueError("is a placeholder; set a real secret or leave it unset")
+    return value
+
+
+class LLMProfile(BaseModel):
+    """One model and where to reach it."""
+
+    model: str = "openai/gpt-4.1-mini"
+    api_base: str | None = None
+    api_key: SecretStr | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    context_window: int = 128_000
+
+    @field_validator("api_key")
+    @classmethod
+    def _check_key(cls, v: SecretStr | None) -> SecretStr | None:
+        return _not_placeholder(v)
+
+
+class LLMSettings(LLMProfile):
+    """The default model, named profiles, and how calls are retried."""
+
+    profiles: dict[str, LLMProfile] = Field(default_factory=dict)
+    timeout: float = 120.0
+    max_retries: int = 3
+    retry_base_delay: float = 1.0
+    retry_max_delay: float = 30.0
+
+
+class ExecSettings(BaseModel):
+    """The shell tool's limits."""
+
+    default_timeout: int = 60
+    max_timeout: int = 600
+    max_output_chars: int = 10_000
+    run_as_user: str = "nobody"
+
+
+class WebSettings(BaseModel):
+    """Outbound HTTP from tools: timeouts, size caps, search backend, SSRF allowlist."""
+
+    http_timeout: float = 3.0
+    fetch_timeout: float = 10.0
+    max_response_bytes: int = 2_000_000
+    search_backend: Literal["duckduckgo", "brave"] = "duckduckgo"
+    brave_api_key: SecretStr | None = None
+    allow_hosts: list[str] = Field(default_factory=list)  # host or host:port that skip the SSRF guard
+
+
+class MCPServer(BaseModel):
+    """An MCP server: stdio (command) or streamable HTTP (url)."""
+
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout: float = 30.0
+
+
+class ToolsSettings(BaseModel):
+    """Which tools may run (default deny) and their groups' settings."""
+
+    allowed: list[str] = Field(default_factory=list)
+    plugins: list[str] = Field(default_factory=list)  # "package.module:ToolClass" for your own tools
+    disabled_groups: list[str] = Field(default_factory=list)
+    default_timeout: float = 60.0
+    exec: ExecSettings = Field(default_factory=ExecSettings)
+    web: WebSettings = Field(default_factory=WebSettings)
+    mcp_servers: dict[str, MCPServer] = Field(default_factory=dict)
+
+
+class PermissionsSettings(BaseModel):
+    """Permissions granted to tools; none by default."""
+
+    granted: list[Permission] = Field(default_factory=list)
+
+
+class MemorySettings(BaseModel):
+    """How much history goes into a prompt and when it is compacted."""
+
+    window: int = 20
+    compact_after: int = 40
+    context_strategy: Literal["hard_trim", "sliding_window", "summarize"] = "sliding_window"
+
+
+class AgentSettings(BaseModel):
+    """The agent loop."""
+
+    name: str = "nanofleet"
+    max_iterations: int = 20
+    mailbox_mode: Literal["steer", "followup"] = "steer"
+    chat_timeout: float = 120.0
+
+
+class SubagentSettings(BaseModel):
+    """Background subagents."""
+
+    max_iterations: int = 15
+    max_concurrent: int = 3
+
+
+class RuntimeSettings(BaseModel):
+    """Run leases and the recovery sweeper."""
+
+    lease_seconds: float = 4.0
+    sweep_interval: float = 1.0
+
+
+class ChannelBase(BaseModel):
+    """What every channel has: an API base and who may talk to the agent."""
+
+    api_base: str = ""
+    allow_from: list[str] = Field(default_factory=list)
+
+
+class TelegramSettings(ChannelBase):
+    api_base: str = "https://api.telegram.org"
+    token: SecretStr | None = None
+    webhook_secret: SecretStr | None = None
+
+
+class SlackSettings(ChannelBase):
+    api_base: str = "https://slack.com/api"
+    bot_token: SecretStr | None = None
+    signing_secret: SecretStr | None = None
+
+
+class WhatsAppSettings(ChannelBase):
+    api_base: str = "https://graph.facebook.com/v21.0"
+    access_token: SecretStr | None = None
+    app_secret: SecretStr | None = None
+    verify_token: SecretStr | None = None
+    phone_number_id: str | None = None
+
+
+class FeishuSettings(ChannelBase):
+    api_base: str = "https://open.feishu.cn/open-apis"
+    app_id: str | None = None
+    app_secret: SecretStr | None = None
+    verification_token: SecretStr | None = None
+    encrypt_key: SecretStr | None = None
+
+
+class DiscordSettings(ChannelBase):
+    api_base: str = "https://discord.com/api/v10"
+    application_id: str | None = None
+    public_key: str | None = None
+    bot_token: SecretStr | None = None
+
+
+class GenericWebhookSettings(ChannelBase):
+    secret: SecretStr | None = None
+    callback_url: str | None = None
+
+
+class ChannelsSettings(BaseModel):
+    """Per-platform settings; a platform with no secrets configured is off."""
+
+    telegram: TelegramSettings = Field(default_factory=TelegramSettings)
+    slack: SlackSettings = Field(default_factory=SlackSettings)
+    whatsapp: WhatsAppSettings = Field(default_factory=WhatsAppSettings)
+    feishu: FeishuSettings = Field(default_factory=FeishuSettings)
+    discord: DiscordSettings = Field(default_factory=DiscordSettings)
+    webhook: GenericWebhookSettings = Field(default_factory=GenericWebhookSettings)
+
+
+class DailySummarySettings(BaseModel):
+    enabled: bool = False
+    cron: str = "0 9 * * *"
+
+
+class SchedulerSettings(BaseModel):
+    """Scheduled jobs owned by the system."""
+
+    daily_summary: DailySummarySettings = Field(default_factory=DailySummarySettings)
+    timezone: str = "UTC"
+
+
+class HeartbeatSettings(BaseModel):
+    """Periodic look at HEARTBEAT.md in the workspace."""
+
+    enabled: bool = True
+    interval: int = 1800
+    model: str | None = None
+
+
+class Settings(BaseSettings):
+    """All of nanofleet's configuration."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="NANOFLEET_", env_nested_delimiter="__", extra="ignore", frozen=True
+    )
+
+    database_url: str = "postgresql+psycopg://postgres@127.0.0.1:5432/nanofleet"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    api_keys: list[SecretStr] = Field(default_factory=list)
+    workspace: Path = Path("~/.nanofleet/workspace")
+    data_dir: Path = Path("~/.nanofleet")
+    log_level: str = "INFO"
+    log_json: bool = True
+    llm: LLMSettings = Field(default_factory=LLMSettings)
+    tools: ToolsSettings = Field(default_factory=ToolsSettings)
+    permissions: PermissionsSettings = Field(default_factory=PermissionsSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
+    agent: AgentSettings = Field(default_factory=AgentSettings)
+    subagents: SubagentSettings = Field(default_factory=SubagentSettings)
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    channels: ChannelsSettings = Field(default_factory=ChannelsSettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    heartbeat: HeartbeatSettings = Field(default_factory=HeartbeatSettings)
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_db(cls, v: str) -> str:
+        if not v.startswith(("postgresql+psycopg://", "postgresql://")):
+            raise ValueError("must be a postgresql+psycopg:// URL")
+        return v.replace("postgresql://", "postgresql+psycopg://", 1)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis(cls, v: str) -> str:
+        if not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return v
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, v: list[SecretStr]) -> list[SecretStr]:
+        for key in v:
+            _not_placeholder(key)
+        return v
+
+    @field_validator("workspace", "data_dir")
+    @classmethod
+    def _expand(cls, v: Path) -> Path:
+        return v.expanduser().resolve()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+        config_file = os.environ.get(CONFIG_FILE_ENV)
+        if config_file:
+            if not Path(config_file).is_file():
+                raise SettingsError(f"{CONFIG_FILE_ENV}: no such file: {config_file}")
+            sources += (TomlConfigSettingsSource(settings_cls, toml_file=config_file),)
+        return sources
+
+    def secrets(self) -> list[str]:
+        """Every configured secret value, for log redaction."""
+        found: list[str] = []
+
+        def walk(obj: object) -> None:
+            if isinstance(obj, SecretStr):
+                found.append(obj.get_secret_value())
+            elif isinstance(obj, BaseModel):
+                for name in type(obj).model_fields:
+                    walk(getattr(obj, name))
+            elif isinstance(obj, dict):
+                for item in obj.values():
+                    walk(item)
+            elif isinstance(obj, list):
+                for item in obj:
+                    walk(item)
+
+        walk(self)
+        return [s for s in found if len(s) >= 4]
+
+
+class SettingsError(Exception):
+    """Configuration that prevents start-up; the message names the variable."""
+
+
+def _describe(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        var = "NANOFLEET_" + "__".join(str(p).upper() for p in e["loc"])
+        lines.append(f"{var}: {e['msg']}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build Settings or raise SettingsError naming every bad variable."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as err:
+        raise SettingsError(_describe(err)) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide Settings, built once."""
+    return load_settings()

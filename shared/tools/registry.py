@@ -1,0 +1,153 @@
+"""The tool registry: default-deny permission checks, validation, timeouts, size caps, audit."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Iterable
+from fnmatch import fnmatchcase
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from shared.settings import Settings
+from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
+
+audit = logging.getLogger("TOOL_AUDIT")
+log = logging.getLogger(__name__)
+
+
+class ToolProvider(Protocol):
+    """A source of tools (the built-in groups, an MCP server)."""
+
+    def tools(self) -> Iterable[Tool]: ...
+
+
+def is_allowed(name: str, allowed: Iterable[str]) -> bool:
+    """Exact names, or glob patterns such as `mcp_github_*`."""
+    return any(name == pattern or fnmatchcase(name, pattern) for pattern in allowed)
+
+
+def decide(tool: Tool, settings: Settings) -> ToolResult | None:
+    """None when the tool may run; otherwise the REJECTED result saying why."""
+    if not is_allowed(tool.name, settings.tools.allowed):
+        return ToolResult.fail(
+            ErrorCode.NOT_ALLOWED,
+            f"tool '{tool.name}' is not allowed here (an operator can add it to NANOFLEET_TOOLS__ALLOWED)",
+        )
+    missing = sorted(p.value for p in tool.permissions if p not in settings.permissions.granted)
+    if missing:
+        return ToolResult.fail(
+            ErrorCode.PERMISSION_DENIED,
+            f"tool '{tool.name}' needs permission {', '.join(missing)}, which is not granted",
+        )
+    return None
+
+
+def _parse_args(raw: dict[str, Any] | str) -> dict[str, Any]:
+    if isinstance(raw, dict):
+        return raw
+    parsed = json.loads(raw or "{}")
+    if not isinstance(parsed, dict):
+        raise ValueError("arguments must be a JSON object")
+    return parsed
+
+
+def _size(obj: Any) -> int:
+    return len(obj.encode() if isinstance(obj, str) else json.dumps(obj, default=str).encode())
+
+
+class ToolRegistry:
+    """Every tool this process knows, by name."""
+
+    def __init__(self, settings: Settings, tools: Iterable[Tool]) -> None:
+        self.settings = settings
+        disabled = set(settings.tools.disabled_groups)
+        self._tools = {t.name: t for t in tools if t.group not in disabled}
+
+    def add(self, tool: Tool) -> None:
+        if tool.group not in self.settings.tools.disabled_groups:
+            self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def specs(self, *, exclude: Iterable[str] = ()) -> list[dict[str, Any]]:
+        """Schemas of the tools that may run, for the model. Denied tools are not offered."""
+        skip = set(exclude)
+        return [
+            t.schema()
+            for name, t in sorted(self._tools.items())
+            if name not in skip and decide(t, self.settings) is None
+        ]
+
+    def describe(self) -> list[dict[str, Any]]:
+        """What GET /api/v1/tools shows."""
+        out = []
+        for name, t in sorted(self._tools.items()):
+            verdict = decide(t, self.settings)
+            out.append(
+                {
+                    "name": name,
+                    "group": t.group,
+                    "description": t.description,
+                    "schema": t.Args.model_json_schema(),
+                    "permissions": sorted(p.value for p in t.permissions),
+                    "idempotent": t.idempotent,
+                    "allowed": verdict is None,
+                    "reason": verdict.message if verdict else None,
+                }
+            )
+        return out
+
+    async def execute(self, name: str, raw_args: dict[str, Any] | str, ctx: ToolContext) -> ToolResult:
+        """Check, validate, run with a timeout, cap the output, write the audit record."""
+        started = time.perf_counter()
+        result = await self._execute(name, raw_args, ctx)
+        result.elapsed_ms = round((time.perf_counter() - started) * 1000, 3)
+        digest = hashlib.sha256(json.dumps(raw_args, sort_keys=True, default=str).encode()).hexdigest()
+        audit.info(
+            "tool=%s status=%s code=%s duration_ms=%.1f run=%s args_sha256=%s",
+            name, result.status, result.error or "", result.elapsed_ms, ctx.run_id, digest,
+            extra={"tool": name, "status": result.status, "run_id": ctx.run_id, "args_sha256": digest,
+                   "duration_ms": result.elapsed_ms},
+        )
+        return result
+
+    async def _execute(self, name: str, raw_args: dict[str, Any] | str, ctx: ToolContext) -> ToolResult:
+        tool = self._tools.get(name)
+        if tool is None:
+            return ToolResult.fail(ErrorCode.NOT_FOUND, f"there is no tool named '{name}'; available: {', '.join(self.names())}")
+        if (verdict := decide(tool, self.settings)) is not None:
+            return verdict
+        if _size(raw_args) > tool.max_input_bytes:
+            return ToolResult.fail(ErrorCode.TOO_LARGE, f"arguments exceed {tool.max_input_bytes} bytes")
+        try:
+            args = tool.Args.model_validate(_parse_args(raw_args))
+        except (ValidationError, ValueError) as err:
+            return ToolResult.fail(ErrorCode.INVALID_ARGS, f"invalid arguments for '{name}': {err}")
+        timeout = tool.timeout or self.settings.tools.default_timeout
+        try:
+            result = await asyncio.wait_for(tool.run(args, ctx), timeout)
+        except TimeoutError:
+            return ToolResult.fail(ErrorCode.TIMEOUT, f"'{name}' did not finish within {timeout:g} s", retryable=True)
+        except Exception as err:  # a tool must never take the run down
+            log.exception("tool %s raised", name)
+            return ToolResult.fail(ErrorCode.FAILED, f"'{name}' failed: {type(err).__name__}: {err}")
+        return self._cap(tool, result)
+
+    @staticmethod
+    def _cap(tool: Tool, result: ToolResult) -> ToolResult:
+        if result.ok and _size(result.output) > tool.max_output_bytes:
+            if isinstance(result.output, str):
+                keep = result.output.encode()[: tool.max_output_bytes].decode(errors="ignore")
+                result.output = keep + f"\n[output truncated at {tool.max_output_bytes} bytes]"
+            else:
+                return ToolResult.fail(ErrorCode.TOO_LARGE, f"output exceeds {tool.max_output_bytes} bytes")
+        return result

@@ -1,0 +1,162 @@
+"""A fake OpenAI-compatible chat completions server (real HTTP, streaming and not).
+
+Default behaviour, driven by the last user message so tests across processes can steer it:
+- a line `call:NAME {json}` (one or more) asks for those tool calls;
+- after tool results, it answers `done: <tool results>`;
+- `sleep:SECONDS` delays the answer; otherwise it echoes `echo: <text>`.
+Tests may replace `handler` to script anything else."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tests.fakes.server import ThreadServer
+
+CALL_RE = re.compile(r"^call:(\w+)\s*(\{.*\})?\s*$", re.M)
+SLEEP_RE = re.compile(r"sleep:([\d.]+)")
+
+
+@dataclass
+class Reply:
+    text: str = ""
+    tool_calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    status: int = 200  # anything else: an error answer
+    delay: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def last_user_text(messages: list[dict[str, Any]]) -> str:
+    for m in reversed(messages):
+        if m.get("role") == "user" and not str(m.get("content", "")).startswith("[runtime context"):
+            return str(m.get("content") or "")
+    return ""
+
+
+def default_handler(body: dict[str, Any]) -> Reply:
+    messages = body.get("messages", [])
+    convo = [m for m in messages if not str(m.get("content") or "").startswith("[runtime context")]
+    text = last_user_text(messages)
+    sleep = SLEEP_RE.search(text)
+    delay = float(sleep.group(1)) if sleep else 0.0
+    if convo and convo[-1].get("role") == "tool":
+        results = [str(m.get("content")) for m in convo if m.get("role") == "tool"]
+        return Reply(text="done: " + " | ".join(results[-len(_trailing_tools(convo)):]), delay=delay)
+    calls = [(name, json.loads(args or "{}")) for name, args in CALL_RE.findall(text)]
+    if calls:
+        return Reply(tool_calls=calls, delay=delay)
+    if "Summarise the conversation" in text:
+        return Reply(text="SUMMARY: " + text[-200:].replace("\n", " "))
+    return Reply(text=f"echo: {text}", delay=delay)
+
+
+def _trailing_tools(convo: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for m in reversed(convo):
+        if m.get("role") != "tool":
+            break
+        out.append(m)
+    return out
+
+
+class FakeLLM:
+    """Records every request; answers with `handler` (thread-safe to swap between tests)."""
+
+    def __init__(self) -> None:
+        self.handler: Callable[[dict[str, Any]], Reply] = default_handler
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.server = ThreadServer(Starlette(routes=[
+            Route("/v1/chat/completions", self._complete, methods=["POST"]),
+            Route("/chat/completions", self._complete, methods=["POST"]),
+        ]))
+
+    @property
+    def url(self) -> str:
+        return self.server.url + "/v1"
+
+    def start(self) -> FakeLLM:
+        self.server.start()
+        return self
+
+    def reset(self) -> None:
+        with self.lock:
+            self.handler = default_handler
+            self.requests.clear()
+
+    def calls(self) -> int:
+        with self.lock:
+            return len(self.requests)
+
+    async def _complete(self, request: Request) -> Response:
+        body = await request.json()
+        with self.lock:
+            self.requests.append(body)
+            handler = self.handler
+            self.in_flight += 1
+        try:
+            reply = handler(body)
+            if reply.delay:
+                await asyncio.sleep(reply.delay)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+        if reply.status != 200:
+            err = {"error": {"message": f"fake error {reply.status}", "type": "server_error"}}
+            return JSONResponse(err, status_code=reply.status, headers=reply.headers)
+        if body.get("stream"):
+            return StreamingResponse(_stream(body, reply), media_type="text/event-stream")
+        return JSONResponse(_completion(body, reply))
+
+
+def _usage(body: dict[str, Any], reply: Reply) -> dict[str, int]:
+    prompt = sum(len(str(m.get("content") or "")) for m in body.get("messages", [])) // 4 + 1
+    completion = len(reply.text) // 4 + 1
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _tool_calls(reply: Reply) -> list[dict[str, Any]]:
+    return [{"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function",
+             "function": {"name": name, "arguments": json.dumps(args)}} for name, args in reply.tool_calls]
+
+
+def _completion(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
+    if reply.tool_calls:
+        message["tool_calls"] = _tool_calls(reply)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:8]}", "object": "chat.completion", "created": int(time.time()),
+        "model": body.get("model", "fake"),
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
+        "usage": _usage(body, reply),
+    }
+
+
+async def _stream(body: dict[str, Any], reply: Reply):  # type: ignore[no-untyped-def]
+    base = {"id": f"chatcmpl-{uuid.uuid4().hex[:8]}", "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": body.get("model", "fake")}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        return "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
+
+    yield chunk({"role": "assistant", "content": ""})
+    for i in range(0, len(reply.text), 16):
+        yield chunk({"content": reply.text[i:i + 16]})
+    for i, call in enumerate(_tool_calls(reply)):
+        yield chunk({"tool_calls": [{"index": i, **call}]})
+    yield chunk({}, "tool_calls" if reply.tool_calls else "stop")
+    yield "data: " + json.dumps({**base, "choices": [], "usage": _usage(body, reply)}) + "\n\n"
+    yield "data: [DONE]\n\n"

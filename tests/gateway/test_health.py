@@ -1,0 +1,38 @@
+"""/healthz and /readyz against real Redis, Postgres and a real worker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tests.support.stack import Stack, api_client
+
+
+def test_healthz_and_readyz_with_a_worker(stack: Stack, api) -> None:  # type: ignore[no-untyped-def]
+    assert api.get("/healthz").json() == {"status": "ok"}
+    ready = api.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["checks"]["workers"] >= 1
+
+
+def test_readyz_names_redis_when_it_is_down(make_stack: Callable[..., Stack]) -> None:
+    s = make_stack(REDIS_URL="redis://127.0.0.1:1/0")
+    for client in api_client(s.settings):
+        ready = client.get("/readyz")
+        assert ready.status_code == 503
+        assert "redis" in ready.json()["failing"]
+        assert client.get("/healthz").status_code == 200
+
+
+def test_readyz_names_workers_when_none_runs(make_stack: Callable[..., Stack]) -> None:
+    s = make_stack()
+    for client in api_client(s.settings):
+        ready = client.get("/readyz")
+        assert ready.status_code == 503
+        assert ready.json()["failing"] == ["workers"]
+
+
+def test_api_needs_a_bearer_key(stack: Stack) -> None:
+    for client in api_client(stack.settings):
+        assert client.get("/api/v1/tools", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert client.get("/api/v1/tools", headers={"Authorization": ""}).status_code == 401
+        assert client.get("/api/v1/tools").status_code == 200

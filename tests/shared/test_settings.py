@@ -1,0 +1,76 @@
+"""Settings: the contract's names, nesting, config file, and start-up refusals that name the variable."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shared.settings import Permission, SettingsError, load_settings
+from tests.support.processes import ROOT
+
+
+def test_env_names_and_nesting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NANOFLEET_LLM__MODEL", "openai/gpt-4.1")
+    monkeypatch.setenv("NANOFLEET_TOOLS__ALLOWED", '["time", "read_file"]')
+    monkeypatch.setenv("NANOFLEET_PERMISSIONS__GRANTED", '["FS_READ"]')
+    monkeypatch.setenv("NANOFLEET_CHANNELS__TELEGRAM__ALLOW_FROM", '["*"]')
+    s = load_settings()
+    assert s.llm.model == "openai/gpt-4.1"
+    assert s.tools.allowed == ["time", "read_file"]
+    assert s.permissions.granted == [Permission.FS_READ]
+    assert s.channels.telegram.allow_from == ["*"]
+
+
+def test_defaults_deny_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in list(__import__("os").environ):
+        if key.startswith("NANOFLEET_"):
+            monkeypatch.delenv(key)
+    s = load_settings()
+    assert s.tools.allowed == [] and s.permissions.granted == [] and s.api_keys == []
+    assert s.channels.slack.allow_from == []
+
+
+@pytest.mark.parametrize(("var", "value"), [
+    ("NANOFLEET_REDIS_URL", "nope"),
+    ("NANOFLEET_DATABASE_URL", "mysql://x"),
+    ("NANOFLEET_PERMISSIONS__GRANTED", '["ROOT"]'),
+    ("NANOFLEET_LLM__API_KEY", "changeme"),
+    ("NANOFLEET_MEMORY__WINDOW", "many"),
+])
+def test_bad_setting_names_the_variable(monkeypatch: pytest.MonkeyPatch, var: str, value: str) -> None:
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert var in str(err.value)
+
+
+def test_config_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "nanofleet.toml"
+    path.write_text('[llm]\nmodel = "anthropic/claude-sonnet-4"\n[memory]\nwindow = 7\n')
+    monkeypatch.setenv("NANOFLEET_CONFIG_FILE", str(path))
+    monkeypatch.setenv("NANOFLEET_MEMORY__WINDOW", "9")  # the environment wins over the file
+    s = load_settings()
+    assert s.llm.model == "anthropic/claude-sonnet-4" and s.memory.window == 9
+
+
+def test_missing_config_file_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("NANOFLEET_CONFIG_FILE", str(tmp_path / "absent.toml"))
+    with pytest.raises(SettingsError, match="NANOFLEET_CONFIG_FILE"):
+        load_settings()
+
+
+def test_cli_refuses_to_start_with_a_bad_setting() -> None:
+    env = {"PATH": "/usr/bin:/bin", "NANOFLEET_REDIS_URL": "nope", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    done = subprocess.run([sys.executable, "-m", "gateway.cli", "status"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "NANOFLEET_REDIS_URL" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_secrets_are_collected_for_redaction(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NANOFLEET_CHANNELS__TELEGRAM__TOKEN", "123456:telegram-secret")
+    monkeypatch.setenv("NANOFLEET_API_KEYS", '["api-key-secret"]')
+    assert {"123456:telegram-secret", "api-key-secret"} <= set(load_settings().secrets())

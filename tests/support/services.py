@@ -1,0 +1,78 @@
+"""Where the tests find Postgres and Redis: NANOFLEET_TEST_* URLs, else local servers, else
+testcontainers when a Docker engine answers, else a message saying what to do."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+
+import pytest
+
+HOW = (
+    "Integration tests need PostgreSQL and Redis. Either set NANOFLEET_TEST_DATABASE_URL "
+    "(postgresql+psycopg://user@host:5432/db) and NANOFLEET_TEST_REDIS_URL (redis://host:6379), "
+    "or run them locally on 127.0.0.1:5432 (trust auth for user postgres) and 127.0.0.1:6379 "
+    "(`bash .ci/run` installs and starts both on Debian), or start a Docker engine for testcontainers."
+)
+_containers: list[object] = []
+
+
+def _open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _docker() -> bool:
+    try:
+        import docker
+
+        docker.from_env().ping()
+        return True
+    except Exception:
+        return False
+
+
+def _resolve(env: str, port: int, local: str, container: Callable[[], str]) -> str:
+    if os.environ.get(env):
+        return os.environ[env]
+    if _open(port):
+        return local
+    if _docker():
+        return container()
+    pytest.exit(HOW, returncode=3)
+
+
+def _pg_container() -> str:
+    from testcontainers.postgres import PostgresContainer
+
+    c = PostgresContainer("postgres:15-alpine", driver="psycopg").start()
+    _containers.append(c)
+    return str(c.get_connection_url())
+
+
+def _redis_container() -> str:
+    from testcontainers.redis import RedisContainer
+
+    c = RedisContainer("redis:7-alpine").start()
+    _containers.append(c)
+    return f"redis://{c.get_container_host_ip()}:{c.get_exposed_port(6379)}"
+
+
+def postgres_url() -> str:
+    return _resolve("NANOFLEET_TEST_DATABASE_URL", 5432, "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
+                    _pg_container)
+
+
+def redis_base_url() -> str:
+    """A server URL without a database number."""
+    url = _resolve("NANOFLEET_TEST_REDIS_URL", 6379, "redis://127.0.0.1:6379", _redis_container)
+    return url.rstrip("/").rsplit("/", 1)[0] if url.count("/") > 2 else url
+
+
+def stop_containers() -> None:
+    for c in _containers:
+        c.stop()  # type: ignore[attr-defined]

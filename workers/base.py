@@ -1,0 +1,28 @@
+"""The task base: retryable errors become Celery retries with backoff; others are logged."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from celery import Task
+
+from shared.errors import Retryable
+
+
+class NanofleetTask(Task):  # type: ignore[misc]
+    """Maps shared.errors.Retryable to a Celery retry honouring its delay."""
+
+    max_retries = 8
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Retryable as err:
+            delay = err.delay if err.delay is not None else self.backoff()
+            raise self.retry(exc=err, countdown=delay, max_retries=err.max_retries or self.max_retries)
+
+    def backoff(self) -> float:
+        """Exponential backoff with full jitter, capped at five minutes."""
+        attempt = self.request.retries or 0
+        return float(random.uniform(0, min(300.0, 2.0 ** (attempt + 1))))
