@@ -14,9 +14,9 @@ from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the cost map at import
 
-import litellm  # noqa: E402
+import litellm
 
-from shared.settings import LLMProfile, LLMSettings  # noqa: E402
+from shared.settings import LLMProfile, LLMSettings
 
 log = logging.getLogger(__name__)
 

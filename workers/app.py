@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from shared.settings import get_settings
-
 from shared.queueing import make_celery
+from shared.settings import get_settings
 from workers import signals
 
 TASK_MODULES = [

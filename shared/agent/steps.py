@@ -18,7 +18,19 @@ from shared.agent.runtime import Next, Runtime
 from shared.aio import run_sync
 from shared.constants import T_AGENT_STEP, T_SUBAGENT_STEP, T_TOOL_EXECUTE
 from shared.llm import LLMError, LLMResponse
-from shared.models import Conversation, Message, Phase, Role, Run, RunKind, RunStatus, RunStep, ToolCall, ToolStatus, utcnow
+from shared.models import (
+    Conversation,
+    Message,
+    Phase,
+    Role,
+    Run,
+    RunKind,
+    RunStatus,
+    RunStep,
+    ToolCall,
+    ToolStatus,
+    utcnow,
+)
 from shared.tools.base import ErrorCode, ToolContext, ToolResult
 
 log = logging.getLogger(__name__)
@@ -171,10 +183,11 @@ def tool_step(rt: Runtime, tool_call_id: str) -> list[Next]:
         return []
     if not claimed:
         return advance(rt, run.id, call.step_seq) if call.status in DONE else []
+    ctx = _context(rt, run, call)
     if run.status not in ACTIVE:
         result = ToolResult.fail(ErrorCode.FAILED, "the run was cancelled before this tool ran")
     else:
-        result = _execute(rt, run, call)
+        result = _execute(rt, run, call, ctx)
     with rt.session() as s:
         s.execute(
             update(ToolCall)
@@ -185,18 +198,21 @@ def tool_step(rt: Runtime, tool_call_id: str) -> list[Next]:
     rt.events.publish(run.conversation_id, events.TOOL_FINISHED, {
         "run_id": run.id, "call_id": call.call_id, "tool": call.name, "status": result.status,
         "elapsed_ms": result.elapsed_ms})
-    return advance(rt, run.id, call.step_seq)
+    return [*ctx.followups, *advance(rt, run.id, call.step_seq)]
 
 
-def _execute(rt: Runtime, run: Run, call: ToolCall) -> ToolResult:
+def _context(rt: Runtime, run: Run, call: ToolCall) -> ToolContext:
     origin = run.origin or {}
-    ctx = ToolContext(
+    return ToolContext(
         settings=rt.settings, run_id=run.id, conversation_id=run.conversation_id,
         channel=origin.get("channel", "api"), chat_id=str(origin.get("chat_id", "")), run_kind=run.kind.value,
         call_id=call.call_id,
         emit=lambda event, data: rt.events.publish(run.conversation_id, event, {"run_id": run.id, **data}),
         extra={"origin": origin, "parent_run_id": run.parent_run_id},
     )
+
+
+def _execute(rt: Runtime, run: Run, call: ToolCall, ctx: ToolContext) -> ToolResult:
     rt.events.publish(run.conversation_id, events.TOOL_STARTED,
                       {"run_id": run.id, "call_id": call.call_id, "tool": call.name})
     args: dict[str, Any] | str = call.arguments

@@ -85,6 +85,9 @@ class ToolContext:
     call_id: str = ""
     emit: Emit = _no_emit  # progress events to the run's SSE stream
     extra: dict[str, Any] = field(default_factory=dict)
+    # Tasks to enqueue once the result is recorded (shared.agent.runtime.Next): outbox deliveries,
+    # a spawned subagent's first step. Write the durable rows first; the sweepers cover a lost enqueue.
+    followups: list[Any] = field(default_factory=list)
 
     @property
     def workspace(self) -> Path:

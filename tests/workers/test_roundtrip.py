@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from tests.support.stack import Stack
 from shared.constants import T_PING
 from shared.logs import request_id_var
 from shared.queueing import Producer, make_celery
 from tests.support.processes import wait_until
+from tests.support.stack import Stack
 
 
 def test_task_round_trip_carries_the_request_id(stack: Stack) -> None:
