@@ -83,12 +83,18 @@ def status() -> None:
 
 @app.command()
 def up(
-    host: str = "127.0.0.1", port: int = 8000, concurrency: int = 32,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    concurrency: int = 32,
+    embedded: Annotated[bool, typer.Option(help="use embedded Redis/PostgreSQL even if local ones answer")] = False,
 ) -> None:
-    """Everything on one machine: migrations, gateway, a worker for all queues, beat."""
+    """Everything on one machine: migrations, gateway, a worker for all queues, beat.
+    Without NANOFLEET_REDIS_URL / NANOFLEET_DATABASE_URL and nothing on the default ports,
+    embedded servers start under the data dir."""
     from gateway.supervisor import run_all
 
-    raise typer.Exit(run_all(settings_or_exit(), host=host, port=port, concurrency=concurrency))
+    code = run_all(settings_or_exit(), host=host, port=port, concurrency=concurrency, embedded=embedded)
+    raise typer.Exit(code)
 
 
 @app.command()

@@ -23,17 +23,20 @@ def _default_reachable(url: str, default_port: int) -> bool:
     return port_open(parts.hostname or "127.0.0.1", parts.port or default_port)
 
 
-def _embedded(settings: Settings, say: Callable[[str], None]) -> tuple[dict[str, str], list[EmbeddedService]]:
-    """Start what is neither configured nor answering; returns env overrides and the services."""
+def _embedded(
+    settings: Settings, say: Callable[[str], None], force: bool
+) -> tuple[dict[str, str], list[EmbeddedService]]:
+    """Start what is not configured and not answering (or not configured, with `force`);
+    returns env overrides for the children and the services to stop at the end."""
     env: dict[str, str] = {}
     services: list[EmbeddedService] = []
     configured = settings.model_fields_set
-    if "redis_url" not in configured and not _default_reachable(settings.redis_url, 6379):
+    if "redis_url" not in configured and (force or not _default_reachable(settings.redis_url, 6379)):
         svc = start_redis(settings.data_dir)
         services.append(svc)
         env["NANOFLEET_REDIS_URL"] = svc.url
         say(f"nanofleet: no Redis configured or answering; started an embedded one at {svc.url}")
-    if "database_url" not in configured and not _default_reachable(settings.database_url, 5432):
+    if "database_url" not in configured and (force or not _default_reachable(settings.database_url, 5432)):
         svc = start_postgres(settings.data_dir)
         services.append(svc)
         env["NANOFLEET_DATABASE_URL"] = svc.url
@@ -42,6 +45,7 @@ def _embedded(settings: Settings, say: Callable[[str], None]) -> tuple[dict[str,
 
 
 def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    # Own process groups: Ctrl-C reaches `up` alone, which then stops each child in order.
     return subprocess.Popen([sys.executable, "-m", "gateway.cli", *args], env=env, start_new_session=True)
 
 
@@ -58,8 +62,11 @@ def _stop(children: list[subprocess.Popen[bytes]]) -> None:
             child.wait()
 
 
-def run_all(settings: Settings, *, host: str, port: int, concurrency: int, say: Callable[[str], None] = print) -> int:
-    env_over, services = _embedded(settings, say)
+def run_all(
+    settings: Settings, *, host: str, port: int, concurrency: int, embedded: bool = False,
+    say: Callable[[str], None] = print,
+) -> int:
+    env_over, services = _embedded(settings, say, embedded)
     env = {**os.environ, **env_over}
     children: list[subprocess.Popen[bytes]] = []
     stopping = False

@@ -19,8 +19,34 @@ from tests.support import services
 from tests.support.stack import Stack, api_client, clean_db, clean_redis, make_env
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-SHARED_REDIS_DB = 11
-FRESH_REDIS_DB = 12
+REDIS_DB_CLAIM = "nanofleet-test-db:"  # keys in DB 0 that reserve a database number per test session
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _claim_redis_dbs(server: str, count: int) -> list[int]:
+    """Reserve `count` free Redis database numbers, so concurrent test sessions never share queues."""
+    client = redis.Redis.from_url(f"{server}/0")
+    taken: list[int] = []
+    for n in range(1, 16):
+        key = f"{REDIS_DB_CLAIM}{n}"
+        holder = client.get(key)
+        if holder is not None and not _alive(int(holder)):
+            client.delete(key)  # left by a test session that was killed
+        if client.set(key, os.getpid(), nx=True, ex=3 * 3600):
+            taken.append(n)
+            if len(taken) == count:
+                return taken
+    pytest.exit("no free Redis databases 1-15 for the tests (other test sessions hold them; "
+                f"delete the {REDIS_DB_CLAIM}* keys in DB 0 if they are stale)", returncode=3)
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +72,15 @@ def redis_server() -> str:
 
 
 @pytest.fixture(scope="session")
+def redis_dbs(redis_server: str) -> Iterator[tuple[int, int]]:
+    """(shared stack's DB, private stacks' DB), reserved for this session."""
+    shared, fresh = _claim_redis_dbs(redis_server, 2)
+    yield shared, fresh
+    client = redis.Redis.from_url(f"{redis_server}/0")
+    client.delete(f"{REDIS_DB_CLAIM}{shared}", f"{REDIS_DB_CLAIM}{fresh}")
+
+
+@pytest.fixture(scope="session")
 def fake_llm() -> Iterator[FakeLLM]:
     server = FakeLLM().start()
     yield server
@@ -58,11 +93,12 @@ def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_stack(database_url: str, redis_server: str, fake_llm: FakeLLM, session_dir: Path) -> Iterator[Stack]:
-    """A worker for all queues shared by the tests that need nothing special (Redis DB 11)."""
+def shared_stack(database_url: str, redis_server: str, redis_dbs: tuple[int, int], fake_llm: FakeLLM,
+                 session_dir: Path) -> Iterator[Stack]:
+    """A worker for all queues shared by the tests that need nothing special."""
     workspace = session_dir / "workspace"
     workspace.mkdir()
-    redis_url = f"{redis_server}/{SHARED_REDIS_DB}"
+    redis_url = f"{redis_server}/{redis_dbs[0]}"
     redis.Redis.from_url(redis_url).flushdb()
     stack = Stack(make_env(database_url=database_url, redis_url=redis_url, llm_url=fake_llm.url,
                            workspace=workspace), session_dir)
@@ -84,12 +120,13 @@ def stack(shared_stack: Stack, fake_llm: FakeLLM, database_url: str) -> Iterator
 
 
 @pytest.fixture
-def make_stack(database_url: str, redis_server: str, fake_llm: FakeLLM, tmp_path: Path) -> Iterator[Callable[..., Stack]]:
-    """A private stack (Redis DB 12, its own workspace) for tests that start, kill or configure
+def make_stack(database_url: str, redis_server: str, redis_dbs: tuple[int, int], fake_llm: FakeLLM,
+               tmp_path: Path) -> Iterator[Callable[..., Stack]]:
+    """A private stack (its own Redis DB and workspace) for tests that start, kill or configure
     their own processes; the shared worker never sees its tasks."""
     made: list[Stack] = []
     clean_db(database_url)
-    redis_url = f"{redis_server}/{FRESH_REDIS_DB}"
+    redis_url = f"{redis_server}/{redis_dbs[1]}"
     redis.Redis.from_url(redis_url).flushdb()
     fake_llm.reset()
 

@@ -1,0 +1,50 @@
+# nanofleet: `make` lists the targets.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+UV ?= $(shell command -v uv 2>/dev/null || echo "$(HOME)/.local/bin/uv")
+PY := .venv/bin/python
+COMPOSE := docker compose --env-file .env -f docker/compose.yml
+export LITELLM_LOCAL_MODEL_COST_MAP := True
+
+.PHONY: help install run test lint typecheck check up down logs bench chaos chaos-smoke uv
+
+help: ## Show this help
+	@grep -hE '^[a-z-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
+
+uv:
+	@command -v uv >/dev/null 2>&1 || [ -x "$(UV)" ] || python3 -m pip install --quiet uv==0.13.9
+
+install: uv ## Install nanofleet and its dev tools into .venv (uv, from the lock file)
+	@$(UV) sync --frozen --quiet
+
+run: install ## Run the whole system on this machine (embedded Redis/Postgres if none is configured)
+	@.venv/bin/nanofleet up
+
+test: install ## Run the test suite (needs Postgres and Redis: see README)
+	@$(PY) -m pytest
+
+lint: install ## ruff
+	@.venv/bin/ruff check .
+
+typecheck: install ## mypy (strict)
+	@.venv/bin/mypy shared gateway workers
+
+check: lint typecheck test ## Everything CI runs
+
+up: ## docker compose: start the stack in the background
+	$(COMPOSE) up -d --build
+
+down: ## docker compose: stop the stack
+	$(COMPOSE) down
+
+logs: ## docker compose: follow the logs
+	$(COMPOSE) logs -f --tail=100
+
+bench: install ## Benchmarks: print tables, write bench/RESULTS.md
+	@$(PY) -m bench.run
+
+chaos: install ## Chaos run: kills and restarts under load, write bench/CHAOS.md
+	@$(PY) -m bench.chaos
+
+chaos-smoke: install ## A short chaos run (CI)
+	@$(PY) -m bench.chaos --smoke
