@@ -36,3 +36,93 @@ def test_plain_chat_and_history_order(stack: Stack, api: Any) -> None:
         assert r.json()["assistantMessage"] == f"echo: {text}"
     contents = [m["content"] for m in api.get(f"/api/v1/conversations/{cid}/messages").json()]
     assert contents == ["one", "echo: one", "two", "echo: two", "three", "echo: three"]
+
+
+def test_rejected_tool_still_gets_a_final_answer(stack: Stack, api: Any) -> None:
+    cid = new_conversation(api)
+    body = api.post(f"/api/v1/conversations/{cid}/chat",
+                    json={"message": 'call:forbidden {"tag": "a"}\ncall:needs_shell {"seconds": 0}'}).json()
+    assert [(c["toolName"], c["status"]) for c in body["toolCalls"]] == [
+        ("forbidden", "REJECTED"), ("needs_shell", "REJECTED")]
+    assert "not allowed" in body["toolCalls"][0]["result"] and "SHELL" in body["toolCalls"][1]["result"]
+    assert body["assistantMessage"].startswith("done: ")
+    assert stack.executions() == []  # a rejected call has no side effect
+
+
+def test_invalid_arguments_and_timeouts_reach_the_model(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
+    cid = new_conversation(api)
+    body = api.post(f"/api/v1/conversations/{cid}/chat",
+                    json={"message": 'call:record {"tag": 7}\ncall:sleepy {"seconds": 20}'}).json()
+    assert [c["status"] for c in body["toolCalls"]] == ["FAILED", "FAILED"]
+    assert [c["errorCode"] for c in body["toolCalls"]] == ["INVALID_ARGS", "TIMEOUT"]
+    tool_msgs = [m for m in fake_llm.requests[-1]["messages"] if m["role"] == "tool"]
+    assert "INVALID_ARGS" in tool_msgs[0]["content"] and "TIMEOUT" in tool_msgs[1]["content"]
+
+
+def test_parallel_tool_calls_each_run_once(stack: Stack, api: Any) -> None:
+    cid = new_conversation(api)
+    lines = "\n".join(f'call:record {{"tag": "t{i}"}}' for i in range(5))
+    body = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": lines}).json()
+    assert [c["status"] for c in body["toolCalls"]] == ["SUCCESS"] * 5
+    tags = sorted(line.split()[-1] for line in stack.executions())
+    assert tags == [f"t{i}" for i in range(5)]
+
+
+def test_request_model_overrides_the_default_and_usage_is_summed(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
+    cid = new_conversation(api)
+    body = api.post(f"/api/v1/conversations/{cid}/chat",
+                    json={"message": "call:time {}", "model": "openai/other-model"}).json()
+    assert {r["model"] for r in fake_llm.requests} == {"other-model"}
+    run = api.get(f"/api/v1/runs/{body['runId']}").json()
+    llm_steps = [st for st in run["steps"] if st["kind"] == "llm"]
+    assert len(llm_steps) == 2 and all(st["promptTokens"] > 0 for st in llm_steps)
+    assert run["usage"]["promptTokens"] == sum(st["promptTokens"] for st in llm_steps)
+
+
+def test_llm_failure_after_retries_is_a_clear_reply_not_stored(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
+    from tests.fakes.llm import Reply
+
+    fake_llm.handler = lambda body: Reply(status=503)
+    cid = new_conversation(api)
+    body = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "hello"}).json()
+    assert body["status"] == "failed" and "try again" in body["assistantMessage"]
+    assert fake_llm.calls() == 3  # the first call and two retries
+    roles = [m["role"] for m in api.get(f"/api/v1/conversations/{cid}/messages").json()]
+    assert roles == ["USER"]
+
+
+def test_rate_limit_is_retried_honouring_retry_after(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
+    from tests.fakes.llm import Reply, default_handler
+
+    answers = iter([Reply(status=429, headers={"retry-after": "0.2"})])
+    fake_llm.handler = lambda body: next(answers, None) or default_handler(body)
+    cid = new_conversation(api)
+    body = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "hi"}).json()
+    assert body["assistantMessage"] == "echo: hi" and fake_llm.calls() == 2
+
+
+def test_post_returns_at_once_and_the_run_can_be_read(stack: Stack, api: Any) -> None:
+    from tests.support.processes import wait_until
+
+    cid = new_conversation(api)
+    r = api.post(f"/api/v1/conversations/{cid}/messages", json={"message": "sleep:0.5 hi"})
+    assert r.status_code == 202 and r.json()["runId"]
+    run_id = r.json()["runId"]
+    wait_until(lambda: api.get(f"/api/v1/runs/{run_id}").json()["status"] == "succeeded", timeout=30,
+               message="the run to finish")
+    assert api.get(f"/api/v1/runs/{run_id}").json()["result"] == "echo: sleep:0.5 hi"
+
+
+def test_unknown_conversation_and_bad_body(stack: Stack, api: Any) -> None:
+    assert api.post("/api/v1/conversations/nope/chat", json={"message": "x"}).status_code == 404
+    assert api.get("/api/v1/conversations/nope/messages").status_code == 404
+    cid = new_conversation(api)
+    assert api.post(f"/api/v1/conversations/{cid}/chat", json={"message": ""}).status_code == 422
+    assert api.post(f"/api/v1/conversations/{cid}/chat", json={}).status_code == 422
+    assert api.get("/api/v1/runs/nope").status_code == 404
+
+
+def test_help_command_answers_without_the_llm(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
+    cid = new_conversation(api)
+    body = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "/help"}).json()
+    assert "/stop" in body["assistantMessage"] and fake_llm.calls() == 0

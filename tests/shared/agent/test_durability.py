@@ -1,0 +1,158 @@
+"""The runtime under pressure: iteration bound, /stop, the mailbox under concurrent posts,
+compaction, and SIGKILL of the worker mid-turn."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from shared.db import get_engine
+from shared.models import Message, MessageType, Role, Run, ToolCall
+from tests.fakes.llm import FakeLLM, Reply, default_handler
+from tests.support.processes import wait_until
+from tests.support.stack import Stack, api_client
+
+
+def _runs(stack: Stack) -> list[Run]:
+    with Session(get_engine(stack.settings.database_url)) as s:
+        return list(s.exec(select(Run).order_by(col(Run.created_at))))
+
+
+def test_iteration_bound_gives_a_clear_message(make_stack: Callable[..., Stack], fake_llm: FakeLLM) -> None:
+    s = make_stack(AGENT__MAX_ITERATIONS="3")
+    s.worker()
+    fake_llm.handler = lambda body: Reply(tool_calls=[("time", {})])  # never stops asking
+    for api in api_client(s.settings):
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        body = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "loop"}).json()
+        assert "stopped after 3 steps" in body["assistantMessage"]
+        assert len(body["toolCalls"]) == 3 and fake_llm.calls() == 3
+
+
+def test_stop_cancels_the_running_turn(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    run_id = api.post(f"/api/v1/conversations/{cid}/messages", json={"message": "sleep:3 slow"}).json()["runId"]
+    wait_until(lambda: fake_llm.in_flight > 0, timeout=20, message="the LLM call to start")
+    stop = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "/stop"}).json()
+    assert stop["assistantMessage"] == "Stopped 1 running task(s)."
+    assert api.get(f"/api/v1/runs/{run_id}").json()["status"] == "cancelled"
+    wait_until(lambda: fake_llm.in_flight == 0, timeout=20, message="the slow call to return")
+    roles = [m["role"] for m in api.get(f"/api/v1/conversations/{cid}/messages").json()]
+    assert roles == ["USER"]  # the late answer of a cancelled run is dropped
+    # the conversation is free again
+    assert api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "again"}).json()[
+        "assistantMessage"] == "echo: again"
+
+
+def test_mailbox_under_concurrent_posts(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
+    fake_llm.handler = lambda body: Reply(text="ok", delay=0.05)
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    n = 30
+    barrier = threading.Barrier(n)
+
+    def post(i: int) -> None:
+        barrier.wait()
+        assert api.post(f"/api/v1/conversations/{cid}/messages", json={"message": f"m{i}"}).status_code == 202
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    def settled() -> bool:
+        with Session(get_engine(stack.settings.database_url)) as s:
+            pending = s.exec(select(Message).where(col(Message.pending).is_(True))).all()
+            active = s.exec(select(Run).where(col(Run.status).in_(("queued", "running")))).all()
+            return not pending and not active
+
+    wait_until(settled, timeout=60, message="every message to be processed")
+    with Session(get_engine(stack.settings.database_url)) as s:
+        users = s.exec(select(Message).where(Message.role == Role.USER)).all()
+        assert sorted(m.content for m in users) == sorted(f"m{i}" for i in range(n))
+        assert all(m.run_id for m in users)  # each one went into a turn
+    runs = sorted(_runs(stack), key=lambda r: r.started_at)  # type: ignore[arg-type, return-value]
+    for a, b in zip(runs, runs[1:], strict=False):
+        assert a.finished_at <= b.started_at, "two turns of one conversation overlapped"  # type: ignore[operator]
+
+
+def test_compaction_writes_a_summary_the_next_prompt_uses(make_stack: Callable[..., Stack],
+                                                          fake_llm: FakeLLM) -> None:
+    s = make_stack(MEMORY__WINDOW="4", MEMORY__COMPACT_AFTER="6")
+    s.worker()
+    for api in api_client(s.settings):
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        for i in range(5):
+            api.post(f"/api/v1/conversations/{cid}/chat", json={"message": f"fact {i}"})
+
+        def summary() -> Message | None:
+            with Session(get_engine(s.settings.database_url)) as db:
+                return db.exec(select(Message).where(Message.type == MessageType.SUMMARY)).first()
+
+        found = wait_until(summary, timeout=30, message="a SUMMARY message")
+        assert found.content.startswith("SUMMARY:")  # type: ignore[union-attr]
+        api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "what do you remember?"})
+        system = [m["content"] for m in fake_llm.requests[-1]["messages"] if m["role"] == "system"]
+        assert any("Summary of the earlier conversation" in c for c in system)
+        history = [m for m in fake_llm.requests[-1]["messages"] if m["role"] in ("user", "assistant")]
+        assert len(history) <= 4 + 1  # the window plus the runtime context
+
+
+def test_sigkill_mid_turn_loses_nothing_and_repeats_nothing(make_stack: Callable[..., Stack],
+                                                            fake_llm: FakeLLM) -> None:
+    """Kill the only worker while the second LLM call of a tool-using turn is in flight."""
+    s = make_stack()
+    first = s.worker()
+    slow_after_tools = threading.Event()
+
+    def handler(body: dict[str, Any]) -> Reply:
+        reply = default_handler(body)
+        if body["messages"][-2].get("role") == "tool" or body["messages"][-1].get("role") == "tool":
+            slow_after_tools.set()
+            reply.delay = 3.0
+        return reply
+
+    fake_llm.handler = handler
+    s.beat()  # the sweeper
+    for api in api_client(s.settings):
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        run_id = api.post(f"/api/v1/conversations/{cid}/messages",
+                          json={"message": 'call:record {"tag": "a"}\ncall:record {"tag": "b"}'}).json()["runId"]
+        wait_until(slow_after_tools.is_set, timeout=30, message="the LLM step after the tools")
+        first.kill(signal.SIGKILL)
+        s.worker()
+        wait_until(lambda: api.get(f"/api/v1/runs/{run_id}").json()["status"] == "succeeded", timeout=60,
+                   message="the run to complete on the new worker")
+        assert sorted(line.split()[-1] for line in s.executions()) == ["a", "b"]
+        msgs = api.get(f"/api/v1/conversations/{cid}/messages").json()
+        assert [m["role"] for m in msgs] == ["USER", "ASSISTANT", "TOOL", "TOOL", "ASSISTANT"]
+        with Session(get_engine(s.settings.database_url)) as db:
+            assert all(c.attempts == 1 for c in db.exec(select(ToolCall)).all())
+
+
+def test_sigkill_inside_a_tool_never_reruns_it_blind(make_stack: Callable[..., Stack]) -> None:
+    """A non-idempotent tool interrupted mid-call is reported, not silently run again."""
+    s = make_stack()
+    first = s.worker()
+    s.beat()
+    for api in api_client(s.settings):
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        run_id = api.post(f"/api/v1/conversations/{cid}/messages",
+                          json={"message": 'call:record {"tag": "slow", "seconds": 20}'}).json()["runId"]
+
+        def running() -> bool:
+            with Session(get_engine(s.settings.database_url)) as db:
+                return any(c.status == "RUNNING" for c in db.exec(select(ToolCall)).all())
+
+        wait_until(running, timeout=30, message="the tool to start")
+        first.kill(signal.SIGKILL)
+        s.worker()
+        wait_until(lambda: api.get(f"/api/v1/runs/{run_id}").json()["status"] == "succeeded", timeout=60,
+                   message="the run to complete")
+        call = api.get(f"/api/v1/runs/{run_id}").json()["toolCalls"][0]
+        assert call["status"] == "FAILED" and "may or may not have taken effect" in call["result"]
+        assert s.executions() == []  # killed before its side effect, and never re-run

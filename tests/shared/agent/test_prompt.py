@@ -1,0 +1,76 @@
+"""The prompt: window selection without orphan tool results, summaries, stable system prompt."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sqlmodel import Session
+
+from shared.agent import conversations, prompt
+from shared.db import get_engine
+from shared.models import Message, MessageType, Role, Run
+from shared.settings import load_settings
+from tests.support.stack import clean_db
+
+
+@pytest.fixture
+def session(database_url: str) -> Iterator[Session]:
+    clean_db(database_url)
+    with Session(get_engine(database_url), expire_on_commit=False) as s:
+        yield s
+
+
+def add(s: Session, cid: str, role: Role, content: str = "x", **kw: object) -> Message:
+    m = Message(conversation_id=cid, role=role, content=content, **kw)
+    s.add(m)
+    s.flush()
+    s.refresh(m)
+    return m
+
+
+def test_window_never_starts_with_an_orphan_tool_message(session: Session) -> None:
+    conv = conversations.get_or_create(session, session_key="t:1")
+    add(session, conv.id, Role.USER, "q")
+    add(session, conv.id, Role.ASSISTANT, "", tool_calls=[{"id": "a", "type": "function",
+                                                           "function": {"name": "time", "arguments": "{}"}}])
+    add(session, conv.id, Role.TOOL, "r1", tool_call_id="a", tool_name="time")
+    add(session, conv.id, Role.TOOL, "r2", tool_call_id="b", tool_name="time")
+    add(session, conv.id, Role.ASSISTANT, "answer")
+    for size in range(1, 6):
+        window = prompt.window(session, conv.id, size)
+        assert not window or window[0].role != Role.TOOL
+        assert window[-1].content == "answer"
+    assert [m.role for m in prompt.window(session, conv.id, 3)] == [Role.ASSISTANT]
+
+
+def test_prompt_uses_the_latest_summary_and_only_newer_messages(session: Session, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    settings = load_settings(workspace=tmp_path, memory={"window": 10})
+    conv = conversations.get_or_create(session, session_key="t:2")
+    old = add(session, conv.id, Role.USER, "old question")
+    add(session, conv.id, Role.SYSTEM, "the user likes tea", type=MessageType.SUMMARY,
+        meta={"covers_until_seq": old.seq})
+    add(session, conv.id, Role.USER, "new question")
+    run = Run(conversation_id=conv.id, origin={"channel": "telegram", "chat_id": "42"})
+    msgs = prompt.build(session, settings, run)
+    text = [m["content"] for m in msgs]
+    assert any("the user likes tea" in t for t in text)
+    assert "old question" not in text and "new question" in text
+    assert msgs[-1]["content"].startswith("[runtime context") and "telegram" in msgs[-1]["content"]
+
+
+def test_system_prompt_is_stable_and_reads_workspace_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "SOUL.md").write_text("Be kind.")
+    (tmp_path / "USER.md").write_text("Name: Ada.")
+    settings = load_settings(workspace=tmp_path)
+    first = prompt.system_prompt(settings)
+    assert "Be kind." in first and "Name: Ada." in first
+    assert prompt.system_prompt(settings) == first
+
+
+def test_pending_messages_stay_out_until_folded(session: Session) -> None:
+    conv = conversations.get_or_create(session, session_key="t:3")
+    posted = conversations.post_message(session, conv.id, "hi", origin={}, lease_seconds=5)
+    assert prompt.window(session, conv.id, 10) == []
+    assert conversations.fold_mailbox(session, conv.id, posted.run_id or "") == 1
+    assert [m.content for m in prompt.window(session, conv.id, 10)] == ["hi"]

@@ -1,0 +1,95 @@
+"""The registry: default deny, permission grants, validation, timeouts, size caps, audit."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.aio import run_sync
+from shared.settings import Permission, Settings, load_settings
+from shared.tools.base import ErrorCode, ToolContext
+from shared.tools.registry import ToolRegistry, decide, is_allowed
+from shared.tools.time import TimeTool
+from tests.support.tools import RecordTool, ShellNeedingTool, SleepTool
+
+
+def settings(allowed: list[str], granted: list[Permission] | None = None) -> Settings:
+    return load_settings(tools={"allowed": allowed}, permissions={"granted": granted or []})
+
+
+def execute(reg: ToolRegistry, name: str, args: object) -> object:
+    return run_sync(reg.execute(name, args, ToolContext(settings=reg.settings, run_id="r1")))  # type: ignore[arg-type]
+
+
+def test_not_allowed_is_rejected_with_the_reason() -> None:
+    reg = ToolRegistry(settings([]), [TimeTool()])
+    result = execute(reg, "time", {})
+    assert result.status == "REJECTED" and result.error == ErrorCode.NOT_ALLOWED  # type: ignore[attr-defined]
+    assert "NANOFLEET_TOOLS__ALLOWED" in result.message  # type: ignore[attr-defined]
+
+
+def test_missing_grant_is_rejected_and_the_tool_never_runs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    s = load_settings(tools={"allowed": ["needs_shell"]}, workspace=tmp_path)
+    reg = ToolRegistry(s, [ShellNeedingTool()])
+    result = execute(reg, "needs_shell", {"seconds": 0})
+    assert result.error == ErrorCode.PERMISSION_DENIED and "SHELL" in result.message  # type: ignore[attr-defined]
+    assert not (tmp_path / "executions.log").exists()
+
+
+def test_allowed_and_granted_runs() -> None:
+    reg = ToolRegistry(settings(["time"]), [TimeTool()])
+    result = execute(reg, "time", {"tz": "Asia/Tokyo"})
+    assert result.ok and "+09:00" in result.output["iso"]  # type: ignore[attr-defined]
+
+
+def test_invalid_arguments_are_reported_not_raised() -> None:
+    reg = ToolRegistry(settings(["record"]), [RecordTool()])
+    assert execute(reg, "record", {"tag": 5, "seconds": -1}).error == ErrorCode.INVALID_ARGS  # type: ignore[attr-defined]
+    assert execute(reg, "record", "{not json").error == ErrorCode.INVALID_ARGS  # type: ignore[attr-defined]
+
+
+def test_timeout() -> None:
+    reg = ToolRegistry(settings(["sleepy"]), [SleepTool()])
+    result = execute(reg, "sleepy", {"seconds": 30})
+    assert result.error == ErrorCode.TIMEOUT and result.retryable  # type: ignore[attr-defined]
+
+
+def test_unknown_tool_and_oversized_input() -> None:
+    reg = ToolRegistry(settings(["*"]), [RecordTool()])
+    assert execute(reg, "nope", {}).error == ErrorCode.NOT_FOUND  # type: ignore[attr-defined]
+    assert execute(reg, "record", {"tag": "x" * 100_000}).error == ErrorCode.TOO_LARGE  # type: ignore[attr-defined]
+
+
+def test_every_execution_is_audited(caplog: pytest.LogCaptureFixture) -> None:
+    reg = ToolRegistry(settings(["time"]), [TimeTool()])
+    with caplog.at_level(logging.INFO, logger="TOOL_AUDIT"):
+        execute(reg, "time", {})
+        execute(reg, "nope", {})
+    records = [r for r in caplog.records if r.name == "TOOL_AUDIT"]
+    assert len(records) == 2
+    assert records[0].tool == "time" and records[0].status == "SUCCESS"  # type: ignore[attr-defined]
+    assert len(records[0].args_sha256) == 64 and records[0].run_id == "r1"  # type: ignore[attr-defined]
+
+
+def test_denied_tools_are_not_offered_to_the_model() -> None:
+    reg = ToolRegistry(settings(["time"]), [TimeTool(), RecordTool()])
+    assert [s["function"]["name"] for s in reg.specs()] == ["time"]
+
+
+names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_*", min_size=1, max_size=12)
+perms = st.lists(st.sampled_from(list(Permission)), unique=True)
+
+
+@given(allowed=st.lists(names, max_size=4), granted=perms, required=perms)
+def test_decision_is_allowed_and_granted(allowed: list[str], granted: list[Permission],
+                                         required: list[Permission]) -> None:
+    tool = RecordTool()
+    tool.permissions = frozenset(required)  # type: ignore[misc]
+    verdict = decide(tool, settings(allowed, granted))
+    runs = is_allowed("record", allowed) and set(required) <= set(granted)
+    assert (verdict is None) == runs
+    if verdict is not None:
+        assert verdict.status == "REJECTED"
