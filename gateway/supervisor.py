@@ -87,7 +87,7 @@ def run_all(
         while not stopping:
             dead = [c for c in children if c.poll() is not None]
             if dead:
-                say(f"nanofleet: a child process exited ({dead[0].args}); stopping everything")
+                say(f"nanofleet: a child process exited ({dead[0].args!r}); stopping everything")
                 return 1
             time.sleep(0.2)
         return 0

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 
 from gateway.state import AppState
-from shared.agent.events import FINAL, stream_key
+from shared.agent import events
+from shared.agent.events import stream_key
 from shared.db import get_engine
 from shared.models import TERMINAL, Message, Run
 
@@ -33,7 +33,6 @@ async def wait_for_run(
 ) -> Run | None:
     """The run that answered the message, once it has ended; None on timeout."""
     deadline = time.monotonic() + timeout
-    key = stream_key(conversation_id)
     check = True
     while True:
         if check:
@@ -45,14 +44,8 @@ async def wait_for_run(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return None
-        block_ms = int(min(remaining, 1.0) * 1000) or 1
-        try:
-            batches = await state.aredis.xread({key: since}, block=block_ms, count=100)
-        except asyncio.CancelledError:
-            raise
-        check = not batches  # confirm against Postgres on a final event, or every second
-        for _, entries in batches:
-            for entry_id, fields in entries:
-                since = entry_id
-                if fields.get("event") in FINAL:
-                    check = True
+        batch = await events.read(state.aredis, conversation_id, since, int(min(remaining, 1.0) * 1000) or 1)
+        check = not batch  # confirm against Postgres on a final event, or every second
+        for entry_id, fields in batch:
+            since = entry_id
+            check = check or fields.get("event") in events.FINAL

@@ -20,7 +20,7 @@ class NanofleetTask(Task):  # type: ignore[misc]
             return super().__call__(*args, **kwargs)
         except Retryable as err:
             delay = err.delay if err.delay is not None else self.backoff()
-            raise self.retry(exc=err, countdown=delay, max_retries=err.max_retries or self.max_retries)
+            raise self.retry(exc=err, countdown=delay, max_retries=err.max_retries or self.max_retries) from err
 
     def backoff(self) -> float:
         """Exponential backoff with full jitter, capped at five minutes."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -16,7 +15,7 @@ from gateway.schemas import Accepted, ChatIn, ChatOut, ConversationIn, Conversat
 from gateway.state import AppState
 from gateway.waiting import last_event_id, wait_for_run
 from shared.agent import conversations, views
-from shared.agent.events import stream_key
+from shared.agent.events import read as read_events
 from shared.agent.service import Submitted, after_commit, submit
 from shared.db import get_engine
 from shared.models import Conversation, RunStatus, new_id
@@ -101,17 +100,13 @@ async def events(
     last_event: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> EventSourceResponse:
     """Server-Sent Events: run started, step started, text deltas, tools, run finished or failed."""
-    key = stream_key(conversation_id)
     since = last_event or "$"
 
     async def stream() -> AsyncIterator[dict[str, str]]:
         nonlocal since
         while True:
-            batches = await state.aredis.xread({key: since}, block=15_000, count=100)
-            for _, entries in batches:
-                for entry_id, fields in entries:
-                    since = entry_id
-                    yield {"id": entry_id, "event": fields.get("event", "message"),
-                           "data": fields.get("data", json.dumps({}))}
+            for entry_id, fields in await read_events(state.aredis, conversation_id, since, 15_000):
+                since = entry_id
+                yield {"id": entry_id, "event": fields.get("event", "message"), "data": fields.get("data", "{}")}
 
     return EventSourceResponse(stream(), ping=15)

@@ -7,6 +7,7 @@ import logging
 from typing import Any, Protocol
 
 import redis
+import redis.asyncio as aioredis
 
 from shared.constants import KEY_EVENTS
 
@@ -26,6 +27,15 @@ FINAL = (RUN_FINISHED, RUN_FAILED)
 
 def stream_key(conversation_id: str) -> str:
     return KEY_EVENTS + conversation_id
+
+
+Event = tuple[str, dict[str, str]]  # (stream entry id, {"event": ..., "data": json})
+
+
+async def read(client: aioredis.Redis, conversation_id: str, since: str, block_ms: int) -> list[Event]:
+    """Events after `since` (a stream id, or "$" for new ones only), waiting up to `block_ms`."""
+    batches: Any = await client.xread({stream_key(conversation_id): since}, block=block_ms, count=100)
+    return [(str(entry_id), dict(fields)) for _, entries in batches for entry_id, fields in entries]
 
 
 class EventSink(Protocol):

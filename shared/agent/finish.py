@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import or_
 from sqlmodel import Session, col, select
 
 from shared.agent import conversations, events, memory
@@ -90,8 +91,10 @@ def cancel_conversation(rt: Runtime, s: Session, conversation_id: str, cancelled
     ids = list(
         s.exec(
             select(Run.id).where(
-                (Run.conversation_id == conversation_id)
-                | col(Run.parent_run_id).in_(select(Run.id).where(Run.conversation_id == conversation_id)),
+                or_(
+                    col(Run.conversation_id) == conversation_id,
+                    col(Run.parent_run_id).in_(select(Run.id).where(Run.conversation_id == conversation_id)),
+                ),
                 col(Run.status).in_((RunStatus.QUEUED, RunStatus.RUNNING)),
             )
         ).all()

@@ -123,7 +123,8 @@ class ToolRegistry:
     async def _execute(self, name: str, raw_args: dict[str, Any] | str, ctx: ToolContext) -> ToolResult:
         tool = self._tools.get(name)
         if tool is None:
-            return ToolResult.fail(ErrorCode.NOT_FOUND, f"there is no tool named '{name}'; available: {', '.join(self.names())}")
+            available = ", ".join(self.names())
+            return ToolResult.fail(ErrorCode.NOT_FOUND, f"there is no tool named '{name}'; available: {available}")
         if (verdict := decide(tool, self.settings)) is not None:
             return verdict
         if _size(raw_args) > tool.max_input_bytes:

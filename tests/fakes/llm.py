@@ -150,7 +150,8 @@ async def _stream(body: dict[str, Any], reply: Reply):  # type: ignore[no-untype
             "created": int(time.time()), "model": body.get("model", "fake")}
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-        return "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return "data: " + json.dumps({**base, "choices": [choice]}) + "\n\n"
 
     yield chunk({"role": "assistant", "content": ""})
     for i in range(0, len(reply.text), 16):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -52,10 +53,8 @@ class Proc:
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the whole group (a prefork worker's children too)."""
         if self.alive():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, sig)
-            except ProcessLookupError:
-                pass
         if sig in (signal.SIGKILL, signal.SIGTERM):
             try:
                 self.popen.wait(30)

@@ -3,6 +3,7 @@ compaction, and SIGKILL of the worker mid-turn."""
 
 from __future__ import annotations
 
+import itertools
 import signal
 import threading
 from collections.abc import Callable
@@ -76,7 +77,7 @@ def test_mailbox_under_concurrent_posts(stack: Stack, api: Any, fake_llm: FakeLL
         assert sorted(m.content for m in users) == sorted(f"m{i}" for i in range(n))
         assert all(m.run_id for m in users)  # each one went into a turn
     runs = sorted(_runs(stack), key=lambda r: r.started_at)  # type: ignore[arg-type, return-value]
-    for a, b in zip(runs, runs[1:], strict=False):
+    for a, b in itertools.pairwise(runs):
         assert a.finished_at <= b.started_at, "two turns of one conversation overlapped"  # type: ignore[operator]
 
 
@@ -125,8 +126,8 @@ def test_sigkill_mid_turn_loses_nothing_and_repeats_nothing(make_stack: Callable
         wait_until(slow_after_tools.is_set, timeout=30, message="the LLM step after the tools")
         first.kill(signal.SIGKILL)
         s.worker()
-        wait_until(lambda: api.get(f"/api/v1/runs/{run_id}").json()["status"] == "succeeded", timeout=60,
-                   message="the run to complete on the new worker")
+        wait_until(lambda: api.get(f"/api/v1/runs/{run_id}").json()["status"] == "succeeded",  # noqa: B023
+                   timeout=60, message="the run to complete on the new worker")
         assert sorted(line.split()[-1] for line in s.executions()) == ["a", "b"]
         msgs = api.get(f"/api/v1/conversations/{cid}/messages").json()
         assert [m["role"] for m in msgs] == ["USER", "ASSISTANT", "TOOL", "TOOL", "ASSISTANT"]
@@ -151,8 +152,8 @@ def test_sigkill_inside_a_tool_never_reruns_it_blind(make_stack: Callable[..., S
         wait_until(running, timeout=30, message="the tool to start")
         first.kill(signal.SIGKILL)
         s.worker()
-        wait_until(lambda: api.get(f"/api/v1/runs/{run_id}").json()["status"] == "succeeded", timeout=60,
-                   message="the run to complete")
+        wait_until(lambda: api.get(f"/api/v1/runs/{run_id}").json()["status"] == "succeeded",  # noqa: B023
+                   timeout=60, message="the run to complete")
         call = api.get(f"/api/v1/runs/{run_id}").json()["toolCalls"][0]
         assert call["status"] == "FAILED" and "may or may not have taken effect" in call["result"]
         assert s.executions() == []  # killed before its side effect, and never re-run
