@@ -15,6 +15,7 @@ from shared.models import Phase, Run, RunStatus
 
 log = logging.getLogger(__name__)
 ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)
+RENEWED = "now() + make_interval(secs => cast(:s as double precision))"
 
 
 def _until(seconds: float) -> object:
@@ -86,17 +87,15 @@ class LeaseKeeper:
             if owned:
                 conn.execute(
                     text(
-                        "update runs set lease_until = now() + make_interval(secs => :s) "
-                        "where (id, lease_owner) in (select * from unnest(:ids, :owners))"
+                        f"update runs set lease_until = {RENEWED} where (id, lease_owner) in "
+                        "(select * from unnest(cast(:ids as varchar[]), cast(:owners as varchar[])))"
                     ).bindparams(bindparam("ids"), bindparam("owners")),
                     {"s": self.seconds, "ids": owned, "owners": [held[r] for r in owned]},
                 )
             if shared_:
                 conn.execute(
-                    text(
-                        "update runs set lease_until = now() + make_interval(secs => :s) "
-                        "where id = any(:ids) and phase = 'tools'"
-                    ),
+                    text(f"update runs set lease_until = {RENEWED} where id = any(cast(:ids as varchar[])) "
+                         "and phase = 'tools'"),
                     {"s": self.seconds, "ids": shared_},
                 )
 

@@ -157,3 +157,15 @@ def test_sigkill_inside_a_tool_never_reruns_it_blind(make_stack: Callable[..., S
         call = api.get(f"/api/v1/runs/{run_id}").json()["toolCalls"][0]
         assert call["status"] == "FAILED" and "may or may not have taken effect" in call["result"]
         assert s.executions() == []  # killed before its side effect, and never re-run
+
+
+def test_a_long_llm_call_keeps_its_lease(make_stack: Callable[..., Stack], fake_llm: FakeLLM) -> None:
+    """A step that outlives the lease several times over is renewed, never re-run by the sweeper."""
+    s = make_stack()  # lease 2 s, sweeper every 0.5 s
+    s.worker()
+    s.beat()
+    for api in api_client(s.settings):
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        body = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "sleep:7 long one"}).json()
+        assert body["assistantMessage"] == "echo: sleep:7 long one"
+        assert fake_llm.calls() == 1

@@ -1,0 +1,75 @@
+"""The SSE stream, /new, and the in-process `nanofleet agent`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from sqlmodel import Session, select
+
+from shared.db import get_engine
+from shared.models import Message, MessageType
+from tests.fakes.llm import FakeLLM
+from tests.support.processes import ROOT, wait_until
+from tests.support.stack import Stack
+
+
+def test_events_stream_a_tool_using_turn(stack: Stack, api: Any) -> None:
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    seen: list[tuple[str, dict[str, Any]]] = []
+    opened = threading.Event()
+
+    def listen() -> None:
+        with api.stream("GET", f"/api/v1/conversations/{cid}/events") as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            opened.set()
+            event = ""
+            for line in r.iter_lines():
+                if line.startswith("event:"):
+                    event = line.split(":", 1)[1].strip()
+                elif line.startswith("data:") and event:
+                    seen.append((event, json.loads(line.split(":", 1)[1])))
+                    if event in ("run.finished", "run.failed"):
+                        return
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    assert opened.wait(10)
+    # events are read from the stream's end ("$"): start the run once the listener is reading
+    wait_until(lambda: api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "call:time {}"}), timeout=30)
+    listener.join(30)
+    kinds = [e for e, _ in seen]
+    assert kinds[0] == "run.started" and kinds[-1] == "run.finished"
+    assert {"step.started", "tool.started", "tool.finished", "text.delta"} <= set(kinds)
+    finished = next(d for e, d in seen if e == "tool.finished")
+    assert finished["tool"] == "time" and finished["status"] == "SUCCESS" and finished["elapsed_ms"] >= 0
+    text = "".join(d["text"] for e, d in seen if e == "text.delta")
+    assert text.startswith("done: ")
+
+
+def test_new_summarises_and_starts_fresh(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "my name is Ada"})
+    assert "new session" in api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "/new"}).json()[
+        "assistantMessage"]
+
+    def summary() -> Message | None:
+        with Session(get_engine(stack.settings.database_url)) as s:
+            return s.exec(select(Message).where(Message.type == MessageType.SUMMARY)).first()
+
+    wait_until(summary, timeout=30, message="the /new summary")
+    api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "who am I?"})
+    sent = fake_llm.requests[-1]["messages"]
+    assert not any(m["content"] == "my name is Ada" for m in sent)  # a fresh session...
+    assert any("Summary of the earlier conversation" in str(m["content"]) for m in sent)  # ...that remembers
+
+
+def test_agent_command_runs_one_turn_in_process(stack: Stack) -> None:
+    env = {**stack.env, "NANOFLEET_REDIS_URL": "redis://127.0.0.1:1/0"}  # no broker needed
+    done = subprocess.run([sys.executable, "-m", "gateway.cli", "agent", "-m", "call:time {}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith("done: ")
