@@ -19,6 +19,7 @@ import litellm
 from shared.settings import LLMProfile, LLMSettings
 
 log = logging.getLogger(__name__)
+litellm.suppress_debug_info = True  # no provider banners on stdout (keys and bases stay per call)
 
 RETRYABLE = (
     litellm.RateLimitError,
