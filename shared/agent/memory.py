@@ -67,12 +67,13 @@ def compact(rt: Runtime, conversation_id: str, *, everything: bool = False) -> b
         return True
 
 
-def fit(rt: Runtime, messages: list[dict[str, Any]], model: str | None) -> list[dict[str, Any]]:
-    """Trim the history so the prompt fits the model's context window, tool calls counted."""
+def fit(rt: Runtime, messages: list[dict[str, Any]], model: str | None) -> tuple[list[dict[str, Any]], bool]:
+    """Trim the history so the prompt fits the model's context window, tool calls counted.
+    Returns the messages and whether anything was cut (the `summarize` strategy then compacts)."""
     profile = rt.llm.profile(model)
     budget = profile.context_window - (profile.max_tokens or RESERVE_TOKENS)
     if rt.llm.count_tokens(messages, model) <= budget:
-        return messages
+        return messages, False
     head = [m for m in messages[:2] if m["role"] == "system"]
     body, tail = messages[len(head):-1], messages[-1:]
     if rt.settings.memory.context_strategy == "hard_trim":
@@ -82,7 +83,7 @@ def fit(rt: Runtime, messages: list[dict[str, Any]], model: str | None) -> list[
         while body and body[0]["role"] == "tool":  # never start with an orphan tool result
             body.pop(0)
     log.info("trimmed prompt to %d history messages to fit %d tokens", len(body), budget)
-    return head + body + tail
+    return head + body + tail, True
 
 
 def _shorten(message: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from shared.agent import conversations, events, lease, memory, prompt
 from shared.agent.finish import finish, publish_final
 from shared.agent.runtime import Next, Runtime
 from shared.aio import run_sync
-from shared.constants import T_AGENT_STEP, T_SUBAGENT_STEP, T_TOOL_EXECUTE
+from shared.constants import T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EXECUTE
 from shared.llm import LLMError, LLMResponse
 from shared.models import (
     Conversation,
@@ -70,7 +70,7 @@ def _llm_step(rt: Runtime, run_id: str, seq: int) -> list[Next]:
             nexts = finish(rt, s, run, status=RunStatus.SUCCEEDED, text=bound_message(run.max_iterations))
             ended = True
         else:
-            messages = memory.fit(rt, prompt.build(s, rt.settings, run), run.model)
+            messages, trimmed = memory.fit(rt, prompt.build(s, rt.settings, run), run.model)
             exclude = SUBAGENT_EXCLUDED if run.kind == RunKind.SUBAGENT else ()
             tools = rt.tools.specs(exclude=exclude)
             ended = False
@@ -91,7 +91,8 @@ def _llm_step(rt: Runtime, run_id: str, seq: int) -> list[Next]:
         return _finish_if_current(rt, run_id, seq, status=RunStatus.FAILED, text=err.user_message,
                                   store=False, error=str(err))
     elapsed = (time.perf_counter() - started) * 1000
-    return _record(rt, run_id, seq, response, elapsed)
+    compact = trimmed and rt.settings.memory.context_strategy == "summarize"
+    return _record(rt, run_id, seq, response, elapsed) + ([Next(T_COMPACT, (run.conversation_id,))] if compact else [])
 
 
 def _finish_if_current(rt: Runtime, run_id: str, seq: int, **kw: Any) -> list[Next]:

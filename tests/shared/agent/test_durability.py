@@ -169,3 +169,23 @@ def test_a_long_llm_call_keeps_its_lease(make_stack: Callable[..., Stack], fake_
         body = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "sleep:7 long one"}).json()
         assert body["assistantMessage"] == "echo: sleep:7 long one"
         assert fake_llm.calls() == 1
+
+
+def test_followup_mode_runs_waiting_messages_as_the_next_turn(make_stack: Callable[..., Stack],
+                                                               fake_llm: FakeLLM) -> None:
+    s = make_stack(AGENT__MAILBOX_MODE="followup")
+    s.worker()
+    for api in api_client(s.settings):
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        first = api.post(f"/api/v1/conversations/{cid}/messages", json={"message": "sleep:1.5 first"}).json()
+        wait_until(lambda: fake_llm.in_flight > 0, timeout=20, message="the first turn's LLM call")
+        second = api.post(f"/api/v1/conversations/{cid}/messages", json={"message": "second"}).json()
+        assert second["runId"] is None and second["queued"]
+
+        def two_turns() -> bool:
+            return len([r for r in _runs(s) if r.status == "succeeded"]) == 2
+
+        wait_until(two_turns, timeout=30, message="both turns")
+        contents = [m["content"] for m in api.get(f"/api/v1/conversations/{cid}/messages").json()]
+        assert contents == ["sleep:1.5 first", "echo: sleep:1.5 first", "second", "echo: second"]
+        assert first["runId"] != _runs(s)[-1].id

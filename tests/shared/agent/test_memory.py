@@ -1,0 +1,43 @@
+"""The token guard: a prompt that would overflow the context window is trimmed safely."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared.agent import memory
+from shared.agent.runtime import Runtime
+from shared.settings import load_settings
+
+
+def conversation(turns: int) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "you are helpful"}]
+    for i in range(turns):
+        msgs.append({"role": "user", "content": f"question {i} " + "words " * 200})
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{i}", "type": "function", "function": {"name": "time", "arguments": "{}"}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"c{i}", "name": "time", "content": "t " * 300})
+        msgs.append({"role": "assistant", "content": f"answer {i}"})
+    msgs.append({"role": "user", "content": "[runtime context, not written by the user]"})
+    return msgs
+
+
+@pytest.mark.parametrize("strategy", ["hard_trim", "sliding_window", "summarize"])
+def test_fit_trims_to_the_budget_without_orphans(strategy: str) -> None:
+    settings = load_settings(llm={"model": "openai/gpt-4o-mini", "context_window": 6000, "max_tokens": 500},
+                             memory={"context_strategy": strategy})
+    rt = Runtime.build(settings)
+    original = conversation(20)
+    fitted, trimmed = memory.fit(rt, original, None)
+    assert trimmed
+    assert rt.llm.count_tokens(fitted) <= 5500
+    assert fitted[0] == original[0] and fitted[-1] == original[-1]  # system prompt and context kept
+    assert fitted[1]["role"] != "tool"
+    assert fitted[-2]["content"] == "answer 19"  # the newest history survives
+
+
+def test_fit_leaves_a_small_prompt_alone() -> None:
+    rt = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini", "context_window": 128_000}))
+    msgs = conversation(2)
+    assert memory.fit(rt, msgs, None) == (msgs, False)
