@@ -54,7 +54,9 @@ def _expired(s: Session) -> list[Run]:
 def _recover(rt: Runtime, s: Session, run: Run, ready: list[tuple[str, int]]) -> list[Next]:
     log.info("run %s: lease expired in %s step %d; re-enqueueing", run.id, run.phase, run.step_seq)
     run.lease_owner = None
-    run.lease_until = utcnow() + timedelta(seconds=rt.settings.runtime.lease_seconds)
+    # A backlog can hold the re-enqueued task for a while: don't pile up more copies meanwhile.
+    grace = max(rt.settings.runtime.lease_seconds, rt.settings.runtime.requeue_grace)
+    run.lease_until = utcnow() + timedelta(seconds=grace)
     s.add(run)
     if run.phase == Phase.LLM:
         return [Next(steps.step_task(run), (run.id, run.step_seq))]
