@@ -11,6 +11,7 @@ from sqlmodel import Session, col, select
 
 from shared.models import Message, MessageType, Role, Run, RunKind
 from shared.settings import Settings
+from shared.skills import skills_section
 
 BOOTSTRAP_FILES = ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md", "MEMORY.md")
 MAX_FILE_CHARS = 20_000
@@ -18,6 +19,7 @@ MAX_FILE_CHARS = 20_000
 # Extra system-prompt sections (the skills index registers one); each returns text or "".
 Section = Callable[[Settings], str]
 SECTIONS: list[Section] = []
+SECTIONS.append(skills_section)
 
 IDENTITY = """You are {name}, a helpful AI assistant with tools. Be concise and accurate.
 Use tools when they help; read a tool's error message and act on it. Content marked as
@@ -84,6 +86,22 @@ def window(s: Session, conversation_id: str, size: int, after_seq: int = 0) -> l
     return rows
 
 
+def _with_own_run(s: Session, run: Run, history: list[Message]) -> list[Message]:
+    """The window, extended back to the start of the current run: a long tool-using turn never
+    loses the request it is working on (the token guard trims if it must)."""
+    first = history[0].seq if history else None
+    older = s.exec(
+        select(Message)
+        .where(Message.run_id == run.id, col(Message.pending).is_(False), Message.type == MessageType.NORMAL,
+               col(Message.seq) < (first if first is not None else 2**62))
+        .order_by(col(Message.seq))
+    ).all()
+    merged = [*older, *history]
+    while merged and merged[0].role == Role.TOOL:
+        merged.pop(0)
+    return merged
+
+
 def to_llm(msg: Message) -> dict[str, Any]:
     """A stored message as an OpenAI-style chat message."""
     if msg.role == Role.TOOL:
@@ -113,7 +131,7 @@ def build(s: Session, settings: Settings, run: Run) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt(settings, run.kind)}]
     if summary and summary.content:
         messages.append({"role": "system", "content": f"Summary of the earlier conversation:\n{summary.content}"})
-    history = window(s, run.conversation_id, settings.memory.window, covered(summary))
+    history = _with_own_run(s, run, window(s, run.conversation_id, settings.memory.window, covered(summary)))
     messages += [to_llm(m) for m in history]
     messages.append(runtime_context(run))
     return messages

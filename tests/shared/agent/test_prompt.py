@@ -74,3 +74,19 @@ def test_pending_messages_stay_out_until_folded(session: Session) -> None:
     assert prompt.window(session, conv.id, 10) == []
     assert conversations.fold_mailbox(session, conv.id, posted.run_id or "") == 1
     assert [m.content for m in prompt.window(session, conv.id, 10)] == ["hi"]
+
+
+def test_the_current_runs_request_survives_a_small_window(session: Session, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    settings = load_settings(workspace=tmp_path, memory={"window": 3})
+    conv = conversations.get_or_create(session, session_key="t:4")
+    add(session, conv.id, Role.USER, "earlier chat")
+    posted = conversations.post_message(session, conv.id, "the request", origin={}, lease_seconds=5)
+    run = session.get(Run, posted.run_id)
+    conversations.fold_mailbox(session, conv.id, run.id)  # type: ignore[union-attr]
+    for i in range(4):
+        add(session, conv.id, Role.ASSISTANT, "", run_id=run.id, tool_calls=[  # type: ignore[union-attr]
+            {"id": f"c{i}", "type": "function", "function": {"name": "time", "arguments": "{}"}}])
+        add(session, conv.id, Role.TOOL, f"r{i}", run_id=run.id, tool_call_id=f"c{i}")  # type: ignore[union-attr]
+    contents = [m["content"] for m in prompt.build(session, settings, run)]  # type: ignore[arg-type]
+    assert "the request" in contents and "earlier chat" not in contents
+    assert contents.count("r3") == 1
