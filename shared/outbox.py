@@ -11,7 +11,7 @@ from shared.agent.runtime import Next
 from shared.channels import get_channel
 from shared.channels.base import default_chunks
 from shared.constants import T_OUTBOUND_DELIVER
-from shared.models import Outbox, OutboxStatus, new_id
+from shared.models import Outbox, OutboxStatus, new_id, utcnow
 from shared.settings import Settings
 
 FALLBACK_LIMIT = 4000
@@ -28,7 +28,8 @@ def add_reply(
         s.execute(
             insert(Outbox)
             .values(id=new_id(), key=f"{key}:{i}", channel=channel, chat_id=chat_id, content=part,
-                    meta={**meta, "chunk": i, "chunks": total}, status=OutboxStatus.PENDING.value, attempts=0)
+                    meta={**meta, "chunk": i, "chunks": total}, status=OutboxStatus.PENDING.value, attempts=0,
+                    created_at=utcnow())
             .on_conflict_do_nothing(index_elements=["key"])
         )
     keys = [f"{key}:{i}" for i in range(total)]

@@ -68,6 +68,8 @@ class ExecSettings(BaseModel):
     max_timeout: int = 600
     max_output_chars: int = 10_000
     run_as_user: str = "nobody"
+    path: str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # PATH of commands
+    env: dict[str, SecretStr] = Field(default_factory=dict)  # extra variables for commands (e.g. GH_TOKEN)
 
 
 class WebSettings(BaseModel):
@@ -78,6 +80,7 @@ class WebSettings(BaseModel):
     max_response_bytes: int = 2_000_000
     search_backend: Literal["duckduckgo", "brave"] = "duckduckgo"
     brave_api_key: SecretStr | None = None
+    brave_api_base: str = "https://api.search.brave.com/res/v1"
     allow_hosts: list[str] = Field(default_factory=list)  # host or host:port that skip the SSRF guard
 
 
@@ -103,6 +106,8 @@ class ToolsSettings(BaseModel):
     exec: ExecSettings = Field(default_factory=ExecSettings)
     web: WebSettings = Field(default_factory=WebSettings)
     mcp_servers: dict[str, MCPServer] = Field(default_factory=dict)
+    mcp_connect_timeout: float = 10.0  # start-up waits at most this long for the servers' tool lists
+    mcp_health_interval: float = 30.0  # seconds between checks of each MCP session
 
 
 class PermissionsSettings(BaseModel):
@@ -140,6 +145,7 @@ class RuntimeSettings(BaseModel):
 
     lease_seconds: float = 4.0
     sweep_interval: float = 1.0
+    requeue_grace: float = 15.0  # after the sweeper re-enqueues a step, how long before it may again
 
 
 class ChannelBase(BaseModel):
@@ -148,11 +154,17 @@ class ChannelBase(BaseModel):
     api_base: str = ""
     allow_from: list[str] = Field(default_factory=list)
 
+    @field_validator("*")
+    @classmethod
+    def _check_secrets(cls, v: object) -> object:
+        return _not_placeholder(v) if isinstance(v, SecretStr) else v
+
 
 class TelegramSettings(ChannelBase):
     api_base: str = "https://api.telegram.org"
     token: SecretStr | None = None
     webhook_secret: SecretStr | None = None
+    bot_username: str | None = None  # set: in groups, answer only mentions of it and replies to the bot
 
 
 class SlackSettings(ChannelBase):
@@ -189,9 +201,21 @@ class GenericWebhookSettings(ChannelBase):
     callback_url: str | None = None
 
 
+class DeliverySettings(BaseModel):
+    """How outbox rows are sent: timeouts, the per-row claim, retries, redelivery of lost tasks."""
+
+    send_timeout: float = 10.0
+    claim_seconds: float = 60.0  # a row being sent is another worker's only after this
+    max_attempts: int = 10
+    retry_base_delay: float = 2.0
+    retry_max_delay: float = 300.0
+    redeliver_after: float = 30.0  # a pending row untouched this long has lost its task
+
+
 class ChannelsSettings(BaseModel):
     """Per-platform settings; a platform with no secrets configured is off."""
 
+    delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
     slack: SlackSettings = Field(default_factory=SlackSettings)
     whatsapp: WhatsAppSettings = Field(default_factory=WhatsAppSettings)
@@ -210,6 +234,8 @@ class SchedulerSettings(BaseModel):
 
     daily_summary: DailySummarySettings = Field(default_factory=DailySummarySettings)
     timezone: str = "UTC"
+    reconcile_interval: float = 30.0  # seconds between checks that redbeat mirrors the cron jobs
+    beat_lock_timeout: int = 15  # seconds before a standby beat takes over from one that died
 
 
 class HeartbeatSettings(BaseModel):

@@ -52,9 +52,11 @@ def system_prompt(settings: Settings, kind: RunKind = RunKind.TURN) -> str:
 
 
 def latest_summary(s: Session, conversation_id: str) -> Message | None:
+    """The compaction summary (daily summaries, marked `daily_summary` in meta, are records, not memory)."""
     return s.exec(
         select(Message)
-        .where(Message.conversation_id == conversation_id, Message.type == MessageType.SUMMARY)
+        .where(Message.conversation_id == conversation_id, Message.type == MessageType.SUMMARY,
+               ~col(Message.meta).op("?")("daily_summary"))
         .order_by(col(Message.seq).desc())
         .limit(1)
     ).first()

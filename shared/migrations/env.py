@@ -9,8 +9,10 @@ from sqlmodel import SQLModel
 import shared.models  # noqa: F401  (registers the tables)
 
 config = context.config
-url = config.get_main_option("sqlalchemy.url")
-assert url, "sqlalchemy.url must be set by the caller (shared.migrate)"
+_url = config.get_main_option("sqlalchemy.url")
+if not _url:
+    raise RuntimeError("sqlalchemy.url must be set by the caller (shared.migrate)")
+url: str = _url
 
 
 def run_migrations_offline() -> None:

@@ -5,14 +5,39 @@ from __future__ import annotations
 import importlib
 
 from shared.settings import Settings, SettingsError
+from shared.tools import mcp
 from shared.tools.base import Tool
+from shared.tools.cron import CronTool
+from shared.tools.edit_file import EditFileTool
+from shared.tools.exec import ExecTool
+from shared.tools.http_get import HttpGetTool
+from shared.tools.list_dir import ListDirTool
+from shared.tools.message import MessageTool
+from shared.tools.read_file import ReadFileTool
 from shared.tools.registry import ToolRegistry
+from shared.tools.spawn import SpawnTool
 from shared.tools.time import TimeTool
+from shared.tools.web_fetch import WebFetchTool
+from shared.tools.web_search import WebSearchTool
+from shared.tools.write_file import WriteFileTool
 
 
 def builtin_tools(settings: Settings) -> list[Tool]:
-    """The built-in tools (each group can be switched off in settings)."""
-    return [TimeTool()]
+    """The built-in tools, one file each (a group switched off in settings drops its tools)."""
+    return [
+        TimeTool(),
+        ReadFileTool(),
+        WriteFileTool(),
+        EditFileTool(),
+        ListDirTool(),
+        ExecTool(),
+        WebSearchTool(),
+        WebFetchTool(),
+        HttpGetTool(),
+        MessageTool(),
+        SpawnTool(),
+        CronTool(),
+    ]
 
 
 def plugin_tools(settings: Settings) -> list[Tool]:
@@ -30,4 +55,7 @@ def plugin_tools(settings: Settings) -> list[Tool]:
 
 
 def build_registry(settings: Settings) -> ToolRegistry:
-    return ToolRegistry(settings, [*builtin_tools(settings), *plugin_tools(settings)])
+    """Built-in and plugin tools, then the tools of the configured MCP servers."""
+    registry = ToolRegistry(settings, [*builtin_tools(settings), *plugin_tools(settings)])
+    mcp.attach(settings, registry)
+    return registry

@@ -1,0 +1,80 @@
+"""`edit_file`: replace text in a workspace file; a miss answers with the closest match as a hint."""
+
+from __future__ import annotations
+
+from difflib import SequenceMatcher
+
+from pydantic import BaseModel, Field
+
+from shared.settings import Permission
+from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
+from shared.tools.workspace import OutsideWorkspace, display, resolve
+
+MAX_HINT_LINES = 20_000  # a longer file gets no closest-match hint, only the error
+MAX_FILE_BYTES = 5_000_000
+
+
+class EditFileArgs(BaseModel):
+    path: str = Field(min_length=1, description="File path, relative to the workspace")
+    old_text: str = Field(min_length=1, description="Exact text to find (must occur once unless replace_all)")
+    new_text: str = Field(description="Replacement text")
+    replace_all: bool = Field(default=False, description="Replace every occurrence")
+
+
+def closest_match(text: str, needle: str) -> tuple[int, str] | None:
+    """(1-based line, snippet) of the window of lines most like `needle`, if anything is similar."""
+    lines = text.splitlines()
+    if not lines or len(lines) > MAX_HINT_LINES:
+        return None
+    width = max(1, len(needle.splitlines()))
+    best: tuple[float, int] = (0.0, 0)
+    for i in range(max(1, len(lines) - width + 1)):
+        window = "\n".join(lines[i:i + width])
+        matcher = SequenceMatcher(None, window, needle, autojunk=False)
+        if matcher.real_quick_ratio() <= best[0] or matcher.quick_ratio() <= best[0]:
+            continue
+        ratio = matcher.ratio()
+        if ratio > best[0]:
+            best = (ratio, i)
+    if best[0] < 0.5:
+        return None
+    return best[1] + 1, "\n".join(lines[best[1]:best[1] + width])
+
+
+def _miss(path: str, text: str, needle: str) -> ToolResult:
+    hint = closest_match(text, needle)
+    message = f"old_text was not found in {path}"
+    if hint:
+        message += f"; the closest match starts at line {hint[0]}:\n{hint[1]}"
+    return ToolResult.fail(ErrorCode.NOT_FOUND, message)
+
+
+class EditFileTool(Tool):
+    name = "edit_file"
+    description = ("Edit a workspace file by replacing old_text with new_text. old_text must match exactly "
+                   "and occur once, unless replace_all is true.")
+    Args = EditFileArgs
+    group = "files"
+    permissions = frozenset({Permission.FS_WRITE})
+    max_input_bytes = 1_000_000
+    timeout = 30.0
+
+    async def run(self, args: EditFileArgs, ctx: ToolContext) -> ToolResult:
+        try:
+            target = resolve(ctx.workspace, args.path)
+        except OutsideWorkspace as err:
+            return err.result()
+        if not target.is_file():
+            return ToolResult.fail(ErrorCode.NOT_FOUND, f"no such file: {args.path}")
+        if target.stat().st_size > MAX_FILE_BYTES:
+            return ToolResult.fail(ErrorCode.TOO_LARGE, f"{args.path} is larger than {MAX_FILE_BYTES} bytes")
+        text = target.read_text(encoding="utf-8", errors="replace")
+        count = text.count(args.old_text)
+        if count == 0:
+            return _miss(args.path, text, args.old_text)
+        if count > 1 and not args.replace_all:
+            return ToolResult.fail(ErrorCode.INVALID_ARGS, f"old_text occurs {count} times in {args.path}; "
+                                   "add surrounding text to make it unique, or set replace_all")
+        target.write_text(text.replace(args.old_text, args.new_text), encoding="utf-8")
+        return ToolResult.success(f"replaced {count} occurrence{'s' if count > 1 else ''} in "
+                                  f"{display(ctx.workspace, target)}")

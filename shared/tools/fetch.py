@@ -1,0 +1,102 @@
+"""Outbound GET for the web tools: SSRF-checked and pinned per hop, redirects followed by hand and
+re-checked (at most 5), one deadline for the whole fetch, and a cap on the bytes read."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import httpx
+
+from shared.settings import Settings
+from shared.tools.base import ErrorCode, ToolResult
+from shared.tools.ssrf import Blocked, Target, Unresolvable, check_url, pinned_request
+
+MAX_REDIRECTS = 5
+REDIRECTS = {301, 302, 303, 307, 308}
+HEADERS = {"User-Agent": "Mozilla/5.0 (compatible; nanofleet/0.1; +https://github.com/nanofleet)",
+           "Accept": "text/html,application/xhtml+xml,application/json,text/plain;q=0.9,*/*;q=0.5"}
+KEPT_HEADERS = ("content-type", "content-length", "last-modified", "etag", "location")
+
+
+class TooManyRedirects(Exception):
+    """More than MAX_REDIRECTS hops."""
+
+
+@dataclass
+class Fetched:
+    """A response as the tools use it."""
+
+    url: str  # after redirects
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    truncated: bool  # the body was cut at the size cap
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "").split(";")[0].strip().lower()
+
+    def text(self) -> str:
+        charset = httpx.Headers(self.headers).get("content-type", "").partition("charset=")[2].strip(' "\'')
+        try:
+            return self.body.decode(charset or "utf-8", errors="replace")
+        except LookupError:
+            return self.body.decode("utf-8", errors="replace")
+
+
+async def read_capped(response: httpx.Response, cap: int) -> tuple[bytes, bool]:
+    """At most `cap` bytes of the (decoded) body, and whether there was more."""
+    buf = bytearray()
+    async for chunk in response.aiter_bytes():
+        buf += chunk
+        if len(buf) > cap:
+            return bytes(buf[:cap]), True
+    return bytes(buf), False
+
+
+async def _hop(target: Target, *, timeout: float, cap: int) -> Fetched | str:
+    """One request on its own connection (never shared between hosts); a redirect gives its Location."""
+    async with httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False) as client:
+        response = await client.send(pinned_request(client, target, HEADERS), stream=True)
+        try:
+            location = response.headers.get("location")
+            if response.status_code in REDIRECTS and location:
+                return str(target.url.join(location))
+            body, truncated = await read_capped(response, cap)
+        finally:
+            await response.aclose()
+    headers = {k: v for k, v in response.headers.items() if k.lower() in KEPT_HEADERS}
+    return Fetched(url=str(target.url), status=response.status_code, headers=headers, body=body, truncated=truncated)
+
+
+async def fetch(url: str, settings: Settings, *, timeout: float) -> Fetched:
+    """GET `url`; raises Blocked, Unresolvable, TooManyRedirects, TimeoutError or httpx.HTTPError."""
+    web = settings.tools.web
+    current = url
+    async with asyncio.timeout(timeout):
+        for _ in range(MAX_REDIRECTS + 1):
+            target = await check_url(current, web.allow_hosts)
+            result = await _hop(target, timeout=timeout, cap=web.max_response_bytes)
+            if isinstance(result, Fetched):
+                return result
+            current = result
+    raise TooManyRedirects(f"more than {MAX_REDIRECTS} redirects (last to {current})")
+
+
+async def fetch_result(url: str, settings: Settings, *, timeout: float) -> Fetched | ToolResult:
+    """`fetch`, with every failure turned into the ToolResult the model reads."""
+    try:
+        return await fetch(url, settings, timeout=timeout)
+    except Blocked as err:
+        return ToolResult.fail(ErrorCode.PERMISSION_DENIED, f"refused: {err}")
+    except Unresolvable as err:
+        return ToolResult.fail(ErrorCode.FAILED, str(err), retryable=True)
+    except TooManyRedirects as err:
+        return ToolResult.fail(ErrorCode.FAILED, str(err))
+    except (TimeoutError, httpx.TimeoutException):
+        return ToolResult.fail(ErrorCode.TIMEOUT, f"no complete answer from {url} within {timeout:g} s",
+                               retryable=True)
+    except httpx.HTTPError as err:
+        return ToolResult.fail(ErrorCode.FAILED, f"request to {url} failed: {type(err).__name__}: {err}",
+                               retryable=True)

@@ -1,0 +1,81 @@
+"""`list_dir`: the entries of a workspace folder, optionally recursive and filtered, bounded."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from fnmatch import fnmatch
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from shared.settings import Permission
+from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
+from shared.tools.workspace import OutsideWorkspace, resolve
+
+SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv", ".mypy_cache"}
+MAX_SCAN = 50_000  # entries looked at before the count of those not shown stops
+
+
+class ListDirArgs(BaseModel):
+    path: str = Field(default=".", description="Folder path, relative to the workspace")
+    recursive: bool = Field(default=False, description="Include the contents of sub-folders")
+    pattern: str | None = Field(default=None, description="Glob on the entry name, e.g. *.md")
+    max_entries: int = Field(default=200, ge=1, le=2000, description="Most entries to return")
+
+
+def _entries(root: Path, recursive: bool) -> Iterator[tuple[str, bool]]:
+    """(path relative to root, is a folder), sorted, without following symlinked folders."""
+    if not recursive:
+        for entry in sorted(os.scandir(root), key=lambda e: e.name):
+            yield entry.name, entry.is_dir(follow_symlinks=False)
+        return
+    for current, dirs, files in os.walk(root, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+        rel = Path(current).relative_to(root)
+        for name in dirs:
+            yield str(rel / name), True
+        for name in sorted(files):
+            yield str(rel / name), False
+
+
+def format_listing(entries: Iterator[tuple[str, bool]], pattern: str | None, limit: int) -> str:
+    """One line per entry (folders end with '/'), at most `limit`, with a note on what was left out."""
+    lines: list[str] = []
+    extra = 0
+    for n, (rel, is_dir) in enumerate(entries):
+        if n >= MAX_SCAN:
+            return "\n".join([*lines, f"[stopped after {MAX_SCAN} entries: narrow with path or pattern]"])
+        if pattern and not fnmatch(Path(rel).name, pattern):
+            continue
+        if len(lines) < limit:
+            lines.append(rel + ("/" if is_dir else ""))
+        else:
+            extra += 1
+    if not lines:
+        return f"(no entries match {pattern})" if pattern else "(no entries)"
+    if extra:
+        lines.append(f"[{extra} more entries not shown: narrow with path or pattern]")
+    return "\n".join(lines)
+
+
+class ListDirTool(Tool):
+    name = "list_dir"
+    description = ("List a workspace folder: one entry per line, folders end with '/'. Optionally recursive "
+                   "and filtered by a glob pattern on names; the output is bounded by max_entries.")
+    Args = ListDirArgs
+    group = "files"
+    permissions = frozenset({Permission.FS_READ})
+    idempotent = True
+    timeout = 30.0
+
+    async def run(self, args: ListDirArgs, ctx: ToolContext) -> ToolResult:
+        try:
+            target = resolve(ctx.workspace, args.path)
+        except OutsideWorkspace as err:
+            return err.result()
+        if not target.exists():
+            return ToolResult.fail(ErrorCode.NOT_FOUND, f"no such folder: {args.path}")
+        if not target.is_dir():
+            return ToolResult.fail(ErrorCode.INVALID_ARGS, f"not a folder: {args.path} (use read_file)")
+        return ToolResult.success(format_listing(_entries(target, args.recursive), args.pattern, args.max_entries))

@@ -1,0 +1,261 @@
+"""One persistent session per MCP server and worker process, supervised on the background loop:
+connect, list tools, check health periodically, reconnect with backoff, mark down on failure."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from enum import StrEnum
+from typing import Any
+
+import anyio
+import mcp_types
+from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from shared.settings import MCPServer
+from shared.tools.base import ErrorCode, ToolResult
+
+log = logging.getLogger(__name__)
+BACKOFF_START = 0.5
+BACKOFF_MAX = 30.0
+LIST_PAGES = 20
+
+
+class State(StrEnum):
+    CONNECTING = "connecting"
+    UP = "up"
+    DOWN = "down"
+
+
+class Unhealthy(Exception):
+    """The session stopped answering; the supervisor reconnects."""
+
+
+async def list_tools(client: Client, *, refresh: bool = False) -> list[mcp_types.Tool]:
+    """Every tool the server lists, across pages."""
+    tools: list[mcp_types.Tool] = []
+    cursor: str | None = None
+    for _ in range(LIST_PAGES):
+        page = await client.list_tools(cursor=cursor, cache_mode="refresh" if refresh else "use")
+        tools += page.tools
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return tools
+
+
+def result_text(result: mcp_types.CallToolResult) -> str:
+    """The content blocks of a tool result as text (binary blocks are only described)."""
+    parts: list[str] = []
+    for block in result.content:
+        if isinstance(block, mcp_types.TextContent):
+            parts.append(block.text)
+        elif isinstance(block, mcp_types.EmbeddedResource):
+            res = block.resource
+            parts.append(res.text if isinstance(res, mcp_types.TextResourceContents) else f"[resource {res.uri}]")
+        elif isinstance(block, mcp_types.ResourceLink):
+            parts.append(f"[resource link {block.uri}]")
+        else:
+            parts.append(f"[{block.type} content ({getattr(block, 'mime_type', '?')}) not shown]")
+    if not parts and result.structured_content is not None:
+        parts.append(json.dumps(result.structured_content, default=str))
+    return "\n".join(parts)
+
+
+class MCPConnection:
+    """A server's session, state and tools; `call` is used by the tools, from the background loop."""
+
+    def __init__(self, name: str, config: MCPServer, *, connect_timeout: float, health_interval: float) -> None:
+        self.name, self.config = name, config
+        self.connect_timeout, self.health_interval = connect_timeout, health_interval
+        self.state = State.CONNECTING
+        self.error = ""
+        self.tools: dict[str, mcp_types.Tool] = {}
+        self.first_attempt = threading.Event()  # set once the first connection attempt has ended
+        self._client: Client | None = None
+        self._wake: asyncio.Event | None = None
+        self._listeners: list[Callable[[MCPConnection], None]] = []
+        self._supervisor: asyncio.Task[None] | None = None
+        self._session: asyncio.Task[None] | None = None  # the task that owns the current session
+        self._scope: anyio.CancelScope | None = None  # the session task's scope, to cancel it
+        self._stopping = False
+
+    # ----------------------------------------------------------------- lifecycle (background loop)
+
+    def on_tools(self, listener: Callable[[MCPConnection], None]) -> None:
+        """Call `listener` now and whenever the tool list changes."""
+        self._listeners.append(listener)
+        if self.tools:
+            listener(self)
+
+    async def start(self) -> None:
+        if self._supervisor is None:
+            self._wake = asyncio.Event()
+            self._supervisor = asyncio.create_task(self._supervise(), name=f"mcp-{self.name}")
+
+    async def stop(self) -> None:
+        """End the session (its server process is stopped) and the supervision."""
+        if self._supervisor is not None:
+            self._supervisor.cancel()  # it only ever waits in plain asyncio calls
+        self._stopping = True
+        if self._client is not None:
+            self.kick()  # a live session closes itself cleanly (its server exits at once)
+        else:
+            self._end_session()
+        tasks = {t for t in (self._supervisor, self._session) if t is not None}
+        if tasks:
+            await asyncio.wait(tasks)
+        self._supervisor = self._session = None
+
+    def _end_session(self) -> None:
+        """Cancel the session task through its anyio scope: the SDK's task groups expect that, and a
+        plain Task.cancel() can leave them waiting forever. A task not yet started has no scope."""
+        if self._scope is not None:
+            self._scope.cancel()
+        elif self._session is not None:
+            self._session.cancel()
+
+    def kick(self) -> None:
+        """Check health now (a call saw the connection fail)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    @contextlib.asynccontextmanager
+    async def _open(self) -> AsyncIterator[Client]:
+        cfg = self.config
+        if cfg.command:
+            params = StdioServerParameters(command=cfg.command, args=cfg.args, env=cfg.env or None, cwd=cfg.cwd)
+            async with Client(params) as client:
+                yield client
+        elif cfg.url:
+            async with create_mcp_http_client(headers=cfg.headers or None) as http, \
+                    Client(streamable_http_client(cfg.url, http_client=http)) as client:
+                yield client
+        else:
+            raise ValueError(f"NANOFLEET_TOOLS__MCP_SERVERS__{self.name.upper()}: set command (stdio) or url (HTTP)")
+
+    async def _attempt(self, ready: asyncio.Future[None]) -> None:
+        """Own one session from connect to loss: list the tools, report ready, watch its health."""
+        with anyio.CancelScope() as self._scope:
+            try:
+                async with self._open() as client:
+                    self._set_tools(await list_tools(client))
+                    self._client = client
+                    ready.set_result(None)
+                    await self._watch(client)
+            finally:
+                self._client = None
+                self._scope = None
+
+    async def _watch(self, client: Client) -> None:
+        """Raise Unhealthy when a periodic listing fails (a failed call kicks one at once); return on stop."""
+        assert self._wake is not None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.health_interval)
+            self._wake.clear()
+            if self._stopping:
+                return
+            try:
+                tools = await asyncio.wait_for(list_tools(client, refresh=True), self.config.timeout)
+            except Exception as err:
+                raise Unhealthy(f"health check failed: {type(err).__name__}: {err}") from err
+            self._set_tools(tools)
+
+    async def _connect(self) -> asyncio.Task[None] | None:
+        """Start a session; the task that owns it once it is up, None (and DOWN) if it failed."""
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._scope = None
+        attempt = self._session = asyncio.create_task(self._attempt(ready))
+        done, _ = await asyncio.wait({ready, attempt}, timeout=self.connect_timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if ready in done:
+            self._mark(State.UP, "")
+            return attempt
+        ready.cancel()
+        if attempt not in done:
+            self._end_session()
+            await asyncio.wait({attempt})  # its server process is being stopped
+            self._mark(State.DOWN, f"no answer within {self.connect_timeout:g} s")
+        else:
+            self._mark(State.DOWN, _outcome(attempt))
+        return None
+
+    async def _supervise(self) -> None:
+        backoff = BACKOFF_START
+        while True:
+            session = await self._connect()
+            self.first_attempt.set()
+            if session is not None:
+                backoff = BACKOFF_START
+                await asyncio.wait({session})  # unlike `await session`, never passes a cancellation on
+                self._mark(State.DOWN, _outcome(session))
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _mark(self, state: State, error: str) -> None:
+        if state != self.state or error != self.error:
+            (log.info if state == State.UP else log.warning)(
+                "MCP server %s is %s%s", self.name, state.value, f": {error}" if error else "")
+        self.state, self.error = state, error
+
+    def _set_tools(self, tools: list[mcp_types.Tool]) -> None:
+        changed = set(self.tools) != {t.name for t in tools}
+        self.tools = {t.name: t for t in tools}
+        if changed:
+            for listener in self._listeners:
+                listener(self)
+
+    # ----------------------------------------------------------------- calls (background loop)
+
+    async def call(self, tool: str, arguments: dict[str, Any]) -> ToolResult:
+        """Call a tool; a down server, a lost connection or a timeout give a retryable failure."""
+        client = self._client
+        if self.state != State.UP or client is None:
+            why = f" ({self.error})" if self.error else ""
+            return ToolResult.fail(ErrorCode.FAILED, f"MCP server '{self.name}' is not connected{why}; it "
+                                   "reconnects by itself, try again shortly", retryable=True)
+        timeout = self.config.timeout
+        try:
+            result = await asyncio.wait_for(client.call_tool(tool, arguments, read_timeout_seconds=timeout),
+                                            timeout + 2)  # a backstop: the SDK's own timeout fires first
+        except TimeoutError:
+            return _timed_out(self.name, tool, timeout)
+        except MCPError as err:
+            if err.code == mcp_types.REQUEST_TIMEOUT:
+                return _timed_out(self.name, tool, timeout)
+            if err.code == mcp_types.CONNECTION_CLOSED:
+                self.kick()
+                return ToolResult.fail(ErrorCode.FAILED, f"MCP server '{self.name}' closed the connection "
+                                       "during the call; it reconnects by itself", retryable=True)
+            return ToolResult.fail(ErrorCode.FAILED, f"MCP error from '{self.name}': {err}")
+        except Exception as err:
+            self.kick()
+            return ToolResult.fail(ErrorCode.FAILED, f"MCP call failed: {_describe(err)}", retryable=True)
+        text = result_text(result)
+        if result.is_error:
+            return ToolResult.fail(ErrorCode.FAILED, text or f"'{tool}' reported an error")
+        return ToolResult.success(text, untrusted=True)
+
+
+def _timed_out(server: str, tool: str, timeout: float) -> ToolResult:
+    return ToolResult.fail(ErrorCode.TIMEOUT, f"MCP tool '{tool}' on '{server}' did not answer within {timeout:g} s",
+                           retryable=True)
+
+
+def _outcome(task: asyncio.Task[None]) -> str:
+    return "session ended" if task.cancelled() else _describe(task.exception())
+
+
+def _describe(err: BaseException | None) -> str:
+    if err is None:
+        return "session ended"
+    while isinstance(err, BaseExceptionGroup) and err.exceptions:
+        err = err.exceptions[0]
+    return f"{type(err).__name__}: {err}"

@@ -1,0 +1,133 @@
+"""The exec tool's deny list: destructive commands, looked for in every segment of a command line.
+
+A safety net, not a sandbox (the boundary is the SHELL permission and the unprivileged user). It
+errs on the side of refusing: segments are cut at every `;`, `&&`, `||`, `|`, `&`, newline,
+`$(`, backtick, parenthesis and brace, even inside quotes, and `sh -c`/`eval` strings are
+checked recursively.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+from pathlib import PurePosixPath
+
+SEPARATORS = re.compile(r"&&|\|\||[;|&\n\r`(){}]|\$\(")
+FORK_BOMB = re.compile(r"(\S+)\s*\(\s*\)\s*\{[^}]*\1\s*\|\s*\1")
+ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+WRAPPERS = {"sudo", "doas", "env", "nice", "nohup", "time", "command", "builtin", "exec", "busybox",
+            "ionice", "stdbuf", "setsid", "chroot", "timeout", "xargs", "unbuffer"}
+SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "ash", "fish"}
+ROOTS = re.compile(r"^(/+\.?|/+\*|~/?\*?|\$\{?HOME\}?/?\*?|/+[^/\s]+/*\*?)$")
+DEVICE = re.compile(r"^/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|md|dm-|mapper/|loop|root)")
+POWER = {"shutdown", "reboot", "poweroff", "halt"}
+MKFS = re.compile(r"^(mkfs(\..+)?|mke2fs|mkswap|wipefs|fdisk|sfdisk|parted|diskpart|format)$")
+JUDGED = {"rm", "chmod", "chown", "chgrp", "find", "dd", "shred", "init", "systemctl", "eval", *POWER, *SHELLS}
+
+
+class Denied(ValueError):
+    """A command the deny list refuses; the message says which part and why."""
+
+
+def _tokens(segment: str) -> list[str]:
+    try:
+        return shlex.split(segment, posix=True)
+    except ValueError:  # unbalanced quotes: judge the words as they are
+        return [w.strip("'\"") for w in segment.split()]
+
+
+def _name(word: str) -> str:
+    return PurePosixPath(word).name
+
+
+def _command_words(words: list[str]) -> list[str]:
+    """The words from the real command on: past `VAR=x` assignments and wrappers such as sudo."""
+    i = 0
+    while i < len(words) and ASSIGNMENT.match(words[i]):
+        i += 1
+    words = words[i:]
+    if not words or _name(words[0]) not in WRAPPERS:
+        return words
+    # `sudo -u root rm ...`, `timeout 5 reboot`, `xargs rm -rf`: skip to the first command we judge
+    for j, word in enumerate(words[1:], start=1):
+        if _name(word) in JUDGED or MKFS.match(_name(word)):
+            return words[j:]
+    return []
+
+
+def _recursive(flags: list[str]) -> bool:
+    return any(f in ("--recursive", "-R") or (f.startswith("-") and not f.startswith("--") and "r" in f.lower())
+               for f in flags)
+
+
+def _is_root(path: str) -> bool:
+    return bool(ROOTS.match(path) or ROOTS.match(posixpath.normpath(path)))
+
+
+def _check_rm(args: list[str]) -> str | None:
+    flags = [a for a in args if a.startswith("-")]
+    targets = [a for a in args if not a.startswith("-")]
+    if "--no-preserve-root" in flags:
+        return "rm --no-preserve-root"
+    if _recursive(flags) and any(_is_root(t) for t in targets):
+        return "recursive rm of a root or home folder"
+    return None
+
+
+def _check_words(words: list[str]) -> str | None:
+    if not words:
+        return None
+    cmd, args = _name(words[0]), words[1:]
+    if cmd == "rm":
+        return _check_rm(args)
+    if cmd in ("chmod", "chown", "chgrp") and _recursive(args) and any(_is_root(a) for a in args):
+        return f"recursive {cmd} of a root folder"
+    if cmd == "find" and args and _is_root(args[0]) and ("-delete" in args or "rm" in args):
+        return "find deleting from a root folder"
+    if MKFS.match(cmd):
+        return f"{cmd} (formats or partitions disks)"
+    if cmd == "dd" and any(a.startswith("of=") and DEVICE.match(a[3:]) for a in args):
+        return "dd writing to a device"
+    if cmd == "shred" and any(DEVICE.match(a) for a in args):
+        return "shred of a device"
+    if cmd in POWER or (cmd == "init" and args[:1] in (["0"], ["6"])):
+        return f"{cmd} (stops the machine)"
+    if cmd == "systemctl" and any(a in POWER | {"kexec", "suspend", "hibernate"} for a in args):
+        return "systemctl power action"
+    return None
+
+
+def _redirects_to_device(segment: str) -> bool:
+    return any(DEVICE.match(m) for m in re.findall(r">\s*(/dev/\S+)", segment))
+
+
+def check_segment(segment: str, depth: int = 0) -> None:
+    """Raise Denied if this one simple command is destructive (recursing into `sh -c` and `eval`)."""
+    if _redirects_to_device(segment):
+        raise Denied(f"refused: writing to a disk device in '{segment.strip()}'")
+    words = _command_words(_tokens(segment))
+    reason = _check_words(words)
+    if reason:
+        raise Denied(f"refused: {reason} in '{segment.strip()}'")
+    if depth < 3 and words:
+        name = _name(words[0])
+        if name in SHELLS and "-c" in words:
+            nested = words[words.index("-c") + 1:words.index("-c") + 2]
+            if nested:
+                check_command(nested[0], depth + 1)
+        elif name == "eval":
+            check_command(" ".join(words[1:]), depth + 1)
+
+
+def segments(command: str) -> list[str]:
+    """The simple commands of a command line, cut at every operator and substitution."""
+    return [s for s in SEPARATORS.split(command) if s.strip()]
+
+
+def check_command(command: str, depth: int = 0) -> None:
+    """Raise Denied if any segment of `command` matches the deny list."""
+    if FORK_BOMB.search(command):
+        raise Denied("refused: fork bomb")
+    for segment in segments(command):
+        check_segment(segment, depth)

@@ -1,0 +1,42 @@
+"""`write_file`: create, overwrite or append to a workspace file (parent folders are created)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from shared.settings import Permission
+from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
+from shared.tools.workspace import OutsideWorkspace, display, resolve
+
+
+class WriteFileArgs(BaseModel):
+    path: str = Field(min_length=1, description="File path, relative to the workspace")
+    content: str = Field(description="Text to write")
+    append: bool = Field(default=False, description="Append to the file instead of replacing it")
+
+
+class WriteFileTool(Tool):
+    name = "write_file"
+    description = ("Write text to a file in the workspace, replacing it (or appending with append=true). "
+                   "Missing parent folders are created.")
+    Args = WriteFileArgs
+    group = "files"
+    permissions = frozenset({Permission.FS_WRITE})
+    max_input_bytes = 1_000_000
+    timeout = 30.0
+
+    async def run(self, args: WriteFileArgs, ctx: ToolContext) -> ToolResult:
+        try:
+            target = resolve(ctx.workspace, args.path)
+        except OutsideWorkspace as err:
+            return err.result()
+        if target.is_dir():
+            return ToolResult.fail(ErrorCode.INVALID_ARGS, f"{args.path} is a folder")
+        if target == ctx.workspace.resolve():
+            return ToolResult.fail(ErrorCode.INVALID_ARGS, "give a file name, not the workspace itself")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("a" if args.append else "w", encoding="utf-8") as fh:
+            fh.write(args.content)
+        size = len(args.content.encode())
+        verb = "appended" if args.append else "wrote"
+        return ToolResult.success(f"{verb} {size} bytes to {display(ctx.workspace, target)}")

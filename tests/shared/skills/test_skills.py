@@ -1,0 +1,109 @@
+"""Skills: SKILL.md front matter in the nanobot/OpenClaw shapes, requirements checked against what
+exec provides, workspace skills over built-in ones, the prompt's index, and GET /api/v1/skills."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.agent.prompt import system_prompt
+from shared.settings import Settings, load_settings
+from shared.skills import load_skills, split_front_matter
+from tests.support.stack import API_KEY, api_client
+
+
+def write_skill(workspace: Path, folder: str, front: str, body: str = "Do the thing.") -> None:
+    path = workspace / "skills" / folder / "SKILL.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"---\n{front}\n---\n\n{body}\n")
+
+
+@pytest.fixture
+def bin_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "bin"
+    path.mkdir()
+    return path
+
+
+def settings_for(workspace: Path, bin_dir: Path, **exec_settings: Any) -> Settings:
+    return load_settings(workspace=workspace, api_keys=[API_KEY],
+                         tools={"exec": {"path": str(bin_dir), **exec_settings}})
+
+
+def install(bin_dir: Path, name: str) -> None:
+    tool = bin_dir / name
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+
+
+def by_name(settings: Settings) -> dict[str, Any]:
+    return {s.name: s for s in load_skills(settings)}
+
+
+def test_builtin_skills_and_their_requirements(tmp_path: Path, bin_dir: Path) -> None:
+    skills = by_name(settings_for(tmp_path, bin_dir))
+    assert {"summarize-url", "daily-notes", "github"} <= set(skills)
+    assert skills["summarize-url"].available and skills["summarize-url"].source == "builtin"
+    assert skills["github"].missing == ["bin gh", "env GH_TOKEN"]
+    install(bin_dir, "gh")
+    ready = by_name(settings_for(tmp_path, bin_dir, env={"GH_TOKEN": "ghp_test"}))["github"]
+    assert ready.available and ready.location == "skills/github/SKILL.md"
+
+
+def test_metadata_shapes(tmp_path: Path, bin_dir: Path) -> None:
+    write_skill(tmp_path, "yaml-map", "name: yaml-map\ndescription: plain YAML\nmetadata:\n  requires:\n"
+                "    bins: [jq]\n  always: true")
+    write_skill(tmp_path, "nested", 'name: nested\ndescription: nanobot style\nmetadata: {"nanobot": '
+                '{"emoji": "x", "requires": {"env": ["API_TOKEN"]}}}')
+    write_skill(tmp_path, "json-string", "name: json-string\ndescription: a JSON string\nmetadata: "
+                '\'{"openclaw": {"requires": {"bins": ["jq", "rg"]}, "always": true}}\'')
+    write_skill(tmp_path, "inner-string", "name: inner-string\ndescription: nested JSON string\nmetadata:\n"
+                '  nanobot: \'{"always": true}\'')
+    write_skill(tmp_path, "broken", "name: [unclosed\ndescription: x")
+    install(bin_dir, "jq")
+    skills = by_name(settings_for(tmp_path, bin_dir))
+    assert skills["yaml-map"].available and skills["yaml-map"].always
+    assert skills["nested"].missing == ["env API_TOKEN"]
+    assert skills["json-string"].missing == ["bin rg"] and skills["json-string"].always
+    assert skills["inner-string"].always and skills["inner-string"].available
+    assert skills["broken"].description == "" and skills["broken"].source == "workspace"
+
+
+def test_workspace_skill_replaces_the_builtin_one(tmp_path: Path, bin_dir: Path) -> None:
+    write_skill(tmp_path, "my-github", "name: github\ndescription: our own GitHub rules")
+    skill = by_name(settings_for(tmp_path, bin_dir))["github"]
+    assert skill.source == "workspace" and skill.available and skill.location == "skills/my-github/SKILL.md"
+
+
+def test_prompt_carries_an_index_and_inlines_always_skills(tmp_path: Path, bin_dir: Path) -> None:
+    write_skill(tmp_path, "house-rules", "name: house-rules\ndescription: rules\nmetadata:\n  always: true",
+                "Always answer in haiku.")
+    write_skill(tmp_path, "needs-rg", "name: needs-rg\ndescription: search code\nmetadata:\n  always: true\n"
+                "  requires:\n    bins: [rg]", "Use rg to search.")
+    text = system_prompt(settings_for(tmp_path, bin_dir))
+    assert "## Skills" in text and "read_file" in text
+    assert "- summarize-url: " in text and "(skills/summarize-url/SKILL.md)" in text
+    assert "- github: " in text and "[unavailable: missing bin gh, env GH_TOKEN]" in text
+    assert "### Skill: house-rules\n\nAlways answer in haiku." in text
+    assert "Use rg to search." not in text  # an always skill that cannot run is only listed
+    assert "description: rules" not in text
+
+
+def test_front_matter_parsing_edges() -> None:
+    assert split_front_matter("no front matter") == ({}, "no front matter")
+    assert split_front_matter("---\nname: x\nno end") == ({}, "---\nname: x\nno end")
+    assert split_front_matter("---\n- a list\n---\nbody") == ({}, "body")
+
+
+def test_skills_endpoint(tmp_path: Path, bin_dir: Path) -> None:
+    write_skill(tmp_path, "notes", "name: notes\ndescription: take notes")
+    for client in api_client(settings_for(tmp_path, bin_dir)):
+        listed = {s["name"]: s for s in client.get("/api/v1/skills").json()}
+        assert listed["notes"] == {"name": "notes", "description": "take notes", "source": "workspace",
+                                   "path": "skills/notes/SKILL.md", "always": False, "available": True,
+                                   "reason": None}
+        assert listed["github"]["reason"] == "missing bin gh, env GH_TOKEN"
+        assert client.get("/api/v1/skills", headers={"Authorization": "Bearer wrong"}).status_code == 401

@@ -1,0 +1,57 @@
+"""Fixtures for the tool tests: a registry over a temporary workspace, a fake web site on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.aio import run_sync
+from shared.settings import Permission, Settings, load_settings
+from shared.tools import build_registry
+from shared.tools.base import ToolContext, ToolResult
+from shared.tools.registry import ToolRegistry
+from tests.fakes.web import FakeWeb
+
+ALL_PERMISSIONS = [p.value for p in Permission]
+
+
+def tool_settings(workspace: Path, *, allowed: list[str] | None = None, granted: list[str] | None = None,
+                  **tools: Any) -> Settings:
+    """Settings for in-process tool tests: everything allowed and granted unless said otherwise."""
+    return load_settings(
+        workspace=workspace,
+        tools={"allowed": ["*"] if allowed is None else allowed, **tools},
+        permissions={"granted": ALL_PERMISSIONS if granted is None else granted},
+    )
+
+
+def call(registry: ToolRegistry, name: str, args: dict[str, Any] | str, **ctx: Any) -> ToolResult:
+    """Run one tool call through the real registry, as the tools queue does."""
+    return run_sync(registry.execute(name, args, ToolContext(settings=registry.settings, **ctx)))
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "workspace"
+    ws.mkdir()
+    return ws
+
+
+@pytest.fixture
+def registry(workspace: Path) -> Callable[..., ToolRegistry]:
+    """`registry(**settings)`: the built-in tools over the test's workspace."""
+
+    def make(**kw: Any) -> ToolRegistry:
+        return build_registry(tool_settings(workspace, **kw))
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def web() -> Iterator[FakeWeb]:
+    site = FakeWeb().start()
+    yield site
+    site.stop()

@@ -1,0 +1,163 @@
+"""exec: output and exit code, the timeout that leaves no process behind, the deny list on every
+segment, the output cap, a minimal environment, a confined working dir, the unprivileged user."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.tools.base import ErrorCode
+from shared.tools.registry import ToolRegistry
+from shared.tools.shell_guard import Denied, check_command
+from tests.shared.tools.conftest import call
+from tests.support.processes import wait_until
+
+
+@pytest.fixture
+def reg(registry: Callable[..., ToolRegistry]) -> Callable[..., ToolRegistry]:
+    """exec allowed and granted, as the current user (the unprivileged-user path has its own tests)."""
+
+    def make(**exec_settings: Any) -> ToolRegistry:
+        return registry(allowed=["exec"], granted=["SHELL"], exec={"run_as_user": "", **exec_settings})
+
+    return make
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_output_and_exit_code(reg: Callable[..., ToolRegistry]) -> None:
+    result = call(reg(), "exec", {"command": "echo out; echo err >&2; exit 3"})
+    assert result.ok and result.output == "out\nerr\n[exit code: 3]"
+    assert call(reg(), "exec", {"command": "true"}).output == "(no output)\n[exit code: 0]"
+
+
+def test_timeout_kills_the_whole_process_tree(reg: Callable[..., ToolRegistry], workspace: Path) -> None:
+    command = ("echo $$ > shell.pid; sleep 300 & echo $! > child.pid; "
+               "setsid sh -c 'sleep 300 & echo $! > grandchild.pid; sleep 300' & echo $! > escaped.pid; sleep 300")
+    result = call(reg(), "exec", {"command": command, "timeout": 1})
+    assert result.error == ErrorCode.TIMEOUT and "killed" in result.message
+    pids = [int((workspace / f"{name}.pid").read_text()) for name in ("shell", "child", "escaped", "grandchild")]
+    wait_until(lambda: all(gone(pid) for pid in pids), timeout=10, message=f"processes {pids} to be gone")
+
+
+def test_background_processes_do_not_outlive_the_command(reg: Callable[..., ToolRegistry], workspace: Path) -> None:
+    result = call(reg(), "exec", {"command": "sleep 300 > /dev/null 2>&1 & echo $! > bg.pid; echo started"})
+    assert result.ok and result.output.startswith("started")
+    pid = int((workspace / "bg.pid").read_text())
+    wait_until(lambda: gone(pid), timeout=10, message="the background process to be gone")
+
+
+def test_per_call_timeout_is_capped_by_the_setting(reg: Callable[..., ToolRegistry]) -> None:
+    result = call(reg(max_timeout=1), "exec", {"command": "sleep 30", "timeout": 600})
+    assert result.error == ErrorCode.TIMEOUT and "within 1 s" in result.message
+
+
+def test_output_is_capped_with_a_marker(reg: Callable[..., ToolRegistry]) -> None:
+    out = call(reg(max_output_chars=1000), "exec", {"command": "seq 1 100000"}).output
+    head, _, tail = out.partition("characters omitted")
+    assert head.startswith("1\n2\n3\n") and tail.rstrip().endswith("100000\n[exit code: 0]")
+    assert len(out) < 1000 + 200
+
+
+def test_environment_is_minimal(reg: Callable[..., ToolRegistry], monkeypatch: pytest.MonkeyPatch,
+                                workspace: Path) -> None:
+    monkeypatch.setenv("NANOFLEET_WORKER_SECRET", "do-not-leak-42")
+    out = call(reg(env={"GH_TOKEN": "given-on-purpose"}), "exec", {"command": "env"}).output
+    names = {line.split("=", 1)[0] for line in out.splitlines() if "=" in line}
+    assert "do-not-leak-42" not in out and "NANOFLEET_WORKER_SECRET" not in names
+    assert {"PATH", "HOME", "LANG", "GH_TOKEN"} <= names <= {"PATH", "HOME", "LANG", "GH_TOKEN", "PWD", "SHLVL", "_"}
+    assert f"HOME={workspace}" in out
+
+
+def test_working_dir_is_confined(reg: Callable[..., ToolRegistry], workspace: Path) -> None:
+    (workspace / "sub").mkdir()
+    assert call(reg(), "exec", {"command": "pwd", "working_dir": "sub"}).output.startswith(str(workspace / "sub"))
+    assert call(reg(), "exec", {"command": "pwd", "working_dir": "../"}).status == "REJECTED"
+    assert call(reg(), "exec", {"command": "pwd", "working_dir": "/tmp"}).status == "REJECTED"
+    assert call(reg(), "exec", {"command": "pwd", "working_dir": "nope"}).error == ErrorCode.NOT_FOUND
+
+
+def test_progress_is_streamed_as_events(reg: Callable[..., ToolRegistry]) -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    result = call(reg(), "exec", {"command": "echo first; sleep 0.6; echo second"}, call_id="c9",
+                  emit=lambda event, data: events.append((event, data)))
+    assert result.ok
+    lines = [line for event, data in events if event == "tool.progress" for line in data["lines"]]
+    assert lines == ["first", "second"] and all(data["call_id"] == "c9" for _, data in events)
+
+
+def test_denied_command_runs_nothing_at_all(reg: Callable[..., ToolRegistry], workspace: Path) -> None:
+    result = call(reg(), "exec", {"command": "touch before; rm -rf / --no-preserve-root; touch after"})
+    assert result.status == "REJECTED" and "refused" in result.message
+    assert not (workspace / "before").exists() and not (workspace / "after").exists()
+
+
+DANGEROUS = ["rm -rf /", "rm -fr ~", "rm -r -f /*", "sudo rm -rf /etc", "/bin/rm -Rf $HOME", "mkfs.ext4 /dev/sda1",
+             "dd if=/dev/zero of=/dev/sda bs=1M", "shutdown -h now", "reboot", "systemctl poweroff", ":(){ :|:& };:",
+             "chmod -R 777 /", "find / -delete", "echo x > /dev/nvme0n1", "timeout 5 halt"]
+BENIGN = ["echo hi", "ls -la", "cat notes.md", "true", "grep -r reboot .", "rm -rf build", "python3 -c 'print(1)'",
+          "git log --oneline | head", "dd if=a.img of=b.img"]
+SEPARATORS = ["; ", " && ", " || ", " | ", "\n", " & "]
+WRAPS = ["{}", "$({})", "`{}`", "sh -c '{}'", 'bash -c "{}"', "( {} )", "eval '{}'", "{{ {}; }}", "env FOO=1 {}"]
+
+
+@given(before=st.lists(st.sampled_from(BENIGN), max_size=3), after=st.lists(st.sampled_from(BENIGN), max_size=3),
+       bad=st.sampled_from(DANGEROUS), wrap=st.sampled_from(WRAPS), seps=st.lists(st.sampled_from(SEPARATORS),
+                                                                                min_size=7, max_size=7))
+def test_deny_list_checks_every_segment(before: list[str], after: list[str], bad: str, wrap: str,
+                                        seps: list[str]) -> None:
+    parts = [*before, wrap.format(bad), *after]
+    command = parts[0] + "".join(sep + part for sep, part in zip(seps, parts[1:], strict=False))
+    with pytest.raises(Denied):
+        check_command(command)
+
+
+@given(parts=st.lists(st.sampled_from(BENIGN), min_size=1, max_size=4),
+       seps=st.lists(st.sampled_from(SEPARATORS), min_size=3, max_size=3))
+def test_ordinary_commands_pass(parts: list[str], seps: list[str]) -> None:
+    check_command(parts[0] + "".join(sep + part for sep, part in zip(seps, parts[1:], strict=False)))
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs a root worker")
+
+
+@pytest.fixture
+def open_workspace() -> Iterator[Path]:
+    """A workspace the unprivileged user can use (pytest's own temp folders are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="nanofleet-exec-", dir="/tmp"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@needs_root
+def test_root_worker_runs_commands_as_the_unprivileged_user(open_workspace: Path) -> None:
+    from shared.tools import build_registry
+    from tests.shared.tools.conftest import tool_settings
+
+    reg = build_registry(tool_settings(open_workspace, allowed=["exec"], granted=["SHELL"]))
+    out = call(reg, "exec", {"command": "id -u; touch mine; echo ok"}).output
+    assert out.splitlines()[:2] == [str(pwd.getpwnam("nobody").pw_uid), "ok"]
+    assert (open_workspace / "mine").stat().st_uid == pwd.getpwnam("nobody").pw_uid
+
+
+@needs_root
+def test_root_worker_reports_a_workspace_the_user_cannot_use(registry: Callable[..., ToolRegistry]) -> None:
+    result = call(registry(allowed=["exec"], granted=["SHELL"]), "exec", {"command": "touch x"})
+    assert result.error == ErrorCode.FAILED
+    assert "'nobody'" in result.message and "NANOFLEET_TOOLS__EXEC__RUN_AS_USER" in result.message

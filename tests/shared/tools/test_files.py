@@ -1,0 +1,88 @@
+"""read_file, write_file, edit_file and list_dir through the real registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from shared.tools.base import ErrorCode
+from shared.tools.registry import ToolRegistry
+from tests.shared.tools.conftest import call
+
+
+@pytest.fixture
+def reg(registry: Callable[..., ToolRegistry]) -> ToolRegistry:
+    return registry(allowed=["read_file", "write_file", "edit_file", "list_dir"])
+
+
+def test_write_creates_parents_and_appends(reg: ToolRegistry, workspace: Path) -> None:
+    assert call(reg, "write_file", {"path": "notes/2026/today.md", "content": "one\n"}).ok
+    assert call(reg, "write_file", {"path": "notes/2026/today.md", "content": "two\n", "append": True}).ok
+    assert (workspace / "notes/2026/today.md").read_text() == "one\ntwo\n"
+    assert call(reg, "write_file", {"path": "notes/2026/today.md", "content": "new"}).ok
+    assert (workspace / "notes/2026/today.md").read_text() == "new"
+    assert call(reg, "write_file", {"path": "notes", "content": "x"}).error == ErrorCode.INVALID_ARGS
+
+
+def test_read_whole_file_and_line_ranges(reg: ToolRegistry, workspace: Path) -> None:
+    (workspace / "f.txt").write_text("".join(f"line {i}\n" for i in range(1, 11)))
+    assert call(reg, "read_file", {"path": "f.txt"}).output.startswith("line 1\nline 2\n")
+    assert call(reg, "read_file", {"path": "f.txt", "start_line": 3, "end_line": 4}).output == "line 3\nline 4\n"
+    assert call(reg, "read_file", {"path": "f.txt", "start_line": 10}).output == "line 10\n"
+    assert call(reg, "read_file", {"path": "f.txt", "start_line": 5, "end_line": 2}).error == ErrorCode.INVALID_ARGS
+    assert call(reg, "read_file", {"path": "missing.txt"}).error == ErrorCode.NOT_FOUND
+    (workspace / "bin.dat").write_bytes(b"\x00\x01\x02")
+    assert call(reg, "read_file", {"path": "bin.dat"}).error == ErrorCode.INVALID_ARGS
+
+
+def test_read_cuts_long_files_with_a_hint(reg: ToolRegistry, workspace: Path) -> None:
+    (workspace / "long.txt").write_text("x" * 80 + "\n" * 1 + "y" * 80_000)
+    out = call(reg, "read_file", {"path": "long.txt"}).output
+    assert "[truncated at" in out and "start_line" in out
+
+
+def test_edit_needs_a_unique_match_unless_replace_all(reg: ToolRegistry, workspace: Path) -> None:
+    path = workspace / "code.py"
+    path.write_text("a = 1\nb = 1\nprint(a + b)\n")
+    assert call(reg, "edit_file", {"path": "code.py", "old_text": "a = 1", "new_text": "a = 2"}).ok
+    assert path.read_text() == "a = 2\nb = 1\nprint(a + b)\n"
+    twice = call(reg, "edit_file", {"path": "code.py", "old_text": " = ", "new_text": "="})
+    assert twice.error == ErrorCode.INVALID_ARGS and "2 times" in twice.message
+    assert path.read_text() == "a = 2\nb = 1\nprint(a + b)\n"
+    assert call(reg, "edit_file", {"path": "code.py", "old_text": " = ", "new_text": "=", "replace_all": True}).ok
+    assert path.read_text() == "a=2\nb=1\nprint(a + b)\n"
+
+
+def test_edit_miss_answers_with_the_closest_match(reg: ToolRegistry, workspace: Path) -> None:
+    (workspace / "cfg.toml").write_text("[server]\nport = 8080\nhost = \"0.0.0.0\"\n")
+    result = call(reg, "edit_file", {"path": "cfg.toml", "old_text": "prot = 8080", "new_text": "port = 9090"})
+    assert result.error == ErrorCode.NOT_FOUND
+    assert "line 2" in result.message and "port = 8080" in result.message
+    assert call(reg, "edit_file", {"path": "nope.toml", "old_text": "a", "new_text": "b"}).error == ErrorCode.NOT_FOUND
+
+
+def test_list_dir_recursive_pattern_and_bound(reg: ToolRegistry, workspace: Path) -> None:
+    (workspace / "docs" / "deep").mkdir(parents=True)
+    (workspace / "docs" / "a.md").write_text("")
+    (workspace / "docs" / "deep" / "b.md").write_text("")
+    (workspace / "docs" / "c.txt").write_text("")
+    assert call(reg, "list_dir", {"path": "docs"}).output.splitlines() == ["a.md", "c.txt", "deep/"]
+    listing = call(reg, "list_dir", {"path": ".", "recursive": True, "pattern": "*.md"}).output
+    assert listing.splitlines() == ["docs/a.md", "docs/deep/b.md"]
+    for i in range(30):
+        (workspace / f"f{i:02}").write_text("")
+    bounded = call(reg, "list_dir", {"max_entries": 5}).output.splitlines()
+    assert len(bounded) == 6 and bounded[-1].startswith("[26 more entries not shown")
+    assert call(reg, "list_dir", {"path": "docs/a.md"}).error == ErrorCode.INVALID_ARGS
+    assert call(reg, "list_dir", {"path": "nothing"}).error == ErrorCode.NOT_FOUND
+
+
+def test_read_file_serves_builtin_skills_unless_the_workspace_has_them(reg: ToolRegistry, workspace: Path) -> None:
+    builtin = call(reg, "read_file", {"path": "skills/github/SKILL.md"})
+    assert builtin.ok and "gh" in builtin.output
+    (workspace / "skills" / "github").mkdir(parents=True)
+    (workspace / "skills" / "github" / "SKILL.md").write_text("---\nname: github\n---\nmine")
+    assert call(reg, "read_file", {"path": "skills/github/SKILL.md"}).output.endswith("mine")
+    assert call(reg, "read_file", {"path": "skills/../../etc/passwd"}).status == "REJECTED"

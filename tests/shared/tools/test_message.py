@@ -1,0 +1,135 @@
+"""message: outbox rows with a unique key, delivery tasks handed back as follow-ups, and the turn's
+final reply suppressed when the message went to the turn's own chat."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlmodel import Session, select
+
+from shared.constants import T_OUTBOUND_DELIVER
+from shared.db import get_engine
+from shared.models import Conversation, Outbox, Run, RunKind
+from shared.settings import Settings
+from shared.tools import build_registry
+from shared.tools.base import ErrorCode, ToolContext
+from shared.tools.registry import ToolRegistry
+from tests.shared.tools.conftest import call, tool_settings
+from tests.support.stack import clean_db
+
+ORIGIN = {"channel": "telegram", "chat_id": "42", "reply_meta": {"reply_to_message_id": 7}}
+CHANNELS = {"telegram": {"token": "123:telegram-test-token", "webhook_secret": "telegram-test-secret"},
+            "slack": {"bot_token": "xoxb-slack-test-token", "signing_secret": "slack-test-secret"}}
+
+
+def configured(settings: Settings, database_url: str) -> Settings:
+    """The test database, and Telegram and Slack switched on (their secrets set)."""
+    channels = settings.channels.model_validate(CHANNELS)
+    return settings.model_copy(update={"database_url": database_url, "channels": channels})
+
+
+@pytest.fixture
+def reg(database_url: str, workspace: Path) -> ToolRegistry:
+    clean_db(database_url)
+    return build_registry(configured(tool_settings(workspace, allowed=["message"], granted=[]), database_url))
+
+
+@pytest.fixture
+def make_run(database_url: str) -> Callable[..., Run]:
+    def make(kind: RunKind = RunKind.TURN, origin: dict[str, Any] | None = None) -> Run:
+        with Session(get_engine(database_url), expire_on_commit=False) as s:
+            conv = Conversation(session_key=f"telegram:{len(s.exec(select(Conversation)).all())}")
+            s.add(conv)
+            s.flush()
+            run = Run(conversation_id=conv.id, kind=kind, origin=origin or ORIGIN)
+            s.add(run)
+            s.commit()
+            return run
+
+    return make
+
+
+def send(reg: ToolRegistry, run: Run, args: dict[str, Any], call_id: str = "call_1") -> tuple[Any, ToolContext]:
+    origin = run.origin
+    ctx = ToolContext(settings=reg.settings, run_id=run.id, conversation_id=run.conversation_id,
+                      channel=origin["channel"], chat_id=origin["chat_id"], run_kind=run.kind.value, call_id=call_id,
+                      extra={"origin": origin})
+    from shared.aio import run_sync
+
+    return run_sync(reg.execute("message", args, ctx)), ctx
+
+
+def rows(database_url: str) -> list[Outbox]:
+    with Session(get_engine(database_url)) as s:
+        return list(s.exec(select(Outbox).order_by(Outbox.key)))
+
+
+def suppressed(database_url: str, run_id: str) -> bool:
+    with Session(get_engine(database_url)) as s:
+        return s.get_one(Run, run_id).suppress_reply
+
+
+def test_message_to_the_own_chat_replaces_the_final_reply(reg: ToolRegistry, make_run: Callable[..., Run],
+                                                          database_url: str) -> None:
+    run = make_run()
+    result, ctx = send(reg, run, {"content": "Working on it, back in a minute."})
+    assert result.ok
+    [row] = rows(database_url)
+    assert (row.channel, row.chat_id, row.content) == ("telegram", "42", "Working on it, back in a minute.")
+    assert row.key == f"{run.id}:msg:call_1:0" and row.meta["reply_to_message_id"] == 7
+    assert [(n.task, n.args) for n in ctx.followups] == [(T_OUTBOUND_DELIVER, (row.id,))]
+    assert suppressed(database_url, run.id)
+
+
+def test_message_to_another_chat_keeps_the_reply(reg: ToolRegistry, make_run: Callable[..., Run],
+                                                 database_url: str) -> None:
+    run = make_run()
+    result, _ = send(reg, run, {"content": "ping", "channel": "slack", "chat_id": "C123"})
+    assert result.ok
+    assert [(r.channel, r.chat_id, r.meta.get("reply_to_message_id")) for r in rows(database_url)] == [
+        ("slack", "C123", None)]
+    assert not suppressed(database_url, run.id)
+
+
+def test_cron_runs_never_suppress(reg: ToolRegistry, make_run: Callable[..., Run], database_url: str) -> None:
+    run = make_run(kind=RunKind.CRON)
+    assert send(reg, run, {"content": "reminder"})[0].ok
+    assert len(rows(database_url)) == 1 and not suppressed(database_url, run.id)
+
+
+def test_same_call_twice_writes_once(reg: ToolRegistry, make_run: Callable[..., Run], database_url: str) -> None:
+    run = make_run()
+    _, first = send(reg, run, {"content": "once"})
+    _, again = send(reg, run, {"content": "once"})
+    assert len(rows(database_url)) == 1 and again.followups == first.followups  # the same row, never a second
+
+
+def test_api_channel_answers_in_the_result(reg: ToolRegistry, make_run: Callable[..., Run],
+                                           database_url: str) -> None:
+    run = make_run(origin={"channel": "api", "chat_id": "conv-1"})
+    result, _ = send(reg, run, {"content": "hello there"})
+    assert result.ok and result.output["content"] == "hello there" and result.output["channel"] == "api"
+    assert rows(database_url) == [] and not suppressed(database_url, run.id)
+
+
+def test_bad_targets_are_refused_without_a_row(reg: ToolRegistry, make_run: Callable[..., Run],
+                                               database_url: str) -> None:
+    run = make_run()
+    assert send(reg, run, {"content": "x", "channel": "myspace", "chat_id": "1"})[0].error == ErrorCode.INVALID_ARGS
+    assert send(reg, run, {"content": "x", "channel": "slack"})[0].error == ErrorCode.INVALID_ARGS
+    assert send(reg, run, {"content": ""})[0].error == ErrorCode.INVALID_ARGS
+    off = send(reg, run, {"content": "x", "channel": "discord", "chat_id": "1"})[0]
+    assert off.error == ErrorCode.FAILED and "NANOFLEET_CHANNELS__DISCORD__" in off.message
+    assert rows(database_url) == [] and not suppressed(database_url, run.id)
+
+
+def test_not_allowed_sends_nothing(database_url: str, workspace: Path, make_run: Callable[..., Run]) -> None:
+    clean_db(database_url)
+    settings = configured(tool_settings(workspace, allowed=["time"]), database_url)
+    run = make_run()
+    result = call(build_registry(settings), "message", {"content": "x"}, run_id=run.id, channel="telegram",
+                  chat_id="42")
+    assert result.status == "REJECTED" and rows(database_url) == []

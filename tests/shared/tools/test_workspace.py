@@ -1,0 +1,96 @@
+"""The workspace path guard, as the file tools apply it: a path may name anything inside the
+workspace (through `..` and inside symlinks too) and nothing outside it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared.tools.base import ErrorCode
+from shared.tools.registry import ToolRegistry
+from shared.tools.workspace import OutsideWorkspace, resolve
+from tests.shared.tools.conftest import call
+
+SECRET = "SECRET-OUTSIDE"
+PARTS = ["a", "b", "..", ".", "", "in_link", "out_link", "up", "f.txt", "~", "new", "x y"]
+
+
+@pytest.fixture
+def layout(tmp_path: Path, workspace: Path) -> tuple[Path, Path]:
+    """A workspace with links that stay inside and links that lead out, next to a secret folder."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text(SECRET)
+    (workspace / "a").mkdir()
+    (workspace / "a" / "f.txt").write_text("inside")
+    (workspace / "in_link").symlink_to(workspace / "a")
+    (workspace / "out_link").symlink_to(outside)
+    (workspace / "a" / "up").symlink_to("../..")  # relative: leads to tmp_path, outside
+    (workspace / "secret_link.txt").symlink_to(outside / "secret.txt")
+    return workspace, outside
+
+
+def inside(workspace: Path, path: str) -> bool:
+    """The oracle: where the operating system would take this path, relative to the workspace."""
+    real = Path(os.path.realpath(os.path.join(workspace, os.path.expanduser(path))))
+    return real == workspace.resolve() or real.is_relative_to(workspace.resolve())
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+relative = st.lists(st.sampled_from(PARTS), min_size=1, max_size=6).map("/".join)
+paths = st.one_of(
+    relative,
+    relative.map(lambda p: "/" + p),
+    st.text(alphabet=st.sampled_from(list("ab./~_ \x00")), max_size=20),
+    st.sampled_from(["/etc/passwd", "/", "~", "~/x", "../outside/secret.txt", "secret_link.txt", "a/up/outside"]),
+)
+SLOW_OK = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@SLOW_OK
+@given(path=paths)
+def test_write_succeeds_only_inside(layout: tuple[Path, Path], registry: Callable[..., ToolRegistry],
+                                    path: str) -> None:
+    workspace, outside = layout
+    before = snapshot(outside)
+    expected_inside = inside(workspace, path) if "\x00" not in path else False
+    result = call(registry(), "write_file", {"path": path, "content": "written"})
+    if result.ok:
+        assert expected_inside, path
+    if result.error == ErrorCode.PERMISSION_DENIED:
+        assert not expected_inside, path
+    assert snapshot(outside) == before
+
+
+@SLOW_OK
+@given(path=paths)
+def test_read_and_list_never_see_outside(layout: tuple[Path, Path], registry: Callable[..., ToolRegistry],
+                                         path: str) -> None:
+    workspace, _ = layout
+    reg = registry()
+    expected_inside = inside(workspace, path) if "\x00" not in path else False
+    for tool in ("read_file", "list_dir"):
+        result = call(reg, tool, {"path": path})
+        if result.ok:
+            assert expected_inside, (tool, path)
+            assert SECRET not in str(result.output) and "secret.txt" not in str(result.output)
+        if result.error == ErrorCode.PERMISSION_DENIED:
+            assert not expected_inside, (tool, path)
+
+
+def test_guard_examples(layout: tuple[Path, Path]) -> None:
+    workspace, _ = layout
+    assert resolve(workspace, "in_link/f.txt") == (workspace / "a" / "f.txt").resolve()
+    assert resolve(workspace, "a/../a/f.txt") == (workspace / "a" / "f.txt").resolve()
+    assert resolve(workspace, str(workspace / "a")) == (workspace / "a").resolve()
+    for bad in ("..", "../x", "/etc/passwd", "out_link/secret.txt", "a/up", "secret_link.txt", "~", "a\x00b"):
+        with pytest.raises(OutsideWorkspace):
+            resolve(workspace, bad)
