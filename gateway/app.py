@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from gateway.routes import conversations, health, runs, tools
+from gateway.routes import conversations, cron, health, outbox, runs, skills, subagents, tools, webhooks
 from gateway.state import AppState
 from shared.errors import NanofleetError
 from shared.logs import configure_logging, new_request_id, request_id_var
@@ -32,7 +32,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="nanofleet", version="0.1.0", lifespan=lifespan,
                   description="A self-hosted AI agent runtime: REST API, webhooks and event streams.")
     app.state.nanofleet = AppState.build(settings)
-    for module in (health, conversations, runs, tools):
+    for module in (health, conversations, runs, subagents, cron, tools, skills, outbox, webhooks):
         app.include_router(module.router)
     app.middleware("http")(_request_id)
     app.add_exception_handler(NanofleetError, _nanofleet_error)  # type: ignore[arg-type]

@@ -8,11 +8,15 @@ from typing import Annotated
 
 import typer
 
+from gateway.cli_channels import app as channels_app
+from gateway.cli_cron import app as cron_app
 from shared.constants import QUEUES
 from shared.settings import Settings, SettingsError, get_settings
 
 app = typer.Typer(help="nanofleet: a self-hosted AI agent runtime.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
+app.add_typer(channels_app, name="channels")
+app.add_typer(cron_app, name="cron")
 
 
 def settings_or_exit() -> Settings:

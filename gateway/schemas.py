@@ -7,6 +7,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+# Every /api/v1 route answers 401 without a valid bearer key; documented so clients (and schemathesis) know.
+UNAUTHORIZED: dict[int | str, dict[str, Any]] = {401: {"description": "missing or invalid API key"}}
+BIGINT_MAX = 2**63 - 1  # offsets past Postgres' bigint are refused with 422, not a database error
+
 
 class CamelModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, serialize_by_alias=True)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 import redis.asyncio as aioredis
 
 from shared.agent.events import RedisEvents
 from shared.agent.runtime import Next, Runtime
+from shared.channels.base import Channel
 from shared.queueing import Producer, make_celery
 from shared.settings import Settings
 
@@ -20,6 +21,7 @@ class AppState:
     producer: Producer
     redis: redis.Redis
     aredis: aioredis.Redis
+    channels: dict[str, Channel] = field(default_factory=dict)  # platform instances, built on first use
 
     @classmethod
     def build(cls, settings: Settings) -> AppState:

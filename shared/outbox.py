@@ -18,7 +18,8 @@ FALLBACK_LIMIT = 4000
 
 
 def add_reply(
-    s: Session, settings: Settings, *, key: str, channel: str, chat_id: str, text: str, meta: dict[str, Any]
+    s: Session, settings: Settings, *, key: str, channel: str, chat_id: str, text: str, meta: dict[str, Any],
+    run_id: str | None = None,
 ) -> list[Next]:
     """Chunk `text` for the channel and store one row per chunk; a key seen before adds nothing."""
     ch = get_channel(channel, settings)
@@ -29,7 +30,7 @@ def add_reply(
             insert(Outbox)
             .values(id=new_id(), key=f"{key}:{i}", channel=channel, chat_id=chat_id, content=part,
                     meta={**meta, "chunk": i, "chunks": total}, status=OutboxStatus.PENDING.value, attempts=0,
-                    created_at=utcnow())
+                    created_at=utcnow(), run_id=run_id)
             .on_conflict_do_nothing(index_elements=["key"])
         )
     keys = [f"{key}:{i}" for i in range(total)]

@@ -8,7 +8,15 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
-from shared.constants import QUEUES, REDBEAT_PREFIX, REQUEST_ID_HEADER, T_SWEEP, TASK_ROUTES
+from shared.constants import (
+    QUEUES,
+    REDBEAT_PREFIX,
+    REQUEST_ID_HEADER,
+    T_CRON_RECONCILE,
+    T_HEARTBEAT,
+    T_SWEEP,
+    TASK_ROUTES,
+)
 from shared.logs import request_id_var
 from shared.settings import Settings
 
@@ -52,18 +60,26 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "beat_scheduler": "redbeat.RedBeatScheduler",
         "redbeat_redis_url": settings.redis_url,
         "redbeat_key_prefix": REDBEAT_PREFIX,
-        "redbeat_lock_timeout": 15,
+        "redbeat_lock_timeout": settings.scheduler.beat_lock_timeout,
         "beat_max_loop_interval": 1,
-        "beat_schedule": {
-            "nanofleet-sweep": {
-                "task": T_SWEEP,
-                "schedule": timedelta(seconds=settings.runtime.sweep_interval),
-                "options": {"expires": max(5.0, settings.runtime.sweep_interval * 5)},
-            },
-        },
+        "beat_schedule": beat_schedule(settings),
         "timezone": "UTC",
         "enable_utc": True,
     }
+
+
+def beat_schedule(settings: Settings) -> dict[str, Any]:
+    """Beat's static entries; redbeat writes them at every start (and drops ones no longer here)."""
+    def every(task: str, seconds: float) -> dict[str, Any]:
+        return {"task": task, "schedule": timedelta(seconds=seconds), "options": {"expires": max(5.0, seconds * 5)}}
+
+    schedule = {
+        "nanofleet-sweep": every(T_SWEEP, settings.runtime.sweep_interval),
+        "nanofleet-cron-reconcile": every(T_CRON_RECONCILE, settings.scheduler.reconcile_interval),
+    }
+    if settings.heartbeat.enabled:
+        schedule["nanofleet-heartbeat"] = every(T_HEARTBEAT, settings.heartbeat.interval)
+    return schedule
 
 
 def make_celery(settings: Settings, *, name: str = "nanofleet", include: list[str] | None = None) -> Celery:

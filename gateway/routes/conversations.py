@@ -11,7 +11,17 @@ from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from gateway.deps import SessionDep, StateDep, require_key
-from gateway.schemas import Accepted, ChatIn, ChatOut, ConversationIn, ConversationOut, MessageOut, ToolCallOut
+from gateway.schemas import (
+    BIGINT_MAX,
+    UNAUTHORIZED,
+    Accepted,
+    ChatIn,
+    ChatOut,
+    ConversationIn,
+    ConversationOut,
+    MessageOut,
+    ToolCallOut,
+)
 from gateway.state import AppState
 from gateway.waiting import last_event_id, wait_for_run
 from shared.agent import conversations, views
@@ -20,14 +30,15 @@ from shared.agent.service import Submitted, after_commit, submit
 from shared.db import get_engine
 from shared.models import Conversation, RunStatus, new_id
 
-router = APIRouter(prefix="/api/v1/conversations", tags=["conversations"], dependencies=[Depends(require_key)])
+router = APIRouter(prefix="/api/v1/conversations", tags=["conversations"], dependencies=[Depends(require_key)],
+                   responses=UNAUTHORIZED)
 
 
 def _origin(conversation_id: str) -> dict[str, str]:
     return {"channel": "api", "chat_id": conversation_id}
 
 
-@router.post("", response_model=ConversationOut)
+@router.post("", response_model=ConversationOut, responses={400: {"description": "the body is not JSON"}})
 def create_conversation(s: SessionDep, body: ConversationIn | None = None) -> ConversationOut:
     """A new API conversation."""
     cid = new_id()
@@ -86,7 +97,7 @@ async def post_message(conversation_id: str, body: ChatIn, state: StateDep) -> A
             responses={404: {"description": "no such conversation"}})
 def list_messages(
     conversation_id: str, s: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 200, offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200, offset: Annotated[int, Query(ge=0, le=BIGINT_MAX)] = 0,
 ) -> list[MessageOut]:
     """The conversation's messages in order, including any still waiting in the mailbox."""
     if s.get(Conversation, conversation_id) is None:

@@ -7,11 +7,12 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException
 
 from gateway.deps import SessionDep, StateDep, require_key
+from gateway.schemas import UNAUTHORIZED
 from shared.agent import views
 from shared.agent.finish import cancel, publish_final
 from shared.models import Run
 
-router = APIRouter(prefix="/api/v1/runs", tags=["runs"], dependencies=[Depends(require_key)])
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"], dependencies=[Depends(require_key)], responses=UNAUTHORIZED)
 
 
 @router.get("/{run_id}", responses={404: {"description": "no such run"}})

@@ -7,8 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Depends
 
 from gateway.deps import RuntimeDep, require_key
+from gateway.schemas import UNAUTHORIZED
 
-router = APIRouter(prefix="/api/v1", tags=["tools"], dependencies=[Depends(require_key)])
+router = APIRouter(prefix="/api/v1", tags=["tools"], dependencies=[Depends(require_key)], responses=UNAUTHORIZED)
 
 
 @router.get("/tools")

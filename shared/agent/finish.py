@@ -40,7 +40,7 @@ def deliver(rt: Runtime, s: Session, run: Run) -> list[Next]:
     if channel == "api" or run.suppress_reply or not run.final_text:
         return []
     return add_reply(s, rt.settings, key=run.id, channel=channel, chat_id=str(origin.get("chat_id", "")),
-                     text=run.final_text, meta=origin.get("reply_meta", {}))
+                     text=run.final_text, meta=origin.get("reply_meta", {}), run_id=run.id)
 
 
 def release_turn(rt: Runtime, s: Session, conv: Conversation, run: Run) -> list[Next]:

@@ -3,11 +3,13 @@ formats, chunks and sends outbound messages."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from shared.channels.text import format_chunks, plain_text
 from shared.contracts import InboundMessage
-from shared.settings import Settings
+from shared.settings import ChannelBase, Settings
 
 
 class WebhookError(Exception):
@@ -19,6 +21,17 @@ class WebhookError(Exception):
         self.message = message
 
 
+def json_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or WebhookError(400)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise WebhookError(400, "body is not JSON") from None
+    if not isinstance(data, dict):
+        raise WebhookError(400, "body is not a JSON object")
+    return data
+
+
 @dataclass
 class Parsed:
     """What a verified webhook contained: messages to process and/or an immediate answer."""
@@ -26,11 +39,25 @@ class Parsed:
     messages: list[InboundMessage] = field(default_factory=list)
     response: dict[str, Any] | None = None  # e.g. a url_verification challenge or a Discord PONG
     event_id: str | None = None  # for the ledger when the event carries no message
+    denied_response: dict[str, Any] | None = None  # the answer when allow_from refuses the sender
 
 
 @dataclass
 class SendResult:
     platform_message_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A shared rate limit: `burst` sends at once, then one per `interval` seconds."""
+
+    key: str
+    interval: float
+    burst: int = 1
+
+
+class Rejected(Exception):
+    """The platform refused the message for good (a 4xx other than 429): retrying cannot help."""
 
 
 class RateLimited(Exception):
@@ -46,8 +73,18 @@ class Channel(Protocol):
 
     name: ClassVar[str]
     max_chars: ClassVar[int]
+    typing_indicator: ClassVar[bool]  # shows "typing..." while a turn runs (see typing())
 
     def enabled(self) -> bool: ...
+
+    def allowed(self, sender_id: str) -> bool:
+        """The sender is in allow_from (default deny; "*" allows everyone)."""
+
+    def rate_limits(self, chat_id: str) -> list[Bucket]:
+        """The shared buckets a send to `chat_id` takes a token from, most specific first."""
+
+    def typing(self, chat_id: str, meta: dict[str, Any]) -> bool:
+        """Show "typing..." in the chat; False when the platform has no such thing."""
 
     def verify(self, headers: dict[str, str], body: bytes) -> None:
         """Raise WebhookError(401) unless the request is signed by the platform."""
@@ -59,7 +96,55 @@ class Channel(Protocol):
         """The text formatted for the platform and split under its limit."""
 
     def send(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
-        """Deliver one chunk; raise RateLimited on 429, other exceptions to retry."""
+        """Deliver one chunk; raise RateLimited on 429, Rejected when retrying cannot help, other
+        exceptions to retry. `meta` holds the reply_meta plus chunk, chunks and outbox_id."""
+
+
+class BaseChannel:
+    """Defaults shared by the platform modules: settings, enabled, allow_from, chunking."""
+
+    name: ClassVar[str]
+    max_chars: ClassVar[int]
+    required: ClassVar[tuple[str, ...]] = ()  # settings fields that must be set for the channel to be on
+    typing_indicator: ClassVar[bool] = False
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    @property
+    def config(self) -> ChannelBase:
+        cfg: ChannelBase = getattr(self.settings.channels, self.name)
+        return cfg
+
+    def missing(self) -> list[str]:
+        """The environment variables still to set before the channel is on."""
+        prefix = f"NANOFLEET_CHANNELS__{self.name.upper()}__"
+        return [prefix + f.upper() for f in self.required if getattr(self.config, f, None) in (None, "")]
+
+    def enabled(self) -> bool:
+        return not self.missing()
+
+    def allowed(self, sender_id: str) -> bool:
+        allow = self.config.allow_from
+        return "*" in allow or sender_id in allow
+
+    def format(self, markdown: str) -> str:
+        """Markdown as the platform renders it (plain text unless a platform says otherwise)."""
+        return plain_text(markdown)
+
+    def chunks(self, text: str) -> list[str]:
+        return format_chunks(text, self.max_chars, self.format)
+
+    def rate_limits(self, chat_id: str) -> list[Bucket]:
+        return []
+
+    def typing(self, chat_id: str, meta: dict[str, Any]) -> bool:
+        return False
+
+    def secret(self, field_name: str) -> str:
+        """A configured secret's value ("" when unset)."""
+        value = getattr(self.config, field_name, None)
+        return value.get_secret_value() if value is not None else ""
 
 
 def default_chunks(text: str, limit: int) -> list[str]:

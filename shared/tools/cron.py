@@ -15,6 +15,7 @@ from shared.models import CronJob
 from shared.scheduling import jobs
 from shared.scheduling.beat import BeatMirror, beat_app
 from shared.scheduling.ids import call_key, derived
+from shared.scheduling.schedules import MAX_EVERY
 from shared.settings import Settings
 from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
 
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 class CronArgs(BaseModel):
     action: Literal["add", "list", "remove", "enable", "disable"]
     message: str | None = Field(default=None, max_length=10_000, description="add: what to do at each run")
-    every_seconds: int | None = Field(default=None, ge=1, description="add: run every N seconds")
+    every_seconds: int | None = Field(default=None, ge=1, le=MAX_EVERY, description="add: run every N seconds")
     cron_expr: str | None = Field(default=None, max_length=200, description="add: 5-field cron, e.g. '0 9 * * 1-5'")
     tz: str | None = Field(default=None, max_length=64, description="add: IANA timezone for cron_expr")
     at: datetime | None = Field(default=None, description="add: run once at this ISO-8601 time")

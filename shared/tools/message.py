@@ -56,7 +56,7 @@ def _store(ctx: ToolContext, channel: str, chat_id: str, text: str, own_chat: bo
     meta = {**(origin.get("reply_meta", {}) if own_chat else {}), "run_id": ctx.run_id, "via": "message"}
     with session_scope(ctx.settings.database_url) as s:
         nexts = add_reply(s, ctx.settings, key=f"{ctx.run_id}:msg:{ctx.call_id}", channel=channel,
-                          chat_id=chat_id, text=text, meta=meta)
+                          chat_id=chat_id, text=text, meta=meta, run_id=ctx.run_id or None)
         if own_chat and ctx.run_kind == "turn" and ctx.run_id:
             s.execute(update(Run).where(col(Run.id) == ctx.run_id).values(suppress_reply=True))
     return list(nexts)

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime
+from typing import Any
 
-from celery import shared_task
+from celery import current_app, shared_task
+from celery.signals import beat_init
+from redbeat.schedulers import RedBeatScheduler  # imported first: its beat lock handler runs before ours
 
 from shared.agent import recovery
-from shared.constants import T_PING, T_SWEEP
+from shared.constants import T_CRON_FIRE, T_CRON_RECONCILE, T_DAILY_SUMMARY, T_HEARTBEAT, T_PING, T_SWEEP
+from shared.scheduling import cron, summary
+from shared.scheduling import heartbeat as heartbeat_core
+from shared.scheduling.beat import BeatMirror
 from workers.base import NanofleetTask
 from workers.runtime import dispatch, runtime
 
@@ -23,3 +30,42 @@ def ping(payload: str = "") -> str:
 @shared_task(name=T_SWEEP, base=NanofleetTask)
 def sweep() -> None:
     dispatch(recovery.sweep(runtime()))
+
+
+def _when(iso: str) -> datetime | None:
+    return datetime.fromisoformat(iso) if iso else None
+
+
+@shared_task(name=T_CRON_FIRE, base=NanofleetTask)
+def cron_fire(job_id: str, scheduled_for: str = "") -> None:
+    dispatch(cron.fire(runtime(), BeatMirror(current_app), job_id, _when(scheduled_for)))
+
+
+@shared_task(name=T_CRON_RECONCILE, base=NanofleetTask)
+def cron_reconcile() -> None:
+    dispatch(cron.reconcile(runtime(), BeatMirror(current_app)))
+
+
+@shared_task(name=T_HEARTBEAT, base=NanofleetTask)
+def heartbeat() -> None:
+    dispatch(heartbeat_core.beat(runtime()))
+
+
+@shared_task(name=T_DAILY_SUMMARY, base=NanofleetTask)
+def daily_summary(until: str, conversation_id: str = "") -> None:
+    when = datetime.fromisoformat(until)
+    if conversation_id:
+        summary.summarise(runtime(), conversation_id, when)
+    else:
+        dispatch(summary.plan(runtime(), when))
+
+
+@beat_init.connect(weak=False)
+def _reconcile_at_start(sender: Any = None, **_: Any) -> None:
+    """Once this beat holds the lock (redbeat's handler ran first), write its static entries again
+    (a standby beat may have synced them before a Redis flush) and have the cron jobs re-armed
+    from Postgres."""
+    if isinstance(sender.scheduler, RedBeatScheduler):
+        sender.scheduler.setup_schedule()
+    sender.app.send_task(T_CRON_RECONCILE)
+    log.info("beat: static schedule written; cron reconciliation requested")

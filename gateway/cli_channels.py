@@ -1,0 +1,34 @@
+"""`nanofleet channels ...`: platform set-up from the command line."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Chat platform set-up.", no_args_is_help=True)
+telegram = typer.Typer(help="Telegram.", no_args_is_help=True)
+app.add_typer(telegram, name="telegram")
+
+
+@telegram.command("set-webhook")
+def set_webhook(
+    url: Annotated[str, typer.Argument(help="public HTTPS URL of POST /webhooks/telegram")],
+    drop_pending: Annotated[bool, typer.Option(help="discard updates Telegram queued meanwhile")] = False,
+) -> None:
+    """Point the bot at URL, with NANOFLEET_CHANNELS__TELEGRAM__WEBHOOK_SECRET as its secret token."""
+    from gateway.cli import settings_or_exit  # the main CLI imports this module
+    from shared.channels.telegram import TelegramChannel
+
+    ch = TelegramChannel(settings_or_exit())
+    if missing := ch.missing():
+        typer.echo(f"nanofleet: set {', '.join(missing)} first", err=True)
+        raise typer.Exit(2)
+    if not url.startswith("https://"):
+        typer.echo("nanofleet: Telegram only calls https:// webhook URLs", err=True)
+        raise typer.Exit(2)
+    try:
+        typer.echo(f"telegram: {ch.set_webhook(url, drop_pending=drop_pending)}")
+    except Exception as err:
+        typer.echo(f"nanofleet: setWebhook failed: {err}", err=True)
+        raise typer.Exit(1) from None

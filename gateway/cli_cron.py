@@ -1,0 +1,107 @@
+"""`nanofleet cron list|add|remove`: scheduled jobs from the command line (Postgres, then the beat mirror)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Annotated
+
+import typer
+
+from shared.db import session_scope
+from shared.errors import NanofleetError
+from shared.models import CronJob
+from shared.scheduling import jobs
+from shared.scheduling.beat import BeatMirror, beat_app
+from shared.settings import Settings
+
+app = typer.Typer(help="Scheduled jobs: their results go to a chat (or stay in their session for api).",
+                  no_args_is_help=True)
+
+
+def _settings() -> Settings:
+    from gateway.cli import settings_or_exit  # the main CLI module imports this one
+
+    return settings_or_exit()
+
+
+def _mirror(settings: Settings, job: CronJob | None, job_id: str) -> None:
+    try:
+        mirror = BeatMirror(beat_app(settings))
+        if job is None:
+            mirror.disarm(job_id)
+        else:
+            jobs.sync(mirror, job)
+    except Exception as err:
+        typer.echo(f"note: the beat schedule was not updated now ({err}); beat will catch up", err=True)
+
+
+def _schedule(view: dict[str, object]) -> str:
+    if view["kind"] == "every":
+        return f"every {view['everySeconds']}s"
+    if view["kind"] == "cron":
+        return f"{view['cronExpr']} ({view['tz']})"
+    return f"at {view['at']}"
+
+
+@app.command("list")
+def list_jobs(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
+    """Show every job with its schedule, next run and target."""
+    settings = _settings()
+    with session_scope(settings.database_url) as s:
+        views = [jobs.view(j) for j in jobs.listing(s)]
+    if as_json:
+        typer.echo(json.dumps(views, indent=2))
+        return
+    if not views:
+        typer.echo("no cron jobs")
+    for v in views:
+        state = "on " if v["enabled"] else "off"
+        target = f"{v['channel']}:{v['chatId']}" if v["chatId"] else str(v["channel"])
+        typer.echo(f"{v['id']}  {state}  {_schedule(v):<28} next {v['nextRunAt'] or '-':<26} "
+                   f"-> {target:<20} {v['name']}")
+
+
+@app.command()
+def add(
+    message: Annotated[str, typer.Option("--message", "-m", help="what the agent does at each run")],
+    every: Annotated[int | None, typer.Option(help="run every N seconds")] = None,
+    cron: Annotated[str | None, typer.Option(help="5-field cron expression, e.g. '0 9 * * 1-5'")] = None,
+    tz: Annotated[str | None, typer.Option(help="IANA timezone for --cron")] = None,
+    at: Annotated[datetime | None, typer.Option(help="run once at this ISO-8601 time",
+                                                formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S",
+                                                         "%Y-%m-%dT%H:%M%z", "%Y-%m-%dT%H:%M"])] = None,
+    name: Annotated[str, typer.Option(help="a short name")] = "",
+    channel: Annotated[str, typer.Option(help="where results go: telegram, slack, ... or api")] = "api",
+    chat_id: Annotated[str, typer.Option(help="the chat on that channel")] = "",
+    missed_policy: Annotated[str | None, typer.Option(help="skip, run_once or catch_up")] = None,
+) -> None:
+    """Schedule a job."""
+    settings = _settings()
+    try:
+        data = jobs.JobIn.model_validate({
+            "message": message, "name": name, "every_seconds": every, "cron_expr": cron, "tz": tz, "at": at,
+            "channel": channel, "chat_id": chat_id, "missed_policy": missed_policy,
+        })
+        with session_scope(settings.database_url) as s:
+            job = jobs.create(s, settings, data)
+            view = jobs.view(job)
+    except (NanofleetError, ValueError) as err:
+        typer.echo(f"nanofleet: {getattr(err, 'message', err)}", err=True)
+        raise typer.Exit(2) from None
+    _mirror(settings, job, job.id)
+    typer.echo(f"added {view['id']}: {_schedule(view)}, next run {view['nextRunAt']}")
+
+
+@app.command()
+def remove(job_id: Annotated[str, typer.Argument(help="the job's id (see `nanofleet cron list`)")]) -> None:
+    """Delete a job."""
+    settings = _settings()
+    try:
+        with session_scope(settings.database_url) as s:
+            jobs.delete(s, jobs.get(s, job_id, lock=True))
+    except NanofleetError as err:
+        typer.echo(f"nanofleet: {err.message}", err=True)
+        raise typer.Exit(1) from None
+    _mirror(settings, None, job_id)
+    typer.echo(f"removed {job_id}")

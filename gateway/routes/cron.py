@@ -1,0 +1,114 @@
+"""Cron jobs: list, create, show, change, delete. Postgres holds them; the beat schedule follows."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Response
+from pydantic import Field
+from sqlmodel import col, select
+
+from gateway.deps import SessionDep, StateDep, require_key
+from gateway.schemas import UNAUTHORIZED, CamelModel
+from gateway.state import AppState
+from shared.models import CronJob, CronReceipt
+from shared.scheduling import jobs
+from shared.scheduling.beat import BeatMirror
+from shared.scheduling.schedules import MAX_EVERY
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/api/v1/cron", tags=["cron"], dependencies=[Depends(require_key)], responses=UNAUTHORIZED)
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such job"}}
+
+
+class CronIn(CamelModel):
+    """A new job: `message` and exactly one of everySeconds, cronExpr (with tz) or at."""
+
+    message: str = Field(min_length=1, max_length=10_000)
+    name: str = Field(default="", max_length=200)
+    every_seconds: int | None = Field(default=None, ge=1, le=MAX_EVERY)
+    cron_expr: str | None = Field(default=None, max_length=200)
+    tz: str | None = Field(default=None, max_length=64)
+    at: datetime | None = None
+    missed_policy: jobs.Policy | None = None
+    channel: str = Field(default="api", max_length=32, description="where results go")
+    chat_id: str = Field(default="", max_length=200)
+    enabled: bool = True
+
+
+class CronPatch(CamelModel):
+    """Fields to change; a new schedule replaces the old one."""
+
+    message: str | None = Field(default=None, min_length=1, max_length=10_000)
+    name: str | None = Field(default=None, max_length=200)
+    every_seconds: int | None = Field(default=None, ge=1, le=MAX_EVERY)
+    cron_expr: str | None = Field(default=None, max_length=200)
+    tz: str | None = Field(default=None, max_length=64)
+    at: datetime | None = None
+    missed_policy: jobs.Policy | None = None
+    channel: str | None = Field(default=None, max_length=32)
+    chat_id: str | None = Field(default=None, max_length=200)
+    enabled: bool | None = None
+
+
+def _mirror(state: AppState, job: CronJob | None, job_id: str) -> None:
+    """Follow the change in the beat schedule; if Redis fails now, reconciliation catches up."""
+    try:
+        mirror = BeatMirror(state.producer.app)
+        if job is None:
+            mirror.disarm(job_id)
+        else:
+            jobs.sync(mirror, job)
+    except Exception as err:
+        log.warning("cron job %s: beat schedule not updated now (%s); reconciliation will", job_id, err)
+
+
+@router.get("")
+def list_jobs(
+    s: SessionDep,
+    channel: Annotated[str | None, Query()] = None,
+    chat_id: Annotated[str | None, Query(alias="chatId")] = None,
+) -> list[dict[str, Any]]:
+    """Every job (system jobs included), oldest first; filter by target channel and chat."""
+    return [jobs.view(j) for j in jobs.listing(s, channel=channel, chat_id=chat_id)]
+
+
+@router.post("", status_code=201, responses={422: {"description": "invalid schedule"}})
+def create_job(body: CronIn, s: SessionDep, state: StateDep) -> dict[str, Any]:
+    """Schedule a job; its results go to `channel`/`chatId` (for `api`, they stay in its session)."""
+    job = jobs.create(s, state.settings, jobs.JobIn.model_validate(body.model_dump(by_alias=False)))
+    s.commit()
+    _mirror(state, job, job.id)
+    return jobs.view(job)
+
+
+@router.get("/{job_id}", responses=NOT_FOUND)
+def get_job(job_id: str, s: SessionDep) -> dict[str, Any]:
+    """A job, with its latest firings (fire time and the run it started)."""
+    job = jobs.get(s, job_id)
+    receipts = s.exec(select(CronReceipt).where(CronReceipt.job_id == job_id)
+                      .order_by(col(CronReceipt.scheduled_for).desc()).limit(20)).all()
+    firings = [{"scheduledFor": r.scheduled_for.isoformat(), "runId": r.run_id} for r in receipts]
+    return {**jobs.view(job), "firings": firings}
+
+
+@router.patch("/{job_id}", responses={**NOT_FOUND, 409: {"description": "a system job"}})
+def update_job(job_id: str, body: CronPatch, s: SessionDep, state: StateDep) -> dict[str, Any]:
+    """Change a job: enable or disable it, or give it a new message, schedule or target."""
+    job = jobs.get(s, job_id, lock=True)
+    patch = jobs.JobPatch.model_validate(body.model_dump(by_alias=False, exclude_unset=True))
+    job = jobs.update(s, state.settings, job, patch)
+    s.commit()
+    _mirror(state, job, job.id)
+    return jobs.view(job)
+
+
+@router.delete("/{job_id}", status_code=204, responses={**NOT_FOUND, 409: {"description": "a system job"}})
+def delete_job(job_id: str, s: SessionDep, state: StateDep) -> Response:
+    """Remove a job; a firing already under way finishes, no further one starts."""
+    jobs.delete(s, jobs.get(s, job_id, lock=True))
+    s.commit()
+    _mirror(state, None, job_id)
+    return Response(status_code=204)

@@ -1,0 +1,117 @@
+"""Chat platform webhooks: POST /webhooks/<platform> (and GET /webhooks/whatsapp for Meta's handshake).
+
+The pipeline: read the raw body (413 over 1 MB) -> verify the signature (401, nothing stored) ->
+parse (400 when malformed; unknown events 200 and ignored) -> in one transaction, in the
+threadpool: ledger, allow_from, conversation, submit -> commit -> enqueue -> answer (a challenge,
+a Discord PONG or deferred response, or {"ok": true})."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
+
+from gateway.deps import StateDep
+from gateway.state import AppState
+from shared.channels import REGISTRY
+from shared.channels.base import BaseChannel, Channel, Parsed, WebhookError
+from shared.channels.inbound import Ingested, ingest
+from shared.channels.whatsapp import WhatsAppChannel
+from shared.contracts import InboundMessage
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/webhooks", tags=["webhooks"])
+MAX_BODY = 1024 * 1024
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"description": "bad or stale signature; nothing was stored"},
+    400: {"description": "malformed body"},
+    404: {"description": "the platform is not configured"},
+    413: {"description": "body over 1 MB"},
+}
+
+
+def channel(state: AppState, name: str) -> Channel:
+    """The app's instance of a platform, built once; 404 (naming what to set) when it is off."""
+    ch = state.channels.get(name)
+    if ch is None:
+        ch = state.channels.setdefault(name, REGISTRY[name](state.settings))
+    if not ch.enabled():
+        missing: list[str] = ch.missing() if isinstance(ch, BaseChannel) else []
+        raise HTTPException(404, f"{name} is not configured" + (f": set {', '.join(missing)}" if missing else ""))
+    return ch
+
+
+async def read_body(request: Request) -> bytes:
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY:
+        raise HTTPException(413, "body over 1 MB")
+    buf = bytearray()
+    try:
+        async for part in request.stream():
+            buf += part
+            if len(buf) > MAX_BODY:
+                raise HTTPException(413, "body over 1 MB")
+    except ClientDisconnect:
+        raise HTTPException(400, "client went away before sending the whole body") from None
+    return bytes(buf)
+
+
+def _verified(ch: Channel, headers: dict[str, str], body: bytes) -> Parsed:
+    ch.verify(headers, body)
+    try:
+        return ch.parse(headers, body)
+    except WebhookError:
+        raise
+    except (AttributeError, TypeError, KeyError, ValueError) as err:  # signed, yet not the shape we know
+        log.warning("%s: malformed event: %s: %s", ch.name, type(err).__name__, err)
+        raise WebhookError(400, "malformed event") from None
+
+
+def _ingest(state: AppState, ch: Channel, messages: list[InboundMessage]) -> Ingested:
+    out = ingest(state.runtime, ch, messages)
+    state.dispatch(out.nexts)
+    return out
+
+
+async def receive(name: str, request: Request, state: AppState) -> Response:
+    ch = channel(state, name)
+    body = await read_body(request)
+    try:
+        parsed = _verified(ch, dict(request.headers), body)
+    except WebhookError as err:
+        return JSONResponse({"detail": err.message}, status_code=err.status_code)
+    if not parsed.messages:
+        return JSONResponse(parsed.response or {"ok": True})
+    out = await run_in_threadpool(_ingest, state, ch, parsed.messages)
+    if out.denied and not out.accepted and parsed.denied_response is not None:
+        return JSONResponse(parsed.denied_response)
+    return JSONResponse(parsed.response or {"ok": True})
+
+
+def _endpoint(name: str) -> Any:
+    async def endpoint(request: Request, state: StateDep) -> Response:
+        return await receive(name, request, state)
+
+    endpoint.__name__ = f"{name}_webhook"
+    endpoint.__doc__ = f"Events from {name}: verified, recorded once, answered by the agent."
+    return endpoint
+
+
+for _name in REGISTRY:
+    router.add_api_route(f"/{_name}", _endpoint(_name), methods=["POST"], responses=RESPONSES,
+                         summary=f"{_name} webhook")
+
+
+@router.get("/whatsapp", response_class=PlainTextResponse,
+            responses={403: {"description": "wrong hub.verify_token"}, 404: RESPONSES[404]})
+def whatsapp_handshake(request: Request, state: StateDep) -> PlainTextResponse:
+    """Meta's verification request: echo hub.challenge when hub.verify_token matches."""
+    ch = channel(state, "whatsapp")
+    challenge = ch.handshake(dict(request.query_params)) if isinstance(ch, WhatsAppChannel) else None
+    if challenge is None:
+        raise HTTPException(403, "verification failed")
+    return PlainTextResponse(challenge)

@@ -1,0 +1,62 @@
+"""What the platform modules share: one pooled HTTP client and one Redis client per process, and
+the mapping of platform HTTP answers to RateLimited (429), Rejected (other 4xx) or a retry (5xx)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import httpx
+import redis
+
+from shared.channels.base import RateLimited, Rejected
+
+RETRYABLE_4XX = (408, 409, 425)
+
+
+class PlatformError(Exception):
+    """The platform failed in a way that may pass (5xx, a transient error code): try again later."""
+
+
+@lru_cache(maxsize=4)
+def http(timeout: float = 10.0) -> httpx.Client:
+    """A keep-alive client for every send in this process (thread-safe)."""
+    return httpx.Client(
+        timeout=httpx.Timeout(timeout, connect=min(5.0, timeout)),
+        limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
+    )
+
+
+@lru_cache(maxsize=4)
+def redis_client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, max_connections=50, health_check_interval=30)
+
+
+def retry_after(response: httpx.Response, default: float = 1.0) -> float:
+    """Seconds from a Retry-After header (seconds form), else `default`."""
+    try:
+        return max(0.0, float(response.headers.get("retry-after", default)))
+    except ValueError:
+        return default
+
+
+def body(response: httpx.Response) -> dict[str, Any]:
+    """The JSON object a platform answered, or {} when it is not one."""
+    try:
+        data = response.json()
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def check(response: httpx.Response, *, what: str, wait: float | None = None) -> None:
+    """Raise for an unsuccessful answer: RateLimited, Rejected, or PlatformError (retried). Messages
+    never carry the URL: Telegram's holds the bot token."""
+    status = response.status_code
+    if status < 400:
+        return
+    if status == 429:
+        raise RateLimited(wait if wait is not None else retry_after(response))
+    if status < 500 and status not in RETRYABLE_4XX:
+        raise Rejected(f"{what}: HTTP {status}: {response.text[:300]}")
+    raise PlatformError(f"{what}: HTTP {status}: {response.text[:300]}")

@@ -1,0 +1,239 @@
+"""Outbound delivery of outbox rows: claim, shared rate limits, send, mark delivered; retries with
+backoff, dead letters, in-order chunks, redelivery of rows whose task was lost, typing indicators.
+
+A row is claimed by a conditional UPDATE that pushes its next_attempt_at past the send (no other
+worker may take it until then), sent, and marked delivered with its platform message id in one
+UPDATE. Chunks of one reply go out in order: a chunk waits while the one before it is pending, and
+delivering chunk i enqueues chunk i+1. The only window that can duplicate a message is a worker
+dying (or the database failing) between the platform's 200 and the mark-delivered UPDATE, or a
+send that timed out after the platform had accepted it; see docs/channels.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import func, text, update
+from sqlmodel import Session, col, select
+
+from shared.agent.runtime import Next, Runtime
+from shared.channels import REGISTRY
+from shared.channels.base import Channel, RateLimited, Rejected, SendResult
+from shared.channels.clients import redis_client
+from shared.channels.ratelimit import Limiter
+from shared.constants import T_OUTBOUND_DELIVER, T_OUTBOUND_TYPING
+from shared.errors import Retryable
+from shared.models import TERMINAL, Outbox, OutboxStatus, Run
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+UNBOUNDED = 1_000_000  # Celery's retry count never ends a delivery; the row's attempts do
+EARLY = 2.0  # a retry this much ahead of its row's next_attempt_at re-arms itself (clock skew)
+TYPING_EVERY = 4.5  # Telegram shows "typing..." for 5 s
+TYPING_ROUNDS = 40
+BATCH = 200
+_channels: dict[tuple[str, int], Channel] = {}
+
+
+def channel_for(settings: Settings, name: str) -> Channel | None:
+    """The process's instance of a platform (built once per settings object)."""
+    key = (name, id(settings))
+    if key not in _channels and name in REGISTRY:
+        _channels[key] = REGISTRY[name](settings)
+    return _channels.get(key)
+
+
+def limiter(settings: Settings) -> Limiter:
+    return Limiter(redis_client(settings.redis_url))
+
+
+def reply_prefix(row: Outbox) -> str:
+    return row.key.rsplit(":", 1)[0]
+
+
+def chunk_key(row: Outbox, offset: int) -> str:
+    return f"{reply_prefix(row)}:{int(row.meta.get('chunk', 0)) + offset}"
+
+
+# --------------------------------------------------------------------------- delivery
+
+
+def deliver(rt: Runtime, outbox_id: str) -> list[Next]:
+    """Send one row once; returns the delivery of the reply's next chunk. Raises Retryable to be
+    run again later (rate limited, or a failure with attempts left)."""
+    with rt.session() as s:
+        row = s.get(Outbox, outbox_id)
+        if row is None or row.status != OutboxStatus.PENDING or _waits_for_previous(s, row):
+            return []
+    if not _claim(rt, outbox_id):
+        return _not_claimed(rt, outbox_id)
+    ch = channel_for(rt.settings, row.channel)
+    if ch is None or not ch.enabled():
+        _dead(rt, row, f"channel {row.channel!r} is not configured")
+        return []
+    buckets = ch.rate_limits(row.chat_id)
+    wait = limiter(rt.settings).acquire(buckets)
+    if wait > 0:
+        _schedule(rt, row, wait)
+        raise Retryable(f"{row.channel} {row.chat_id}: rate limited", delay=wait, max_retries=UNBOUNDED)
+    try:
+        result = ch.send(row.chat_id, row.content, {**row.meta, "outbox_id": row.id})
+    except RateLimited as err:
+        if buckets:
+            limiter(rt.settings).penalize(buckets[0], err.retry_after)
+        return _failed(rt, row, f"rate limited by the platform: {err}", delay=err.retry_after)
+    except Rejected as err:
+        _dead(rt, row, str(err))
+        return []
+    except Exception as err:
+        return _failed(rt, row, f"{type(err).__name__}: {err}", delay=None)
+    _delivered(rt, row, result)
+    return _next_chunk(rt, row)
+
+
+def _waits_for_previous(s: Session, row: Outbox) -> bool:
+    """Chunk i goes out only after chunk i-1; the delivery of i-1 enqueues i."""
+    if not int(row.meta.get("chunk", 0)):
+        return False
+    previous = s.exec(select(Outbox.status).where(Outbox.key == chunk_key(row, -1))).first()
+    return previous == OutboxStatus.PENDING
+
+
+def _claim(rt: Runtime, outbox_id: str) -> bool:
+    """Take the row for one send: nobody else may until next_attempt_at, pushed past the send."""
+    claim = timedelta(seconds=rt.settings.channels.delivery.claim_seconds)
+    with rt.session() as s:
+        taken = s.execute(
+            update(Outbox)
+            .where(col(Outbox.id) == outbox_id, col(Outbox.status) == OutboxStatus.PENDING,
+                   (col(Outbox.next_attempt_at).is_(None)) | (col(Outbox.next_attempt_at) <= func.now()))
+            .values(next_attempt_at=func.now() + claim)
+        )
+        return bool(taken.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def _not_claimed(rt: Runtime, outbox_id: str) -> list[Next]:
+    """Another task owns the row (sending, or scheduled to retry). A retry that arrived a little
+    early (clocks differ between hosts) re-arms itself instead of leaving the row to the sweeper."""
+    with rt.session() as s:
+        ahead = s.execute(
+            select(func.extract("epoch", col(Outbox.next_attempt_at) - func.now()))
+            .where(col(Outbox.id) == outbox_id, col(Outbox.status) == OutboxStatus.PENDING)
+        ).scalar()
+    if ahead is not None and 0 < float(ahead) <= EARLY:
+        raise Retryable("retry arrived early", delay=float(ahead) + 0.05, max_retries=UNBOUNDED)
+    return []
+
+
+def _schedule(rt: Runtime, row: Outbox, delay: float, *, error: str | None = None, count: bool = False) -> None:
+    values: dict[str, Any] = {"next_attempt_at": func.now() + timedelta(seconds=delay)}
+    if count:
+        values.update(attempts=col(Outbox.attempts) + 1, last_error=error)
+    with rt.session() as s:
+        s.execute(update(Outbox).where(col(Outbox.id) == row.id).values(**values))
+
+
+def _failed(rt: Runtime, row: Outbox, error: str, *, delay: float | None) -> list[Next]:
+    """Count the attempt; retry with backoff (or the platform's retry_after), or dead-letter."""
+    cfg = rt.settings.channels.delivery
+    attempts = row.attempts + 1
+    if attempts >= cfg.max_attempts:
+        _dead(rt, row, error, attempts=attempts)
+        return []
+    if delay is None:  # exponential backoff with full jitter
+        delay = random.uniform(cfg.retry_base_delay / 2, min(cfg.retry_max_delay, cfg.retry_base_delay * 2**attempts))
+    log.warning("outbox %s (%s %s): attempt %d failed, retry in %.1fs: %s",
+                row.id, row.channel, row.chat_id, attempts, delay, error)
+    _schedule(rt, row, delay, error=error, count=True)
+    raise Retryable(error, delay=delay, max_retries=UNBOUNDED)
+
+
+def _dead(rt: Runtime, row: Outbox, error: str, *, attempts: int | None = None) -> None:
+    """Dead-letter the row, and the rest of its reply so nothing arrives out of order."""
+    log.error("outbox %s (%s %s): giving up: %s", row.id, row.channel, row.chat_id, error)
+    later = [chunk_key(row, i) for i in range(1, int(row.meta.get("chunks", 1)) - int(row.meta.get("chunk", 0)))]
+    with rt.session() as s:
+        s.execute(update(Outbox).where(col(Outbox.id) == row.id).values(
+            status=OutboxStatus.FAILED, last_error=error, next_attempt_at=None,
+            attempts=attempts if attempts is not None else row.attempts))
+        if later:
+            s.execute(update(Outbox)
+                      .where(col(Outbox.key).in_(later), col(Outbox.status) == OutboxStatus.PENDING)
+                      .values(status=OutboxStatus.FAILED, last_error="an earlier chunk of this reply failed"))
+
+
+def _delivered(rt: Runtime, row: Outbox, result: SendResult) -> None:
+    with rt.session() as s:
+        s.execute(update(Outbox).where(col(Outbox.id) == row.id, col(Outbox.status) == OutboxStatus.PENDING).values(
+            status=OutboxStatus.DELIVERED, platform_message_id=result.platform_message_id,
+            delivered_at=func.now(), next_attempt_at=None, last_error=None))
+
+
+def _next_chunk(rt: Runtime, row: Outbox) -> list[Next]:
+    if int(row.meta.get("chunk", 0)) + 1 >= int(row.meta.get("chunks", 1)):
+        return []
+    with rt.session() as s:
+        nxt = s.exec(select(Outbox.id).where(Outbox.key == chunk_key(row, 1),
+                                             Outbox.status == OutboxStatus.PENDING)).first()
+    return [Next(T_OUTBOUND_DELIVER, (nxt,))] if nxt else []
+
+
+# --------------------------------------------------------------------------- dead letters, sweeper
+
+
+def retry(s: Session, row: Outbox) -> list[Next]:
+    """Send a dead-lettered row again, with the later chunks of its reply (in the caller's transaction)."""
+    later = [chunk_key(row, i) for i in range(1, int(row.meta.get("chunks", 1)) - int(row.meta.get("chunk", 0)))]
+    reset = {"status": OutboxStatus.PENDING, "attempts": 0, "next_attempt_at": None, "last_error": None}
+    s.execute(update(Outbox).where(col(Outbox.id) == row.id).values(**reset))
+    if later:
+        s.execute(update(Outbox).where(col(Outbox.key).in_(later), col(Outbox.status) == OutboxStatus.FAILED)
+                  .values(**reset))
+    return [Next(T_OUTBOUND_DELIVER, (row.id,))]
+
+
+# Pending rows nobody touched for a while (their task was lost), whose previous chunk is not
+# pending; stamped so the next sweep leaves them alone for another `grace` seconds.
+_STALE = text("""
+update outbox set next_attempt_at = now()
+where id in (
+  select o.id from outbox o
+  where o.status = 'pending'
+    and coalesce(o.next_attempt_at, o.created_at) < now() - make_interval(secs => :grace)
+    and not exists (
+      select 1 from outbox p where p.status = 'pending'
+        and p.key = regexp_replace(o.key, '[0-9]+$', '') || (coalesce((o.meta->>'chunk')::int, 0) - 1))
+  order by o.created_at limit :batch for update skip locked)
+returning id
+""")
+
+
+def redeliver(rt: Runtime) -> list[Next]:
+    """An extra sweep: re-enqueue rows whose delivery task was lost."""
+    with rt.session() as s:
+        params = {"grace": rt.settings.channels.delivery.redeliver_after, "batch": BATCH}
+        ids = s.execute(_STALE, params).scalars().all()
+    if ids:
+        log.info("outbox: re-enqueueing %d row(s) whose delivery task was lost", len(ids))
+    return [Next(T_OUTBOUND_DELIVER, (i,)) for i in ids]
+
+
+# --------------------------------------------------------------------------- typing
+
+
+def typing(rt: Runtime, channel: str, chat_id: str, run_id: str, meta: dict[str, Any], rounds: int) -> list[Next]:
+    """Best effort "typing..." while the run is going, renewed until it ends."""
+    with rt.session() as s:
+        run = s.get(Run, run_id)
+    ch = channel_for(rt.settings, channel)
+    if run is None or run.status in TERMINAL or rounds >= TYPING_ROUNDS or ch is None or not ch.enabled():
+        return []
+    try:
+        if not ch.typing(chat_id, meta):
+            return []
+    except Exception as err:  # a missed typing indicator is not worth a retry
+        log.debug("typing in %s %s failed: %s", channel, chat_id, err)
+    return [Next(T_OUTBOUND_TYPING, (channel, chat_id, run_id, meta, rounds + 1), countdown=TYPING_EVERY)]

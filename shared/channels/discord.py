@@ -1,0 +1,131 @@
+"""Discord: interactions endpoint in (Ed25519 signature, PING -> PONG, a slash command such as /ask
+answered at once with a deferred response), the run's reply out by editing the original response
+(later chunks as follow-ups; a bot message in the channel once the interaction token expired)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from nacl.exceptions import CryptoError
+from nacl.signing import VerifyKey
+
+from shared.channels.base import BaseChannel, Bucket, Parsed, Rejected, SendResult, WebhookError, json_object
+from shared.channels.clients import body, check, http
+from shared.channels.signing import fresh
+from shared.channels.text import identity
+from shared.contracts import InboundMessage
+from shared.settings import Settings
+
+PING, APPLICATION_COMMAND = 1, 2
+PONG, CHANNEL_MESSAGE, DEFERRED = 1, 4, 5
+EPHEMERAL = 64
+NO_MENTIONS: dict[str, list[str]] = {"parse": []}  # a reply never pings @everyone or anyone else
+
+
+def _ephemeral(text: str) -> dict[str, Any]:
+    return {"type": CHANNEL_MESSAGE, "data": {"content": text, "flags": EPHEMERAL}}
+
+
+class DiscordChannel(BaseChannel):
+    """A Discord application with slash commands."""
+
+    name: ClassVar[str] = "discord"
+    max_chars: ClassVar[int] = 2000
+    required: ClassVar[tuple[str, ...]] = ("application_id", "public_key")
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.cfg = settings.channels.discord
+        try:
+            self._key: VerifyKey | None = VerifyKey(bytes.fromhex(self.cfg.public_key or ""))
+        except (ValueError, TypeError, CryptoError):
+            self._key = None
+
+    # ------------------------------------------------------------------ inbound
+
+    def verify(self, headers: dict[str, str], body: bytes) -> None:
+        """Ed25519 over timestamp + body with the application's public key; old timestamps fail."""
+        ts, sig = headers.get("x-signature-timestamp", ""), headers.get("x-signature-ed25519", "")
+        try:
+            if self._key is None or not fresh(ts):
+                raise ValueError("no key or stale timestamp")
+            self._key.verify(ts.encode() + body, bytes.fromhex(sig))
+        except (ValueError, TypeError, CryptoError):
+            raise WebhookError(401, "bad or stale X-Signature-Ed25519") from None
+
+    def parse(self, headers: dict[str, str], body: bytes) -> Parsed:
+        payload = json_object(body)
+        kind = payload.get("type")
+        if kind == PING:
+            return Parsed(response={"type": PONG})
+        if kind != APPLICATION_COMMAND:
+            return Parsed()
+        iid, token, channel = payload.get("id"), payload.get("token"), payload.get("channel_id")
+        user = (payload.get("member") or {}).get("user") or payload.get("user") or {}
+        if not (isinstance(iid, str) and isinstance(token, str) and isinstance(channel, str) and "id" in user):
+            raise WebhookError(400, "command without id, token, channel_id or user")
+        text = _prompt(payload.get("data") or {})
+        if not text:
+            return Parsed(response=_ephemeral("Ask me something: `/ask question: ...`"), event_id=iid)
+        meta = {"interaction_token": token, "application_id": str(payload.get("application_id") or "")}
+        msg = InboundMessage(channel=self.name, chat_id=channel, sender_id=str(user["id"]), content=text,
+                             event_id=iid, reply_meta=meta, sender_name=user.get("username"))
+        return Parsed(messages=[msg], response={"type": DEFERRED}, event_id=iid,
+                      denied_response=_ephemeral("Sorry, you are not allowed to use this bot."))
+
+    # ------------------------------------------------------------------ outbound
+
+    def format(self, markdown: str) -> str:
+        return identity(markdown)  # Discord renders markdown itself
+
+    def rate_limits(self, chat_id: str) -> list[Bucket]:
+        """50 requests per second per bot; about five messages per five seconds per channel."""
+        app = self.cfg.application_id or ""
+        return [Bucket(f"discord:channel:{chat_id}", 1.0, 5), Bucket(f"discord:app:{app}", 1 / 50, 50)]
+
+    def send(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
+        token = meta.get("interaction_token")
+        if not token:
+            return self._channel_message(chat_id, text, meta)
+        try:
+            return self._interaction_reply(str(token), text, meta)
+        except Rejected:
+            if not self.secret("bot_token"):  # an interaction token lives 15 minutes
+                raise
+            return self._channel_message(chat_id, text, meta)
+
+    def _interaction_reply(self, token: str, text: str, meta: dict[str, Any]) -> SendResult:
+        """Chunk 0 edits the deferred "thinking..." response; later chunks are follow-ups."""
+        app = meta.get("application_id") or self.cfg.application_id
+        url = f"{self.cfg.api_base.rstrip('/')}/webhooks/{app}/{token}"
+        payload = {"content": text, "allowed_mentions": NO_MENTIONS}
+        client = http(self.settings.channels.delivery.send_timeout)
+        if meta.get("chunk"):
+            response = client.post(url, params={"wait": "true"}, json=payload)
+        else:
+            response = client.patch(f"{url}/messages/@original", json=payload)
+        return self._result(response, "interaction response")
+
+    def _channel_message(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
+        """A bot message; the nonce makes Discord drop a repeat of the same outbox row."""
+        response = http(self.settings.channels.delivery.send_timeout).post(
+            f"{self.cfg.api_base.rstrip('/')}/channels/{chat_id}/messages",
+            json={"content": text, "allowed_mentions": NO_MENTIONS,
+                  "nonce": str(meta.get("outbox_id", ""))[:25], "enforce_nonce": True},
+            headers={"Authorization": f"Bot {self.secret('bot_token')}"},
+        )
+        return self._result(response, "channel message")
+
+    def _result(self, response: Any, what: str) -> SendResult:
+        data = body(response)
+        wait = data.get("retry_after")
+        check(response, what=f"discord {what}", wait=float(wait) if isinstance(wait, int | float) else None)
+        return SendResult(str(data.get("id") or "") or None)
+
+
+def _prompt(data: dict[str, Any]) -> str:
+    """The command's text: its first string option (`/ask question: ...`)."""
+    for option in data.get("options") or []:
+        if isinstance(option, dict) and isinstance(option.get("value"), str) and option["value"].strip():
+            return str(option["value"]).strip()
+    return ""

@@ -1,0 +1,181 @@
+"""Feishu / Lark: event subscription in (url_verification, verification token, optional AES-256-CBC
+encrypted bodies with a request signature, event_id dedupe), text replies out through the IM
+message API with a tenant access token cached in Redis and refreshed."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from typing import Any, ClassVar
+
+from cryptography.hazmat.primitives import padding
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from shared.channels.base import BaseChannel, Bucket, Parsed, SendResult, WebhookError, json_object
+from shared.channels.clients import PlatformError, body, check, http, redis_client, retry_after
+from shared.channels.signing import fresh, same
+from shared.constants import KEY_CACHE
+from shared.contracts import InboundMessage
+from shared.settings import Settings
+
+MESSAGE_EVENT = "im.message.receive_v1"
+TOKEN_INVALID = {99991661, 99991663, 99991668}  # missing, invalid or expired tenant access token
+TOKEN_MARGIN = 300  # seconds before expiry a cached token is replaced
+
+
+def decrypt(encrypted: str, key: str) -> bytes:
+    """Feishu's scheme: AES-256-CBC, key sha256(encrypt key), IV the first 16 bytes, PKCS#7."""
+    raw = base64.b64decode(encrypted, validate=True)
+    if len(raw) < 32 or len(raw) % 16:
+        raise ValueError("bad ciphertext length")
+    decryptor = Cipher(algorithms.AES(hashlib.sha256(key.encode()).digest()), modes.CBC(raw[:16])).decryptor()
+    padded = decryptor.update(raw[16:]) + decryptor.finalize()
+    unpadder = padding.PKCS7(128).unpadder()
+    return unpadder.update(padded) + unpadder.finalize()
+
+
+class FeishuChannel(BaseChannel):
+    """A Feishu (or Lark, with the larksuite API base) custom app with a bot."""
+
+    name: ClassVar[str] = "feishu"
+    max_chars: ClassVar[int] = 10_000  # well under the 150 KB text message cap, even fully escaped
+    required: ClassVar[tuple[str, ...]] = ("app_id", "app_secret", "verification_token")
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.cfg = settings.channels.feishu
+
+    # ------------------------------------------------------------------ inbound
+
+    def decode(self, body: bytes) -> dict[str, Any]:
+        """The event as JSON, decrypted when an encrypt key is set (then it must be encrypted)."""
+        payload = json_object(body)
+        key = self.secret("encrypt_key")
+        if not key:
+            return payload
+        encrypted = payload.get("encrypt")
+        if not isinstance(encrypted, str):
+            raise WebhookError(401, "body is not encrypted with the encrypt key")
+        try:
+            return json_object(decrypt(encrypted, key))
+        except (ValueError, WebhookError):
+            raise WebhookError(401, "body does not decrypt with the encrypt key") from None
+
+    def verify(self, headers: dict[str, str], body: bytes) -> None:
+        """With an encrypt key: the signature over the raw body (every event but the url_verification
+        handshake is signed), then the body must decrypt. Always: the verification token inside."""
+        key, signed = self.secret("encrypt_key"), "x-lark-signature" in headers
+        if key and signed:
+            self._check_signature(headers, body, key)
+        try:
+            payload = self.decode(body)
+        except WebhookError:
+            raise WebhookError(401, "body does not decode to an event") from None
+        if key and not signed and payload.get("type") != "url_verification":
+            raise WebhookError(401, "unsigned event")
+        header = payload.get("header")
+        token = header.get("token") if isinstance(header, dict) else payload.get("token")
+        if not isinstance(token, str) or not same(token, self.secret("verification_token")):
+            raise WebhookError(401, "bad verification token")
+
+    def _check_signature(self, headers: dict[str, str], body: bytes, key: str) -> None:
+        ts, nonce = headers.get("x-lark-request-timestamp", ""), headers.get("x-lark-request-nonce", "")
+        expected = hashlib.sha256((ts + nonce + key).encode("utf-8", "surrogateescape") + body).hexdigest()
+        if not (fresh(ts) and same(headers.get("x-lark-signature", ""), expected)):
+            raise WebhookError(401, "bad or stale X-Lark-Signature")
+
+    def parse(self, headers: dict[str, str], body: bytes) -> Parsed:
+        payload = self.decode(body)
+        if payload.get("type") == "url_verification":
+            return Parsed(response={"challenge": str(payload.get("challenge", ""))})
+        header, event = payload.get("header"), payload.get("event")
+        if not (isinstance(header, dict) and isinstance(event, dict)) or header.get("event_type") != MESSAGE_EVENT:
+            return Parsed()
+        event_id = header.get("event_id")
+        if not isinstance(event_id, str):
+            raise WebhookError(400, "event without header.event_id")
+        inbound = self._inbound(event_id, event)
+        return Parsed(messages=[inbound] if inbound else [], event_id=event_id)
+
+    def _inbound(self, event_id: str, event: dict[str, Any]) -> InboundMessage | None:
+        msg, sender = event.get("message"), event.get("sender")
+        if not (isinstance(msg, dict) and isinstance(sender, dict)):
+            raise WebhookError(400, "message event without message or sender")
+        if sender.get("sender_type") not in (None, "user") or msg.get("message_type") != "text":
+            return None
+        mentions = msg.get("mentions") or []
+        if msg.get("chat_type") == "group" and not mentions:
+            return None  # in groups, only messages that @-mention the bot
+        open_id = (sender.get("sender_id") or {}).get("open_id")
+        chat_id, text = msg.get("chat_id"), _text(msg.get("content"))
+        if not (isinstance(open_id, str) and isinstance(chat_id, str)) or text is None:
+            raise WebhookError(400, "message without sender open_id, chat_id or text content")
+        for mention in mentions if isinstance(mentions, list) else []:
+            if isinstance(mention, dict) and isinstance(mention.get("key"), str):
+                text = text.replace(mention["key"], "")
+        return InboundMessage(channel=self.name, chat_id=chat_id, sender_id=open_id, content=text.strip(),
+                              event_id=event_id, reply_meta={"message_id": msg.get("message_id")})
+
+    # ------------------------------------------------------------------ outbound
+
+    def rate_limits(self, chat_id: str) -> list[Bucket]:
+        """Five messages per second to one chat, 50 per second per app."""
+        app = self.cfg.app_id or ""
+        return [Bucket(f"feishu:chat:{app}:{chat_id}", 0.2, 5), Bucket(f"feishu:app:{app}", 1 / 50, 50)]
+
+    def send(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
+        payload = {"receive_id": chat_id, "msg_type": "text", "content": json.dumps({"text": text}),
+                   "uuid": str(meta.get("outbox_id", ""))[:50]}  # Feishu drops a repeated uuid within an hour
+        data = self._post_message(payload, fresh_token=False)
+        if _code(data) in TOKEN_INVALID:
+            data = self._post_message(payload, fresh_token=True)
+        if _code(data) != 0:
+            raise PlatformError(f"feishu im/v1/messages: {data.get('code')} {data.get('msg')}")
+        return SendResult(str((data.get("data") or {}).get("message_id") or "") or None)
+
+    def _post_message(self, payload: dict[str, Any], *, fresh_token: bool) -> dict[str, Any]:
+        response = http(self.settings.channels.delivery.send_timeout).post(
+            f"{self.cfg.api_base.rstrip('/')}/im/v1/messages", params={"receive_id_type": "chat_id"}, json=payload,
+            headers={"Authorization": f"Bearer {self.tenant_token(fresh=fresh_token)}"},
+        )
+        data = body(response)
+        if _code(data) in TOKEN_INVALID:
+            return data
+        reset = response.headers.get("x-ogw-ratelimit-reset")
+        check(response, what="feishu im/v1/messages", wait=float(reset) if reset and reset.isdigit() else None)
+        return data
+
+    def tenant_token(self, *, fresh: bool = False) -> str:
+        """The tenant access token, shared by every worker through Redis until shortly before expiry."""
+        cache = redis_client(self.settings.redis_url)
+        key = f"{KEY_CACHE}feishu:tenant_token:{self.cfg.app_id}"
+        cached = None if fresh else cache.get(key)
+        if isinstance(cached, bytes):
+            return cached.decode()
+        response = http(self.settings.channels.delivery.send_timeout).post(
+            f"{self.cfg.api_base.rstrip('/')}/auth/v3/tenant_access_token/internal",
+            json={"app_id": self.cfg.app_id, "app_secret": self.secret("app_secret")},
+        )
+        check(response, what="feishu tenant_access_token", wait=retry_after(response))
+        data = body(response)
+        token = data.get("tenant_access_token")
+        if _code(data) != 0 or not isinstance(token, str):
+            raise PlatformError(f"feishu tenant_access_token: {data.get('code')} {data.get('msg')}")
+        cache.set(key, token, ex=max(60, int(data.get("expire", 7200)) - TOKEN_MARGIN))
+        return token
+
+
+def _text(content: object) -> str | None:
+    """A text message's content is itself JSON: {"text": "..."}."""
+    try:
+        data = json.loads(content) if isinstance(content, str) else None
+    except ValueError:
+        return None
+    text = data.get("text") if isinstance(data, dict) else None
+    return text if isinstance(text, str) else None
+
+
+def _code(data: dict[str, Any]) -> int | None:
+    code = data.get("code")
+    return code if isinstance(code, int) else None

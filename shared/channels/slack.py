@@ -1,0 +1,115 @@
+"""Slack: Events API in (v0 signature, url_verification, event_id dedupe; DMs and mentions),
+mrkdwn replies out in the thread of the message, one session per thread."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+from slack_sdk.signature import SignatureVerifier
+
+from shared.channels.base import BaseChannel, Bucket, Parsed, Rejected, SendResult, WebhookError, json_object
+from shared.channels.clients import PlatformError, body, check, http
+from shared.channels.text import slack_mrkdwn
+from shared.contracts import InboundMessage
+from shared.settings import Settings
+
+# Errors Slack reports with HTTP 200 and ok=false that go away on their own.
+TRANSIENT = {"internal_error", "fatal_error", "service_unavailable", "request_timeout", "ratelimited"}
+
+
+class SlackChannel(BaseChannel):
+    """A Slack app's bot user."""
+
+    name: ClassVar[str] = "slack"
+    max_chars: ClassVar[int] = 4000
+    required: ClassVar[tuple[str, ...]] = ("bot_token", "signing_secret")
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.cfg = settings.channels.slack
+        secret = self.secret("signing_secret")
+        self._verifier = SignatureVerifier(secret) if secret.strip() else None
+
+    # ------------------------------------------------------------------ inbound
+
+    def verify(self, headers: dict[str, str], body: bytes) -> None:
+        """HMAC-SHA256 of v0:timestamp:body with the signing secret; timestamps over 5 minutes old fail."""
+        ts, sig = headers.get("x-slack-request-timestamp", ""), headers.get("x-slack-signature", "")
+        try:
+            ok = self._verifier is not None and ts.isascii() and ts.isdigit() and self._verifier.is_valid(body, ts, sig)
+        except (ValueError, TypeError):
+            ok = False
+        if not ok:
+            raise WebhookError(401, "bad or stale X-Slack-Signature")
+
+    def parse(self, headers: dict[str, str], body: bytes) -> Parsed:
+        payload = json_object(body)
+        kind = payload.get("type")
+        if kind == "url_verification":
+            return Parsed(response={"challenge": str(payload.get("challenge", ""))})
+        if kind != "event_callback":
+            return Parsed()
+        event, event_id = payload.get("event"), payload.get("event_id")
+        if not isinstance(event, dict) or not isinstance(event_id, str):
+            raise WebhookError(400, "event_callback without event or event_id")
+        inbound = self._inbound(event_id, event, _bot_user(payload))
+        return Parsed(messages=[inbound] if inbound else [], event_id=event_id)
+
+    def _inbound(self, event_id: str, event: dict[str, Any], bot_user: str | None) -> InboundMessage | None:
+        if event.get("bot_id") or event.get("subtype"):
+            return None  # our own posts (no loops), edits, joins
+        dm = event.get("type") == "message" and event.get("channel_type") == "im"
+        if not (dm or event.get("type") == "app_mention"):
+            return None  # channel messages also arrive as app_mention when they concern us
+        text, channel, user, ts = event.get("text"), event.get("channel"), event.get("user"), event.get("ts")
+        if not (isinstance(text, str) and isinstance(channel, str) and isinstance(user, str) and isinstance(ts, str)):
+            raise WebhookError(400, "message event without text, channel, user or ts")
+        thread = event.get("thread_ts")
+        if dm and not thread:  # a plain DM: the conversation is the DM itself
+            session_key, reply_meta = f"slack:{channel}", {}
+        else:  # a mention starts (or continues) a thread; each thread is its own session
+            root = str(thread or ts)
+            session_key, reply_meta = f"slack:{channel}:{root}", {"thread_ts": root}
+        return InboundMessage(channel=self.name, chat_id=channel, sender_id=user, content=_strip(text, bot_user),
+                              event_id=event_id, session_key=session_key, reply_meta=reply_meta)
+
+    # ------------------------------------------------------------------ outbound
+
+    def format(self, markdown: str) -> str:
+        return slack_mrkdwn(markdown)
+
+    def rate_limits(self, chat_id: str) -> list[Bucket]:
+        """chat.postMessage: about one message per second per channel."""
+        return [Bucket(f"slack:channel:{chat_id}", 1.0)]
+
+    def send(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
+        payload: dict[str, Any] = {"channel": chat_id, "text": text, "unfurl_links": False}
+        if meta.get("thread_ts"):
+            payload["thread_ts"] = meta["thread_ts"]
+        response = http(self.settings.channels.delivery.send_timeout).post(
+            f"{self.cfg.api_base.rstrip('/')}/chat.postMessage", json=payload,
+            headers={"Authorization": f"Bearer {self.secret('bot_token')}"},
+        )
+        check(response, what="slack chat.postMessage")
+        data = body(response)
+        if data.get("ok") is not True:
+            error = str(data.get("error", "not ok"))
+            if error in TRANSIENT:
+                raise PlatformError(f"slack chat.postMessage: {error}")
+            raise Rejected(f"slack chat.postMessage: {error}")
+        return SendResult(str(data.get("ts") or "") or None)
+
+
+def _bot_user(payload: dict[str, Any]) -> str | None:
+    auths = payload.get("authorizations")
+    if isinstance(auths, list) and auths and isinstance(auths[0], dict):
+        user = auths[0].get("user_id")
+        return user if isinstance(user, str) else None
+    return None
+
+
+def _strip(text: str, bot_user: str | None) -> str:
+    """Drop the mention of the bot (the one at the start when we don't know our own id)."""
+    pattern = rf"<@{re.escape(bot_user)}(\|[^>]*)?>\s*" if bot_user else r"^\s*<@[A-Z0-9]+(\|[^>]*)?>\s*"
+    return re.sub(pattern, "", text).strip() or text

@@ -1,0 +1,148 @@
+"""Telegram: Bot API webhook in (secret-token header, update_id dedupe), HTML messages out,
+"typing..." while a turn runs, and setWebhook for the CLI."""
+
+from __future__ import annotations
+
+import html
+import re
+from typing import Any, ClassVar
+
+from shared.channels.base import BaseChannel, Bucket, Parsed, Rejected, SendResult, WebhookError, json_object
+from shared.channels.clients import PlatformError, body, check, http
+from shared.channels.signing import same
+from shared.channels.text import telegram_html
+from shared.contracts import InboundMessage
+from shared.settings import Settings
+
+SECRET_HEADER = "x-telegram-bot-api-secret-token"
+GROUPS = ("group", "supergroup")
+QUOTE_CHARS = 500
+
+
+class TelegramChannel(BaseChannel):
+    """A Telegram bot."""
+
+    name: ClassVar[str] = "telegram"
+    max_chars: ClassVar[int] = 4096
+    required: ClassVar[tuple[str, ...]] = ("token", "webhook_secret")
+    typing_indicator: ClassVar[bool] = True
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.cfg = settings.channels.telegram
+
+    # ------------------------------------------------------------------ inbound
+
+    def verify(self, headers: dict[str, str], body: bytes) -> None:
+        if not same(headers.get(SECRET_HEADER, ""), self.secret("webhook_secret")):
+            raise WebhookError(401, "bad or missing X-Telegram-Bot-Api-Secret-Token")
+
+    def parse(self, headers: dict[str, str], body: bytes) -> Parsed:
+        update = json_object(body)
+        update_id = update.get("update_id")
+        if not isinstance(update_id, int):
+            raise WebhookError(400, "update_id missing")
+        msg = update.get("message")
+        if msg is None:
+            return Parsed(event_id=str(update_id))  # edits, callbacks, member updates: not for us
+        if not isinstance(msg, dict):
+            raise WebhookError(400, "message is not an object")
+        inbound = self._inbound(str(update_id), msg)
+        return Parsed(messages=[inbound] if inbound else [], event_id=str(update_id))
+
+    def _inbound(self, update_id: str, msg: dict[str, Any]) -> InboundMessage | None:
+        chat, sender = msg.get("chat"), msg.get("from")
+        if not (isinstance(chat, dict) and isinstance(sender, dict) and "id" in chat and "id" in sender):
+            raise WebhookError(400, "message without chat or sender")
+        text = msg.get("text") or msg.get("caption")
+        group = chat.get("type") in GROUPS
+        if not isinstance(text, str) or (group and not self._addressed(msg, text)):
+            return None
+        reply_meta: dict[str, Any] = {"reply_to_message_id": msg.get("message_id")} if group else {}
+        session_key = ""
+        if msg.get("is_topic_message") and msg.get("message_thread_id"):
+            reply_meta["message_thread_id"] = msg["message_thread_id"]
+            session_key = f"telegram:{chat['id']}:{msg['message_thread_id']}"
+        return InboundMessage(
+            channel=self.name, chat_id=str(chat["id"]), sender_id=str(sender["id"]),
+            content=_with_quote(msg, self._strip_mention(text)), event_id=update_id, session_key=session_key,
+            reply_meta=reply_meta, sender_name=sender.get("username") or sender.get("first_name"),
+        )
+
+    def _addressed(self, msg: dict[str, Any], text: str) -> bool:
+        """In groups: a mention of the bot, a reply to it, or a command. With no bot_username set,
+        Telegram's privacy mode already sends the bot only those."""
+        username = (self.cfg.bot_username or "").lstrip("@").lower()
+        if not username:
+            return True
+        replied = ((msg.get("reply_to_message") or {}).get("from") or {}).get("username") or ""
+        return f"@{username}" in text.lower() or replied.lower() == username or text.startswith("/")
+
+    def _strip_mention(self, text: str) -> str:
+        username = (self.cfg.bot_username or "").lstrip("@")
+        if not username:
+            return text
+        return re.sub(rf"@{re.escape(username)}\b", "", text, flags=re.IGNORECASE).strip() or text
+
+    # ------------------------------------------------------------------ outbound
+
+    def format(self, markdown: str) -> str:
+        return telegram_html(markdown)
+
+    def rate_limits(self, chat_id: str) -> list[Bucket]:
+        """About one message per second per chat (20 a minute in groups), 30 per second per bot."""
+        per_chat = 3.0 if chat_id.startswith("-") else 1.0
+        bot = self.secret("token").split(":", 1)[0]
+        return [Bucket(f"telegram:chat:{bot}:{chat_id}", per_chat), Bucket(f"telegram:bot:{bot}", 1 / 30, 30)]
+
+    def send(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
+        payload: dict[str, Any] = {"chat_id": chat_id, "text": text, "parse_mode": "HTML",
+                                   "link_preview_options": {"is_disabled": True}}
+        if meta.get("reply_to_message_id") and not meta.get("chunk"):
+            payload["reply_parameters"] = {"message_id": meta["reply_to_message_id"],
+                                           "allow_sending_without_reply": True}
+        if meta.get("message_thread_id"):
+            payload["message_thread_id"] = meta["message_thread_id"]
+        try:
+            data = self.call("sendMessage", payload)
+        except Rejected as err:
+            if "can't parse entities" not in str(err):
+                raise
+            payload.pop("parse_mode")  # our HTML is always balanced; this is a last resort
+            payload["text"] = html.unescape(re.sub(r"<[^>]+>", "", text))
+            data = self.call("sendMessage", payload)
+        return SendResult(str((data.get("result") or {}).get("message_id", "")) or None)
+
+    def typing(self, chat_id: str, meta: dict[str, Any]) -> bool:
+        payload: dict[str, Any] = {"chat_id": chat_id, "action": "typing"}
+        if meta.get("message_thread_id"):
+            payload["message_thread_id"] = meta["message_thread_id"]
+        self.call("sendChatAction", payload)
+        return True
+
+    def set_webhook(self, url: str, *, drop_pending: bool = False) -> str:
+        """Point Telegram at `url` with our secret token; returns Telegram's description."""
+        data = self.call("setWebhook", {"url": url, "secret_token": self.secret("webhook_secret"),
+                                        "allowed_updates": ["message"], "drop_pending_updates": drop_pending})
+        return str(data.get("description", "ok"))
+
+    def call(self, method: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """One Bot API call; the token goes in the URL path, as the Bot API wants."""
+        url = f"{self.cfg.api_base.rstrip('/')}/bot{self.secret('token')}/{method}"
+        response = http(self.settings.channels.delivery.send_timeout).post(url, json=payload)
+        data = body(response)
+        wait = (data.get("parameters") or {}).get("retry_after")
+        check(response, what=f"telegram {method}", wait=float(wait) if isinstance(wait, int | float) else None)
+        if data.get("ok") is not True:
+            raise PlatformError(f"telegram {method}: {data.get('description', 'not ok')}")
+        return data
+
+
+def _with_quote(msg: dict[str, Any], text: str) -> str:
+    """A reply carries the message it answers, quoted, so the agent knows what "this" is."""
+    quoted = msg.get("reply_to_message") or {}
+    original = quoted.get("text") or quoted.get("caption") if isinstance(quoted, dict) else None
+    if not isinstance(original, str) or not original:
+        return text
+    lines = original[:QUOTE_CHARS].splitlines() or [""]
+    return "\n".join("> " + line for line in lines) + "\n\n" + text

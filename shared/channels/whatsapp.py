@@ -1,0 +1,115 @@
+"""WhatsApp Cloud API: GET verification handshake, X-Hub-Signature-256 webhooks in (message id
+dedupe), plain-text replies out through the Graph API messages endpoint."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from shared.channels.base import BaseChannel, Bucket, Parsed, RateLimited, SendResult, WebhookError, json_object
+from shared.channels.clients import body, check, http
+from shared.channels.signing import hmac_hex, same
+from shared.contracts import InboundMessage
+from shared.settings import Settings
+
+# Graph API error codes that mean "slow down", and how long to wait (seconds).
+THROTTLED = {4: 60.0, 80007: 60.0, 130429: 1.0, 131056: 6.0}
+CAPTIONED = ("image", "video", "document")
+
+
+class WhatsAppChannel(BaseChannel):
+    """A WhatsApp Business phone number on the Cloud API."""
+
+    name: ClassVar[str] = "whatsapp"
+    max_chars: ClassVar[int] = 4096
+    required: ClassVar[tuple[str, ...]] = ("access_token", "app_secret", "verify_token", "phone_number_id")
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.cfg = settings.channels.whatsapp
+
+    # ------------------------------------------------------------------ inbound
+
+    def handshake(self, params: dict[str, str]) -> str | None:
+        """The GET verification: echo hub.challenge when hub.verify_token is ours."""
+        if params.get("hub.mode") != "subscribe":
+            return None
+        if not same(params.get("hub.verify_token", ""), self.secret("verify_token")):
+            return None
+        return params.get("hub.challenge", "")
+
+    def verify(self, headers: dict[str, str], body: bytes) -> None:
+        expected = "sha256=" + hmac_hex(self.secret("app_secret"), body)
+        if not self.secret("app_secret") or not same(headers.get("x-hub-signature-256", ""), expected):
+            raise WebhookError(401, "bad or missing X-Hub-Signature-256")
+
+    def parse(self, headers: dict[str, str], body: bytes) -> Parsed:
+        payload = json_object(body)
+        if payload.get("object") != "whatsapp_business_account":
+            return Parsed()
+        messages: list[InboundMessage] = []
+        for entry in _objects(payload, "entry"):
+            for change in _objects(entry, "changes"):
+                value = change.get("value")
+                if isinstance(value, dict):
+                    messages += self._messages(value)
+        return Parsed(messages=messages)
+
+    def _messages(self, value: dict[str, Any]) -> list[InboundMessage]:
+        names = {c.get("wa_id"): _name(c) for c in _objects(value, "contacts")}
+        out = []
+        for m in _objects(value, "messages"):  # statuses (sent, delivered, read) are ignored
+            sender, wamid, text = m.get("from"), m.get("id"), _text(m)
+            if not (isinstance(sender, str) and isinstance(wamid, str)):
+                raise WebhookError(400, "message without from or id")
+            if text:
+                out.append(InboundMessage(channel=self.name, chat_id=sender, sender_id=sender, content=text,
+                                          event_id=wamid, reply_meta={"reply_to": wamid},
+                                          sender_name=names.get(sender)))
+        return out
+
+    # ------------------------------------------------------------------ outbound
+
+    def rate_limits(self, chat_id: str) -> list[Bucket]:
+        """Pair limit: one message per 6 s to a user, with bursts; 80 per second per phone number."""
+        number = self.cfg.phone_number_id or ""
+        return [Bucket(f"whatsapp:to:{number}:{chat_id}", 6.0, 20), Bucket(f"whatsapp:number:{number}", 1 / 80, 80)]
+
+    def send(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
+        payload: dict[str, Any] = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": chat_id,
+                                   "type": "text", "text": {"preview_url": False, "body": text}}
+        if meta.get("reply_to") and not meta.get("chunk"):
+            payload["context"] = {"message_id": meta["reply_to"]}
+        response = http(self.settings.channels.delivery.send_timeout).post(
+            f"{self.cfg.api_base.rstrip('/')}/{self.cfg.phone_number_id}/messages", json=payload,
+            headers={"Authorization": f"Bearer {self.secret('access_token')}"},
+        )
+        data = body(response)
+        error = data.get("error")
+        code = error.get("code") if isinstance(error, dict) else None
+        if isinstance(code, int) and code in THROTTLED:
+            raise RateLimited(THROTTLED[code])
+        check(response, what="whatsapp messages")
+        ids = [m.get("id") for m in data.get("messages") or [] if isinstance(m, dict)]
+        return SendResult(str(ids[0]) if ids and ids[0] else None)
+
+
+def _objects(parent: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    items = parent.get(key) or []
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise WebhookError(400, f"{key} is not a list of objects")
+    return items
+
+
+def _name(contact: dict[str, Any]) -> str | None:
+    profile = contact.get("profile")
+    name = profile.get("name") if isinstance(profile, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def _text(message: dict[str, Any]) -> str | None:
+    kind = message.get("type")
+    if kind != "text" and kind not in CAPTIONED:
+        return None
+    part = message.get(str(kind))
+    text = part.get("body" if kind == "text" else "caption") if isinstance(part, dict) else None
+    return text if isinstance(text, str) and text.strip() else None

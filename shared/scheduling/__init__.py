@@ -1,0 +1,1 @@
+"""Background work: subagents, cron jobs (Postgres, mirrored into redbeat), heartbeat, daily summary."""

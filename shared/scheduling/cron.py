@@ -1,0 +1,195 @@
+"""Cron firings and reconciliation.
+
+A firing locks the job row, works out which fire times are due under the job's missed policy,
+and for each writes a receipt unique per (job, fire time) before anything else: a duplicate fire
+(two beats after a lock loss, a replayed task, reconciliation racing beat) finds the receipt and
+does nothing. Each firing becomes a run of kind `cron` in the session `cron:<job id>`; its result
+goes to the job's target chat (the finish hook). A job never runs twice at once: while its run is
+going, due times wait and the finish hook checks again. Reconciliation makes the redbeat mirror
+match Postgres (at beat start-up and periodically) and fires what was missed.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from sqlalchemy.dialects.postgresql import insert
+from sqlmodel import Session, col, select
+
+from shared.agent import conversations
+from shared.agent.finish import deliver
+from shared.agent.runtime import Next, Runtime
+from shared.constants import T_AGENT_STEP, T_CRON_FIRE, T_DAILY_SUMMARY
+from shared.models import Conversation, CronJob, CronReceipt, Message, Role, Run, RunKind, utcnow
+from shared.scheduling import schedules
+from shared.scheduling.beat import BeatMirror
+from shared.scheduling.jobs import cursor, spec_of, upcoming
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+SESSION_PREFIX = "cron:"
+INTERNAL = "internal"  # the channel of sessions nobody chats in (cron, subagents, heartbeat)
+RECONCILE_SLACK = timedelta(seconds=3)  # beat fires on time; reconciliation only steps in later
+DAILY_SUMMARY_ID = "sys-daily-summary"
+
+
+def receipt(s: Session, job_id: str, scheduled_for: datetime) -> CronReceipt | None:
+    """Record the firing; None when it was recorded before (a duplicate)."""
+    new_id = s.execute(
+        insert(CronReceipt)
+        .values(job_id=job_id, scheduled_for=scheduled_for, created_at=utcnow())
+        .on_conflict_do_nothing(index_elements=["job_id", "scheduled_for"])
+        .returning(col(CronReceipt.id))
+    ).scalar()
+    return s.get(CronReceipt, new_id) if new_id is not None else None
+
+
+def session_of(s: Session, job_id: str) -> Conversation | None:
+    return s.exec(select(Conversation).where(Conversation.session_key == SESSION_PREFIX + job_id)).first()
+
+
+def _busy(s: Session, job: CronJob) -> bool:
+    conv = session_of(s, job.id)
+    return conv is not None and conv.active_run_id is not None
+
+
+def _prompt(job: CronJob, at: datetime) -> str:
+    local = at.astimezone(schedules.zone(job.tz)).isoformat(timespec="minutes")
+    return (f"[scheduled job '{job.name}' ({job.id}), due {local}; not typed by the user just now. "
+            f"Do it and answer with what the user should get.]\n{job.message}")
+
+
+def _start(rt: Runtime, s: Session, job: CronJob, at: datetime, rec: CronReceipt) -> list[Next]:
+    """The work of one firing: a cron run, or the system job's own task."""
+    if job.system:
+        return [Next(T_DAILY_SUMMARY, (at.isoformat(),))] if job.id == DAILY_SUMMARY_ID else []
+    conv = conversations.get_or_create(s, session_key=SESSION_PREFIX + job.id, channel=INTERNAL, chat_id=job.id)
+    origin = {**job.origin, "cron_job_id": job.id}
+    run = conversations.try_start_turn(
+        s, conv.id, origin=origin, lease_seconds=rt.settings.runtime.lease_seconds, kind=RunKind.CRON,
+        max_iterations=rt.settings.agent.max_iterations, task=job.message,
+    )
+    if run is None:
+        log.warning("cron job %s: its session is busy; the firing for %s is dropped", job.id, at.isoformat())
+        return []
+    s.add(Message(conversation_id=conv.id, run_id=run.id, role=Role.USER, content=_prompt(job, at),
+                  meta={"origin": origin, "cron_job_id": job.id, "scheduled_for": at.isoformat()}))
+    rec.run_id = run.id
+    s.add(rec)
+    return [Next(T_AGENT_STEP, (run.id, 0))]
+
+
+def _fire_locked(rt: Runtime, s: Session, job: CronJob, until: datetime) -> tuple[list[Next], bool]:
+    """Fire what is due for a locked, enabled job; returns the tasks and whether the job is done."""
+    if not job.system and _busy(s, job):
+        return [], False
+    times = schedules.due(spec_of(job), cursor(job), until)
+    chosen = schedules.pick(job.missed_policy, times, until)
+    if job.missed_policy == "catch_up" and not job.system:
+        chosen = chosen[:1]  # one run at a time: the finish hook fires the next missed one
+    if len(chosen) < len(times) and job.missed_policy != "catch_up":
+        log.info("cron job %s: %d missed firing(s) skipped (policy %s)", job.id, len(times) - len(chosen),
+                 job.missed_policy)
+    nexts: list[Next] = []
+    for at in chosen:
+        rec = receipt(s, job.id, at)
+        if rec is None:
+            log.info("cron job %s: the firing for %s already ran", job.id, at.isoformat())
+            continue
+        nexts += _start(rt, s, job, at, rec)
+    if times:
+        job.last_fired_at = chosen[0] if job.missed_policy == "catch_up" and chosen else times[-1]
+        s.add(job)
+    done = job.kind == "at" and schedules.next_after(spec_of(job), cursor(job)) is None
+    if done:
+        s.delete(job)  # an `at` job is removed once it has fired (its receipts stay)
+    return nexts, done
+
+
+def fire(rt: Runtime, mirror: BeatMirror, job_id: str, hinted: datetime | None = None,
+         now: datetime | None = None) -> list[Next]:
+    """Handle a cron fire for `job_id` (`hinted`: the fire time beat armed; None: whatever is due)."""
+    now = now or utcnow()
+    until = max(now, hinted) if hinted else now  # beat's clock said it is due: trust it
+    nexts: list[Next] = []
+    nxt: datetime | None = None
+    with rt.session() as s:
+        job = s.get(CronJob, job_id, with_for_update=True)
+        if job is not None and job.enabled:
+            nexts, done = _fire_locked(rt, s, job, until)
+            nxt = None if done else upcoming(job, until)
+    if nxt is None:
+        mirror.disarm(job_id)
+    else:
+        mirror.arm(job_id, nxt)
+    return nexts
+
+
+def overdue(job: CronJob, now: datetime) -> bool:
+    """A fire time is due and beat has had time to fire it."""
+    nxt = schedules.next_after(spec_of(job), cursor(job))
+    return job.enabled and nxt is not None and nxt <= now - RECONCILE_SLACK
+
+
+def ensure_system_jobs(s: Session, settings: Settings, now: datetime) -> None:
+    """The daily summary job exists exactly when it is enabled, with the configured schedule."""
+    cfg = settings.scheduler.daily_summary
+    job = s.get(CronJob, DAILY_SUMMARY_ID, with_for_update=True)
+    if not cfg.enabled:
+        if job is not None:
+            s.delete(job)
+        return
+    try:
+        expr, tz = schedules.check_cron(cfg.cron), schedules.zone(settings.scheduler.timezone).key
+    except schedules.ScheduleError as err:
+        log.error("daily summary not scheduled: NANOFLEET_SCHEDULER__DAILY_SUMMARY__CRON / TIMEZONE: %s", err)
+        return
+    if job is None:
+        s.execute(insert(CronJob).values(
+            id=DAILY_SUMMARY_ID, name="daily summary", kind="cron", cron_expr=expr, tz=tz, system=True,
+            message="Summarise the last 24 hours of each active conversation.", enabled=True,
+            missed_policy="skip", channel=INTERNAL, chat_id="", origin={}, created_at=now,
+        ).on_conflict_do_nothing(index_elements=["id"]))
+    elif (job.cron_expr, job.tz, job.enabled) != (expr, tz, True):
+        job.cron_expr, job.tz, job.enabled, job.last_fired_at = expr, tz, True, now
+        s.add(job)
+
+
+def reconcile(rt: Runtime, mirror: BeatMirror, now: datetime | None = None) -> list[Next]:
+    """Make redbeat match Postgres and fire what is overdue; one bad job never stops the others."""
+    now = now or utcnow()
+    with rt.session() as s:
+        ensure_system_jobs(s, rt.settings, now)
+    with rt.session() as s:
+        jobs = list(s.exec(select(CronJob).order_by(col(CronJob.created_at))))
+        busy = set(s.exec(select(col(Run.origin)["cron_job_id"].astext).where(
+            Run.kind == RunKind.CRON, col(Run.status).in_(("queued", "running")))).all())
+    nexts: list[Next] = []
+    wanted: set[str] = set()
+    for job in jobs:
+        try:
+            if overdue(job, now) and job.id not in busy:
+                nexts.append(Next(T_CRON_FIRE, (job.id, "")))
+            due = upcoming(job, now)
+            if due is not None:
+                wanted.add(job.id)
+                if not mirror.is_armed_for(job.id, due):
+                    mirror.arm(job.id, due)
+        except Exception:
+            log.exception("cron job %s: could not reconcile", job.id)
+    for stale in mirror.job_ids() - wanted:
+        mirror.disarm(stale)
+    return nexts
+
+
+def on_finish(rt: Runtime, s: Session, run: Run) -> list[Next]:
+    """A cron run ended: its result goes to the job's target; fire times that waited go next."""
+    nexts = deliver(rt, s, run)
+    job_id = (run.origin or {}).get("cron_job_id")
+    job = s.get(CronJob, job_id) if job_id else None
+    if job is not None and job.enabled:
+        nxt = schedules.next_after(spec_of(job), cursor(job))
+        if nxt is not None and nxt <= utcnow():
+            nexts.append(Next(T_CRON_FIRE, (job.id, "")))
+    return nexts

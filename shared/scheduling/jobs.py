@@ -1,0 +1,197 @@
+"""Cron jobs in Postgres: create, change, delete and show them; the redbeat mirror follows each change.
+
+Shared by the `cron` tool, the REST API and the CLI. Call `sync` (or `mirror.disarm`) after the
+transaction that changed a job has committed; reconciliation repairs a mirror write that was lost.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from sqlmodel import Session, col, select
+
+from shared.errors import Conflict, NanofleetError, NotFound
+from shared.models import CronJob, utcnow
+from shared.scheduling import schedules
+from shared.scheduling.beat import BeatMirror
+from shared.settings import Settings
+
+Policy = Literal["skip", "run_once", "catch_up"]
+PAST_SLACK = timedelta(seconds=60)  # an `at` this far in the past still runs (clock skew, slow typing)
+
+
+class InvalidJob(NanofleetError):
+    """A job that cannot be scheduled as described."""
+
+    status_code = 422
+
+
+class JobIn(BaseModel):
+    """A new job: exactly one of every_seconds, cron_expr or at."""
+
+    message: str = Field(min_length=1, max_length=10_000, description="what the agent is asked at each run")
+    name: str = Field(default="", max_length=200)
+    every_seconds: int | None = Field(default=None, ge=1, le=schedules.MAX_EVERY, description="run every N seconds")
+    cron_expr: str | None = Field(default=None, max_length=200, description="5-field cron expression")
+    tz: str | None = Field(default=None, max_length=64, description="IANA timezone for cron_expr (and a naive at)")
+    at: datetime | None = Field(default=None, description="one run at this ISO-8601 time")
+    missed_policy: Policy | None = Field(default=None, description="skip (default; run_once for at) or catch_up")
+    channel: str = Field(default="api", max_length=32)
+    chat_id: str = Field(default="", max_length=200)
+    reply_meta: dict[str, Any] = Field(default_factory=dict)
+    enabled: bool = True
+
+
+class JobPatch(BaseModel):
+    """Changes to a job; a new schedule replaces the old one and starts from now."""
+
+    message: str | None = Field(default=None, min_length=1, max_length=10_000)
+    name: str | None = Field(default=None, max_length=200)
+    every_seconds: int | None = Field(default=None, ge=1, le=schedules.MAX_EVERY)
+    cron_expr: str | None = Field(default=None, max_length=200)
+    tz: str | None = Field(default=None, max_length=64)
+    at: datetime | None = None
+    missed_policy: Policy | None = None
+    channel: str | None = Field(default=None, max_length=32)
+    chat_id: str | None = Field(default=None, max_length=200)
+    enabled: bool | None = None
+
+
+def spec_of(job: CronJob) -> schedules.Spec:
+    return schedules.Spec(kind=job.kind, anchor=job.created_at, every_seconds=job.every_seconds,
+                          cron_expr=job.cron_expr, tz=job.tz, at=job.at)
+
+
+def cursor(job: CronJob) -> datetime:
+    """The latest fire time already handled (fired, or skipped by the missed policy)."""
+    return job.last_fired_at or job.created_at
+
+
+def upcoming(job: CronJob, now: datetime) -> datetime | None:
+    """The next fire time after now, for the mirror; None when the job is off or done."""
+    return schedules.next_after(spec_of(job), max(cursor(job), now)) if job.enabled else None
+
+
+def sync(mirror: BeatMirror, job: CronJob, now: datetime | None = None) -> None:
+    """Arm the job's entry for its next fire time, or remove it."""
+    nxt = upcoming(job, now or utcnow())
+    if nxt is None:
+        mirror.disarm(job.id)
+    else:
+        mirror.arm(job.id, nxt)
+
+
+def _schedule(settings: Settings, *, every: int | None, expr: str | None, tz: str | None, at: datetime | None,
+              now: datetime) -> dict[str, Any]:
+    """Columns for the schedule; raises InvalidJob with the reason."""
+    given = [k for k, v in (("every_seconds", every), ("cron_expr", expr), ("at", at)) if v is not None]
+    if len(given) != 1:
+        raise InvalidJob("give exactly one of every_seconds, cron_expr or at")
+    tz = tz or settings.scheduler.timezone
+    try:
+        zone = schedules.zone(tz)
+        if at is not None:
+            at = schedules.whole_second(at if at.tzinfo else at.replace(tzinfo=zone))
+            if at < now - PAST_SLACK:
+                raise InvalidJob(f"at {at.isoformat()} is in the past")
+            at = max(at, schedules.whole_second(now) + timedelta(seconds=1))
+        kind = {"every_seconds": "every", "cron_expr": "cron", "at": "at"}[given[0]]
+        expr = schedules.check_cron(expr) if expr is not None else None
+        schedules.validate(schedules.Spec(kind=kind, anchor=now, every_seconds=every, cron_expr=expr, tz=tz, at=at))
+    except schedules.ScheduleError as err:
+        raise InvalidJob(str(err)) from None
+    return {"kind": kind, "every_seconds": every, "cron_expr": expr, "tz": tz, "at": at}
+
+
+def create(s: Session, settings: Settings, data: JobIn, *, job_id: str | None = None,
+           now: datetime | None = None) -> CronJob:
+    """Store a new job (or return the one already stored under `job_id`: a replayed call)."""
+    if job_id and (existing := s.get(CronJob, job_id)) is not None:
+        return existing
+    now = now or utcnow()
+    columns = _schedule(settings, every=data.every_seconds, expr=data.cron_expr, tz=data.tz, at=data.at, now=now)
+    policy = data.missed_policy or ("run_once" if columns["kind"] == "at" else "skip")
+    origin = {"channel": data.channel, "chat_id": data.chat_id, "reply_meta": data.reply_meta}
+    job = CronJob(name=data.name or data.message[:60], message=data.message, missed_policy=policy,
+                  channel=data.channel, chat_id=data.chat_id, origin=origin, enabled=data.enabled,
+                  created_at=now, **columns)
+    if job_id:
+        job.id = job_id
+    s.add(job)
+    s.flush()
+    return job
+
+
+def get(s: Session, job_id: str, *, lock: bool = False) -> CronJob:
+    job = s.get(CronJob, job_id, with_for_update=lock)
+    if job is None:
+        raise NotFound(f"no cron job {job_id}")
+    return job
+
+
+def _user_owned(job: CronJob) -> None:
+    if job.system:
+        raise Conflict(f"cron job {job.id} belongs to nanofleet; change it through NANOFLEET_SCHEDULER__* settings")
+
+
+def update(s: Session, settings: Settings, job: CronJob, patch: JobPatch, *, now: datetime | None = None) -> CronJob:
+    """Apply a patch; a new schedule, or re-enabling, counts from now (nothing is 'missed')."""
+    _user_owned(job)
+    now = now or utcnow()
+    changes = patch.model_dump(exclude_unset=True)
+    if {"every_seconds", "cron_expr", "at"} & changes.keys():
+        columns = _schedule(settings, every=patch.every_seconds, expr=patch.cron_expr,
+                            tz=patch.tz or job.tz, at=patch.at, now=now)
+        for name, value in columns.items():
+            setattr(job, name, value)
+        job.last_fired_at = now
+    elif "tz" in changes and job.kind == "cron":
+        job.tz = _schedule(settings, every=None, expr=job.cron_expr, tz=patch.tz, at=None, now=now)["tz"]
+        job.last_fired_at = now
+    if changes.get("enabled") and not job.enabled:
+        job.last_fired_at = now
+    for name in ("message", "name", "missed_policy", "enabled"):
+        if changes.get(name) is not None:
+            setattr(job, name, changes[name])
+    if patch.channel is not None or patch.chat_id is not None:
+        job.channel = patch.channel if patch.channel is not None else job.channel
+        job.chat_id = patch.chat_id if patch.chat_id is not None else job.chat_id
+        job.origin = {"channel": job.channel, "chat_id": job.chat_id, "reply_meta": {}}
+    s.add(job)
+    s.flush()
+    return job
+
+
+def delete(s: Session, job: CronJob) -> None:
+    _user_owned(job)
+    s.delete(job)
+    s.flush()
+
+
+def listing(s: Session, *, channel: str | None = None, chat_id: str | None = None,
+            include_system: bool = True) -> list[CronJob]:
+    query = select(CronJob).order_by(col(CronJob.created_at))
+    if channel is not None:
+        query = query.where(CronJob.channel == channel)
+    if chat_id is not None:
+        query = query.where(CronJob.chat_id == chat_id)
+    if not include_system:
+        query = query.where(col(CronJob.system).is_(False))
+    return list(s.exec(query))
+
+
+def _iso(t: datetime | None) -> str | None:
+    return t.isoformat() if t else None
+
+
+def view(job: CronJob, now: datetime | None = None) -> dict[str, Any]:
+    """A job as the API, the tool and the CLI show it."""
+    return {
+        "id": job.id, "name": job.name, "message": job.message, "kind": job.kind,
+        "everySeconds": job.every_seconds, "cronExpr": job.cron_expr, "tz": job.tz, "at": _iso(job.at),
+        "enabled": job.enabled, "missedPolicy": job.missed_policy, "channel": job.channel, "chatId": job.chat_id,
+        "system": job.system, "lastFiredAt": _iso(job.last_fired_at),
+        "nextRunAt": _iso(upcoming(job, now or utcnow())), "createdAt": _iso(job.created_at),
+    }

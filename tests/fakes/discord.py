@@ -1,0 +1,97 @@
+"""A fake Discord API: interaction webhooks (edit @original, follow-ups) that accept only tokens of
+interactions it issued, bot channel messages behind `Authorization: Bot`, and interactions signed
+with Ed25519 as Discord signs them."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import uuid
+from typing import Any
+
+from nacl.signing import SigningKey
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tests.fakes.platform import Call, FakePlatform
+
+
+class FakeDiscord(FakePlatform):
+    message_ops = ("edit_original", "followup", "channel_message")
+
+    def __init__(self, application_id: str, bot_token: str) -> None:
+        self.application_id, self.bot_token = application_id, bot_token
+        self.key = SigningKey.generate()
+        self.interactions: dict[str, str] = {}  # interaction token -> channel id
+        self.seq = itertools.count(1)
+        super().__init__()
+
+    @property
+    def public_key(self) -> str:
+        return self.key.verify_key.encode().hex()
+
+    def routes(self) -> list[Route]:
+        return [Route("/webhooks/{app}/{token}/messages/@original", self._edit, methods=["PATCH"]),
+                Route("/webhooks/{app}/{token}", self._followup, methods=["POST"]),
+                Route("/channels/{channel}/messages", self._channel, methods=["POST"])]
+
+    def chat_of(self, call: Call) -> str:
+        if call.op == "channel_message":
+            return call.path.split("/")[2]
+        return self.interactions.get(call.path.split("/")[3], "?")
+
+    def text_of(self, call: Call) -> str:
+        return str(call.body.get("content"))
+
+    async def _edit(self, request: Request) -> Response:
+        return await self.answer("edit_original", request, self._webhook)
+
+    async def _followup(self, request: Request) -> Response:
+        return await self.answer("followup", request, self._webhook)
+
+    async def _channel(self, request: Request) -> Response:
+        return await self.answer("channel_message", request, self._bot_message)
+
+    def _webhook(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+        app, token = request.path_params["app"], request.path_params["token"]
+        if app != self.application_id or token not in self.interactions:
+            self.refuse("interaction webhook with an unknown application id or token")
+            return 401, {"message": "Invalid Webhook Token", "code": 50027}
+        return self._content(body)
+
+    def _bot_message(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+        if request.headers.get("authorization") != f"Bot {self.bot_token}":
+            self.refuse("channel message without the bot token")
+            return 401, {"message": "401: Unauthorized", "code": 0}
+        return self._content(body)
+
+    def _content(self, body: dict[str, Any]) -> tuple[int, Any]:
+        content = body.get("content")
+        if not isinstance(content, str) or not content.strip() or len(content) > 2000:
+            self.refuse(f"content of {len(content) if isinstance(content, str) else 'no'} characters")
+            return 400, {"message": "Invalid Form Body", "code": 50035}
+        return 200, {"id": str(next(self.seq)), "content": content}
+
+    def rate_limit(self, op: str = "edit_original", retry_after: float = 0.3, times: int = 1) -> None:
+        self.script(op, 429, {"message": "You are being rate limited.", "retry_after": retry_after, "global": False},
+                    headers={"Retry-After": str(retry_after)}, times=times)
+
+    # ------------------------------------------------------------------ inbound
+
+    def command(self, *, channel: str, user: str, text: str, interaction_id: str) -> dict[str, Any]:
+        token = f"itk-{uuid.uuid4().hex}"
+        self.interactions[token] = channel
+        return {"id": interaction_id, "application_id": self.application_id, "type": 2, "token": token,
+                "version": 1, "channel_id": channel, "guild_id": "G1",
+                "member": {"user": {"id": user, "username": "ann"}, "roles": []},
+                "data": {"id": "C1", "name": "ask", "type": 1,
+                         "options": [{"name": "question", "type": 3, "value": text}]}}
+
+    def signed(self, payload: dict[str, Any], *, timestamp: int | None = None,
+               key: SigningKey | None = None) -> tuple[bytes, dict[str, str]]:
+        raw = json.dumps(payload).encode()
+        ts = str(int(time.time()) if timestamp is None else timestamp)
+        sig = (key or self.key).sign(ts.encode() + raw).signature.hex()
+        return raw, {"Content-Type": "application/json", "X-Signature-Ed25519": sig, "X-Signature-Timestamp": ts}

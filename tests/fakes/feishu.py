@@ -1,0 +1,135 @@
+"""A fake Feishu / Lark Open API: tenant access tokens (issued, expiring, revocable), the IM message
+API behind `Authorization: Bearer <tenant token>` (a repeated uuid is sent once, as Feishu does), and
+events encrypted (AES-256-CBC) and signed as Feishu sends them."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import itertools
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+from cryptography.hazmat.primitives import padding
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tests.fakes.platform import Call, FakePlatform
+
+
+def encrypt(plain: bytes, key: str) -> str:
+    iv = os.urandom(16)
+    padder = padding.PKCS7(128).padder()
+    data = padder.update(plain) + padder.finalize()
+    enc = Cipher(algorithms.AES(hashlib.sha256(key.encode()).digest()), modes.CBC(iv)).encryptor()
+    return base64.b64encode(iv + enc.update(data) + enc.finalize()).decode()
+
+
+class FakeFeishu(FakePlatform):
+    message_ops = ("im.message.create",)
+
+    def __init__(self, app_id: str, app_secret: str, verification_token: str, encrypt_key: str) -> None:
+        self.app_id, self.app_secret = app_id, app_secret
+        self.verification_token, self.encrypt_key = verification_token, encrypt_key
+        self.tokens: set[str] = set()
+        self.by_uuid: dict[str, str] = {}
+        self.seq = itertools.count(1)
+        super().__init__()
+
+    def reset(self) -> None:
+        super().reset()
+        with self.lock:
+            self.by_uuid.clear()
+
+    def routes(self) -> list[Route]:
+        return [Route("/auth/v3/tenant_access_token/internal", self._token, methods=["POST"]),
+                Route("/im/v1/messages", self._message, methods=["POST"])]
+
+    def chat_of(self, call: Call) -> str:
+        return str(call.body.get("receive_id"))
+
+    def text_of(self, call: Call) -> str:
+        return str(json.loads(call.body.get("content") or "{}").get("text"))
+
+    def sent(self, chat: str | None = None) -> list[Call]:
+        """Messages users see: a repeated uuid shows once."""
+        seen: set[object] = set()
+        out = []
+        for call in super().sent(chat):
+            key = call.body.get("uuid") or id(call)
+            if key not in seen:
+                seen.add(key)
+                out.append(call)
+        return out
+
+    def revoke_tokens(self) -> None:
+        with self.lock:
+            self.tokens.clear()
+
+    def token_calls(self) -> int:
+        with self.lock:
+            return sum(1 for c in self.calls if c.op == "tenant_access_token" and c.status == 200)
+
+    async def _token(self, request: Request) -> Response:
+        return await self.answer("tenant_access_token", request, self._issue)
+
+    def _issue(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+        if body.get("app_id") != self.app_id or body.get("app_secret") != self.app_secret:
+            self.refuse("tenant_access_token with wrong app credentials")
+            return 400, {"code": 10014, "msg": "app secret invalid"}
+        token = f"t-{uuid.uuid4().hex}"
+        with self.lock:
+            self.tokens.add(token)
+        return 200, {"code": 0, "msg": "ok", "tenant_access_token": token, "expire": 7200}
+
+    async def _message(self, request: Request) -> Response:
+        return await self.answer("im.message.create", request, self._create)
+
+    def _create(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+        token = request.headers.get("authorization", "").removeprefix("Bearer ")
+        if token not in self.tokens:
+            self.refuse("im message with an invalid tenant access token")
+            return 400, {"code": 99991663, "msg": "Invalid access token for authorization"}
+        if request.query_params.get("receive_id_type") != "chat_id" or body.get("msg_type") != "text":
+            self.refuse(f"bad message request {body}")
+            return 400, {"code": 230001, "msg": "invalid params"}
+        text = json.loads(body.get("content") or "{}").get("text")
+        if not isinstance(text, str) or not text.strip() or len(body["content"].encode()) > 150_000:
+            self.refuse("empty or oversized text content")
+            return 400, {"code": 230025, "msg": "content too long or empty"}
+        with self.lock:
+            mid = self.by_uuid.setdefault(body.get("uuid") or uuid.uuid4().hex, f"om_{next(self.seq)}")
+        return 200, {"code": 0, "msg": "success", "data": {"message_id": mid, "chat_id": body["receive_id"]}}
+
+    def rate_limit(self, times: int = 1) -> None:
+        self.script("im.message.create", 429, {"code": 99991400, "msg": "request trigger frequency limit"},
+                    headers={"x-ogw-ratelimit-reset": "1"}, times=times)
+
+    # ------------------------------------------------------------------ inbound
+
+    def event(self, *, chat: str, sender: str, text: str, event_id: str, chat_type: str = "p2p") -> dict[str, Any]:
+        message = {"message_id": f"om_in{next(self.seq)}", "chat_id": chat, "chat_type": chat_type,
+                   "message_type": "text", "content": json.dumps({"text": text}), "create_time": "1700000000000"}
+        return {"schema": "2.0",
+                "header": {"event_id": event_id, "event_type": "im.message.receive_v1", "create_time": "1700000000000",
+                           "token": self.verification_token, "app_id": self.app_id, "tenant_key": "tk"},
+                "event": {"sender": {"sender_id": {"open_id": sender, "user_id": "u1", "union_id": "on_1"},
+                                     "sender_type": "user", "tenant_key": "tk"},
+                          "message": message}}
+
+    def signed(self, payload: dict[str, Any], *, timestamp: int | None = None, key: str | None = None,
+               signed: bool = True) -> tuple[bytes, dict[str, str]]:
+        """Encrypted with the encrypt key and signed, as Feishu sends events when encryption is on."""
+        key = self.encrypt_key if key is None else key
+        raw = json.dumps({"encrypt": encrypt(json.dumps(payload).encode(), key)}).encode()
+        headers = {"Content-Type": "application/json"}
+        if signed:
+            ts, nonce = str(int(time.time()) if timestamp is None else timestamp), uuid.uuid4().hex
+            sig = hashlib.sha256((ts + nonce + key).encode() + raw).hexdigest()
+            headers.update({"X-Lark-Request-Timestamp": ts, "X-Lark-Request-Nonce": nonce, "X-Lark-Signature": sig})
+        return raw, headers

@@ -1,0 +1,77 @@
+"""A fake Slack Web API (chat.postMessage with `Authorization: Bearer xoxb-...`) and Events API
+requests signed as Slack signs them (v0 HMAC-SHA256 over v0:timestamp:body)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import json
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tests.fakes.platform import Call, FakePlatform
+
+BOT_USER = "UBOT0001"
+
+
+class FakeSlack(FakePlatform):
+    message_ops = ("chat.postMessage",)
+
+    def __init__(self, bot_token: str, signing_secret: str) -> None:
+        self.bot_token, self.signing_secret = bot_token, signing_secret
+        self.seq = itertools.count(1)
+        super().__init__()
+
+    def routes(self) -> list[Route]:
+        return [Route("/chat.postMessage", self._post, methods=["POST"])]
+
+    def chat_of(self, call: Call) -> str:
+        return str(call.body.get("channel"))
+
+    def text_of(self, call: Call) -> str:
+        return str(call.body.get("text"))
+
+    async def _post(self, request: Request) -> Response:
+        return await self.answer("chat.postMessage", request, self._handle)
+
+    def _handle(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+        if request.headers.get("authorization") != f"Bearer {self.bot_token}":
+            self.refuse("chat.postMessage without the bot token")
+            return 200, {"ok": False, "error": "invalid_auth"}
+        text = body.get("text")
+        if not isinstance(body.get("channel"), str) or not isinstance(text, str) or not text.strip():
+            self.refuse("chat.postMessage without channel or text")
+            return 200, {"ok": False, "error": "no_text"}
+        if len(text) > 40_000:
+            self.refuse("text over 40000 characters")
+            return 200, {"ok": False, "error": "msg_too_long"}
+        return 200, {"ok": True, "channel": body["channel"], "ts": f"{int(time.time())}.{next(self.seq):06d}"}
+
+    def rate_limit(self, retry_after: int = 1, times: int = 1) -> None:
+        self.script("chat.postMessage", 429, {"ok": False, "error": "ratelimited"},
+                    headers={"Retry-After": str(retry_after)}, times=times)
+
+    # ------------------------------------------------------------------ inbound
+
+    def event(self, *, channel: str, user: str, text: str, event_id: str, kind: str = "app_mention",
+              **extra: Any) -> dict[str, Any]:
+        ts = f"{int(time.time())}.{next(self.seq):06d}"
+        event = {"type": kind, "user": user, "text": text, "ts": ts, "channel": channel, "event_ts": ts, **extra}
+        if kind == "message":
+            event.setdefault("channel_type", "im")
+        return {"token": "x", "team_id": "T1", "api_app_id": "A1", "type": "event_callback", "event_id": event_id,
+                "event_time": int(time.time()), "event": event,
+                "authorizations": [{"team_id": "T1", "user_id": BOT_USER, "is_bot": True}]}
+
+    def signed(self, payload: dict[str, Any], *, timestamp: int | None = None,
+               secret: str | None = None) -> tuple[bytes, dict[str, str]]:
+        raw = json.dumps(payload).encode()
+        ts = str(int(time.time()) if timestamp is None else timestamp)
+        sig = "v0=" + hmac.new((secret or self.signing_secret).encode(), f"v0:{ts}:".encode() + raw,
+                               hashlib.sha256).hexdigest()
+        return raw, {"Content-Type": "application/json", "X-Slack-Request-Timestamp": ts, "X-Slack-Signature": sig}

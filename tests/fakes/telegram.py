@@ -1,0 +1,129 @@
+"""A fake Telegram Bot API: the bot token in the URL path, sendMessage (HTML parse mode checked:
+only Telegram's tags, properly nested, at most 4096 characters of text), sendChatAction,
+setWebhook; and signed webhook updates as Telegram sends them."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from html.parser import HTMLParser
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tests.fakes.platform import Call, FakePlatform
+
+TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "a", "code", "pre", "tg-spoiler",
+        "span", "blockquote"}
+
+
+class _Entities(HTMLParser):
+    """Telegram's HTML parse mode: known tags, properly nested; collects the visible text."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.stack: list[str] = []
+        self.text: list[str] = []
+        self.error: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag not in TAGS:
+            self.error = f"unsupported start tag \"{tag}\""
+        self.stack.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.stack or self.stack.pop() != tag:
+            self.error = f"unmatched end tag \"{tag}\""
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def parse_entities(text: str) -> tuple[str, str | None]:
+    """(visible text, error) as Telegram would see an HTML message."""
+    if "<" in (bare := re.sub(r"</?[a-z-]+(\s[^<>]*)?>", "", text)) or ">" in bare:
+        return text, "a < or > that is not part of a tag must be escaped"
+    if re.search(r"&(?!(?:lt|gt|amp|quot|#\d+|#x[0-9a-fA-F]+);)", text):
+        return text, "a & that does not start an entity must be escaped"
+    parser = _Entities()
+    parser.feed(text)
+    parser.close()
+    error = parser.error or (f"unclosed tags {parser.stack}" if parser.stack else None)
+    return "".join(parser.text), error
+
+
+class FakeTelegram(FakePlatform):
+    message_ops = ("sendMessage",)
+
+    def __init__(self, token: str, secret: str) -> None:
+        self.token, self.secret = token, secret
+        self.ids = itertools.count(1)
+        self.update_ids = itertools.count(10_000)
+        self.webhook: dict[str, Any] = {}
+        super().__init__()
+
+    def routes(self) -> list[Route]:
+        return [Route("/bot{token}/{method}", self._method, methods=["POST"])]
+
+    def chat_of(self, call: Call) -> str:
+        return str(call.body.get("chat_id"))
+
+    def text_of(self, call: Call) -> str:
+        return str(call.body.get("text"))
+
+    async def _method(self, request: Request) -> Response:
+        method = request.path_params["method"]
+        if request.path_params["token"] != self.token:
+            self.refuse(f"wrong bot token in the path for {method}")
+            return await self.answer(method, request, lambda b, r: (401, _error(401, "Unauthorized")))
+        handler = {"sendMessage": self._send, "sendChatAction": self._action, "setWebhook": self._set_webhook}
+        if method not in handler:
+            return await self.answer(method, request, lambda b, r: (404, _error(404, "Not Found")))
+        return await self.answer(method, request, handler[method])
+
+    def _send(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+        text = body.get("text")
+        if not isinstance(text, str) or "chat_id" not in body:
+            self.refuse("sendMessage without chat_id or text")
+            return 400, _error(400, "Bad Request: message text is empty")
+        visible, error = parse_entities(text) if body.get("parse_mode") == "HTML" else (text, None)
+        if error:
+            self.refuse(f"can't parse entities: {error}")
+            return 400, _error(400, f"Bad Request: can't parse entities: {error}")
+        if not visible.strip() or len(visible) > 4096:
+            self.refuse(f"message text of {len(visible)} characters")
+            return 400, _error(400, "Bad Request: message is too long" if visible.strip() else "text is empty")
+        return 200, {"ok": True, "result": {"message_id": next(self.ids), "chat": {"id": body["chat_id"]},
+                                            "text": visible}}
+
+    def _action(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+        return 200, {"ok": True, "result": True}
+
+    def _set_webhook(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+        self.webhook = body
+        return 200, {"ok": True, "result": True, "description": "Webhook was set"}
+
+    def rate_limit(self, retry_after: int = 1, times: int = 1) -> None:
+        self.script("sendMessage", 429, {**_error(429, f"Too Many Requests: retry after {retry_after}"),
+                                         "parameters": {"retry_after": retry_after}}, times=times)
+
+    # ------------------------------------------------------------------ inbound
+
+    def update(self, *, chat: int, sender: int, text: str, update_id: int | None = None,
+               chat_type: str = "private", **message: Any) -> dict[str, Any]:
+        return {"update_id": update_id if update_id is not None else next(self.update_ids),
+                "message": {"message_id": next(self.ids), "date": 1700000000, "text": text,
+                            "chat": {"id": chat, "type": chat_type},
+                            "from": {"id": sender, "is_bot": False, "first_name": "Ann", "username": f"u{sender}"},
+                            **message}}
+
+    def signed(self, payload: dict[str, Any], secret: str | None = None) -> tuple[bytes, dict[str, str]]:
+        return json.dumps(payload).encode(), {"Content-Type": "application/json",
+                                              "X-Telegram-Bot-Api-Secret-Token": secret or self.secret}
+
+
+def _error(code: int, description: str) -> dict[str, Any]:
+    return {"ok": False, "error_code": code, "description": description}

@@ -1,0 +1,79 @@
+"""A fake WhatsApp Cloud API (Graph API /{phone_number_id}/messages with `Authorization: Bearer`)
+and webhooks signed as Meta signs them (X-Hub-Signature-256, HMAC of the raw body)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import json
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tests.fakes.platform import Call, FakePlatform
+
+
+class FakeWhatsApp(FakePlatform):
+    message_ops = ("messages",)
+
+    def __init__(self, access_token: str, app_secret: str, phone_number_id: str) -> None:
+        self.access_token, self.app_secret, self.phone_number_id = access_token, app_secret, phone_number_id
+        self.seq = itertools.count(1)
+        super().__init__()
+
+    def routes(self) -> list[Route]:
+        return [Route("/{number}/messages", self._post, methods=["POST"])]
+
+    def chat_of(self, call: Call) -> str:
+        return str(call.body.get("to"))
+
+    def text_of(self, call: Call) -> str:
+        return str((call.body.get("text") or {}).get("body"))
+
+    async def _post(self, request: Request) -> Response:
+        return await self.answer("messages", request, self._handle)
+
+    def _handle(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+        if request.headers.get("authorization") != f"Bearer {self.access_token}":
+            self.refuse("messages without the access token")
+            return 401, _error(190, "Invalid OAuth access token")
+        if request.path_params["number"] != self.phone_number_id:
+            self.refuse("messages for an unknown phone number id")
+            return 400, _error(100, "Unsupported post request")
+        text = (body.get("text") or {}).get("body")
+        if body.get("messaging_product") != "whatsapp" or body.get("type") != "text" or not isinstance(text, str):
+            self.refuse(f"bad message payload {body}")
+            return 400, _error(100, "Invalid parameter")
+        if not text.strip() or len(text) > 4096:
+            self.refuse(f"text body of {len(text)} characters")
+            return 400, _error(100, "Param text['body'] must be at most 4096 characters long")
+        wamid = f"wamid.out{next(self.seq)}"
+        return 200, {"messaging_product": "whatsapp", "contacts": [{"input": body["to"], "wa_id": body["to"]}],
+                     "messages": [{"id": wamid}]}
+
+    def rate_limit(self, times: int = 1) -> None:
+        self.script("messages", 429, _error(130429, "Rate limit hit"), times=times)
+
+    # ------------------------------------------------------------------ inbound
+
+    def event(self, *, sender: str, text: str, wamid: str) -> dict[str, Any]:
+        value = {"messaging_product": "whatsapp",
+                 "metadata": {"display_phone_number": "15550000000", "phone_number_id": self.phone_number_id},
+                 "contacts": [{"profile": {"name": "Ann"}, "wa_id": sender}],
+                 "messages": [{"from": sender, "id": wamid, "timestamp": str(int(time.time())), "type": "text",
+                               "text": {"body": text}}]}
+        return {"object": "whatsapp_business_account",
+                "entry": [{"id": "WABA1", "changes": [{"value": value, "field": "messages"}]}]}
+
+    def signed(self, payload: dict[str, Any], *, secret: str | None = None) -> tuple[bytes, dict[str, str]]:
+        raw = json.dumps(payload).encode()
+        sig = "sha256=" + hmac.new((secret or self.app_secret).encode(), raw, hashlib.sha256).hexdigest()
+        return raw, {"Content-Type": "application/json", "X-Hub-Signature-256": sig}
+
+
+def _error(code: int, message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "OAuthException", "code": code, "fbtrace_id": "x"}}

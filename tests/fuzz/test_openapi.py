@@ -1,0 +1,67 @@
+"""schemathesis against /openapi.json: every operation, authenticated with a bearer key, through the
+ASGI app backed by real Postgres, Redis and a worker. Zero 5xx and every response conforming to
+the schema. NANOFLEET_FUZZ_EXAMPLES sets the examples per operation (CI: the default)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import schemathesis
+from fastapi import FastAPI
+from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import (
+    allow_header_conformance,
+    positive_data_acceptance,
+    status_code_conformance,
+    unsupported_method,
+)
+
+from gateway.app import create_app
+from shared.settings import load_settings
+from tests.support.stack import API_KEY, Stack, settings_from
+
+EXAMPLES = int(os.environ.get("NANOFLEET_FUZZ_EXAMPLES", "25"))
+STREAMS = r"/events$"  # Server-Sent Events never end; tests/gateway covers them
+TELEGRAM = {"NANOFLEET_CHANNELS__TELEGRAM__TOKEN": "123:fuzz-token-abcdef",
+            "NANOFLEET_CHANNELS__TELEGRAM__WEBHOOK_SECRET": "fuzz-secret-0123456789",
+            "NANOFLEET_CHANNELS__TELEGRAM__API_BASE": "http://127.0.0.1:9"}
+
+# Known conformance gaps in routes owned elsewhere, reported to their owners; every other check (no 5xx,
+# response bodies and headers match the schema) still runs on them. Remove an entry once it is fixed.
+KNOWN_GAPS = {
+    "/api/v1/cron": (status_code_conformance, "401 not documented on the router"),
+    "/api/v1/outbox": (status_code_conformance, "401 not documented on the router"),
+    "/api/v1/subagents": (status_code_conformance, "401 not documented on the router"),
+    "/api/v1/skills": (status_code_conformance, "401 not documented on the router"),
+    "POST /api/v1/cron": (positive_data_acceptance, "the schema allows every_seconds, cron_expr and at together"),
+}
+# Starlette answers a method no route serves with 405 and the Allow header of the first route on that path,
+# so a path served by two routes (GET and POST .../messages) lists one method. A framework limitation.
+ALWAYS_EXCLUDED = [unsupported_method, allow_header_conformance]
+# Server errors found and reported to the route's owner: expected to fail until fixed (then XPASS).
+KNOWN_5XX = {
+    "GET /api/v1/subagents": "offset >= 2**63 reaches Postgres as a bigint: DataError, 500 "
+                             "(gateway/routes/subagents.py: Query(ge=0) needs le=2**63-1)",
+}
+
+# The schema comes from an app that is never called (building one connects to nothing); the calls go
+# to `live_app`, wired to the test stack. (schemathesis' from_fixture does not work with pytest 9.)
+schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(load_settings())).exclude(path_regex=STREAMS)
+
+
+@pytest.fixture
+def live_app(stack: Stack) -> FastAPI:
+    return create_app(settings_from({**stack.env, **TELEGRAM}))
+
+
+@schema.parametrize()
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+def test_every_operation_conforms_and_never_fails(case: Any, live_app: FastAPI, request: pytest.FixtureRequest) -> None:
+    label = f"{case.method.upper()} {case.path}"
+    if label in KNOWN_5XX:
+        request.applymarker(pytest.mark.xfail(reason=KNOWN_5XX[label], strict=False))
+    excluded = ALWAYS_EXCLUDED + [check for key, (check, _why) in KNOWN_GAPS.items()
+                                  if case.path.startswith(key) or label == key]
+    case.call_and_validate(app=live_app, headers={"Authorization": f"Bearer {API_KEY}"}, excluded_checks=excluded)

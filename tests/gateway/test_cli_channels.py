@@ -1,0 +1,48 @@
+"""`nanofleet channels telegram set-webhook URL` against the fake Bot API."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests.fakes.telegram import FakeTelegram
+from tests.support.processes import ROOT
+
+
+@pytest.fixture(scope="module")
+def telegram() -> Iterator[FakeTelegram]:
+    fake = FakeTelegram("123456:cli-token", "cli-secret_1")
+    fake.start()
+    yield fake
+    fake.server.stop()
+
+
+def nanofleet(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("NANOFLEET_")}
+    return subprocess.run([sys.executable, "-m", "gateway.cli", "channels", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**base, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **env})
+
+
+def test_set_webhook_registers_the_url_with_the_secret(telegram: FakeTelegram) -> None:
+    env = {"NANOFLEET_CHANNELS__TELEGRAM__TOKEN": telegram.token,
+           "NANOFLEET_CHANNELS__TELEGRAM__WEBHOOK_SECRET": telegram.secret,
+           "NANOFLEET_CHANNELS__TELEGRAM__API_BASE": telegram.url}
+    done = nanofleet("telegram", "set-webhook", "https://bot.example.com/webhooks/telegram", **env)
+    assert done.returncode == 0, done.stderr
+    assert "Webhook was set" in done.stdout
+    assert telegram.webhook["url"] == "https://bot.example.com/webhooks/telegram"
+    assert telegram.webhook["secret_token"] == telegram.secret
+    assert telegram.refused == []
+    refused = nanofleet("telegram", "set-webhook", "http://insecure.example.com/hook", **env)
+    assert refused.returncode == 2 and "https://" in refused.stderr
+
+
+def test_set_webhook_names_what_is_missing() -> None:
+    done = nanofleet("telegram", "set-webhook", "https://x.example.com/webhooks/telegram",
+                     NANOFLEET_CHANNELS__TELEGRAM__TOKEN="1:t")
+    assert done.returncode == 2
+    assert "NANOFLEET_CHANNELS__TELEGRAM__WEBHOOK_SECRET" in done.stderr and "Traceback" not in done.stderr

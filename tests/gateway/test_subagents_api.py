@@ -1,0 +1,37 @@
+"""`/api/v1/subagents`: list (by conversation and status), show, cancel."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from tests.support.processes import wait_until
+from tests.support.scheduling import call, client, new_conversation, reports, scheduling_stack
+from tests.support.stack import Stack
+
+
+def test_list_show_and_cancel_subagents(make_stack: Callable[..., Stack]) -> None:
+    stack = scheduling_stack(make_stack)
+    with client(stack) as api:
+        cid, other = new_conversation(api), new_conversation(api)
+        spawn = call("spawn", task="sleep:60", label="slow").replace("sleep:", "sleep\\u003a")
+        body = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": spawn}).json()
+        sid = json.loads(body["toolCalls"][0]["result"])["subagent_id"]
+        wait_until(lambda: api.get(f"/api/v1/subagents/{sid}").json()["status"] == "running",
+                   message="the subagent to start")
+        [listed] = api.get("/api/v1/subagents", params={"conversationId": cid, "status": "running"}).json()
+        assert (listed["subagentId"], listed["label"], listed["task"]) == (sid, "slow", "sleep:60")
+        assert listed["parentConversationId"] == cid and listed["parentRunId"] == body["runId"]
+        assert api.get("/api/v1/subagents", params={"conversationId": other}).json() == []
+        assert api.get("/api/v1/subagents", params={"status": "succeeded"}).json() == []
+        detail = api.get(f"/api/v1/subagents/{sid}").json()
+        assert detail["kind"] == "subagent" and set(detail) >= {"steps", "usage", "result", "toolCalls"}
+
+        out = api.post(f"/api/v1/subagents/{sid}/cancel").json()
+        assert out == {"subagentId": sid, "status": "cancelled", "cancelled": True}
+        assert api.post(f"/api/v1/subagents/{sid}/cancel").json()["cancelled"] is False
+        assert [s["subagentId"] for s in api.get("/api/v1/subagents", params={"status": "cancelled"}).json()] == [sid]
+        assert api.get("/api/v1/subagents/nope").status_code == 404
+        assert api.get(f"/api/v1/subagents/{body['runId']}").status_code == 404  # a turn, not a subagent
+        assert api.get("/api/v1/subagents", params={"status": "bogus"}).status_code == 422
+    assert reports(stack, cid) == []

@@ -1,0 +1,220 @@
+"""Chat platform webhooks end to end: fake platforms on loopback, the gateway over HTTP, a real
+worker, the fake LLM. For every platform: one valid event -> exactly one reply; forged or stale
+signatures -> 401 and nothing stored; the same event three times (and concurrently) -> one turn;
+a denied sender -> nothing; a 429 -> delivered once."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from shared.agent.service import HELP
+from tests.fakes.llm import FakeLLM
+from tests.support.platforms import DRIVERS, ChannelStack, llm_requests_with
+
+PLATFORMS = list(DRIVERS)
+
+
+def marker() -> str:
+    return f"hello-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.parametrize("name", PLATFORMS)
+def test_a_valid_event_gets_exactly_one_reply(channels: ChannelStack, fake_llm: FakeLLM, name: str) -> None:
+    d, chat, text = channels.driver(name), channels.driver(name).new_chat(), marker()
+    r = channels.post(name, d.request(chat=chat, text=text))
+    assert r.status_code == 200, r.text
+    assert r.json() == d.accepted
+    channels.settled(chat)
+    assert d.replies(chat) == [f"echo: {text}"]
+    assert llm_requests_with(fake_llm, text) == 1
+    assert channels.fakes[name].refused == []
+
+
+@pytest.mark.parametrize("name", PLATFORMS)
+def test_forged_or_stale_signatures_are_refused_and_nothing_is_stored(
+    channels: ChannelStack, fake_llm: FakeLLM, name: str
+) -> None:
+    d, chat, text = channels.driver(name), channels.driver(name).new_chat(), marker()
+    for label, req in d.forgeries(chat, text).items():
+        r = channels.post(name, req)
+        assert r.status_code == 401, (label, r.status_code, r.text)
+    assert channels.scalar("select count(*) from inbound_events") == 0
+    assert channels.stored(text) == 0
+    assert llm_requests_with(fake_llm, text) == 0
+
+
+@pytest.mark.parametrize("name", PLATFORMS)
+def test_the_same_event_three_times_is_one_turn_and_one_reply(
+    channels: ChannelStack, fake_llm: FakeLLM, name: str
+) -> None:
+    d = channels.driver(name)
+    chat, text = d.new_chat(), marker()
+    req = d.request(chat=chat, text=text)
+    assert [channels.post(name, req).status_code for _ in range(3)] == [200, 200, 200]
+    chat2, text2 = d.new_chat(), marker()
+    req2 = d.request(chat=chat2, text=text2)
+    start = threading.Barrier(3)
+
+    def post() -> int:
+        start.wait()
+        return channels.post(name, req2).status_code
+
+    with ThreadPoolExecutor(3) as pool:
+        assert list(pool.map(lambda _: post(), range(3))) == [200, 200, 200]
+    for c, t in ((chat, text), (chat2, text2)):
+        channels.settled(c)
+        assert d.replies(c) == [f"echo: {t}"]
+        assert llm_requests_with(fake_llm, t) == 1
+        assert channels.scalar("select count(*) from runs r join conversations c on c.id = r.conversation_id "
+                               "where c.chat_id = :c", c=c) == 1
+    assert channels.scalar("select count(*) from inbound_events") == 2
+
+
+@pytest.mark.parametrize("name", PLATFORMS)
+def test_a_denied_sender_gets_no_reply_and_costs_no_llm_call(
+    channels: ChannelStack, fake_llm: FakeLLM, name: str
+) -> None:
+    d, chat, text = channels.driver(name), channels.driver(name).new_chat(), marker()
+    r = channels.post(name, d.request(chat=chat, text=text, sender=d.denied))
+    assert r.status_code == 200, r.text
+    if name == "discord":  # every interaction needs an answer: a private "not allowed"
+        assert r.json()["type"] == 4 and r.json()["data"]["flags"] == 64
+    assert channels.stored(text) == 0
+    assert channels.scalar("select count(*) from outbox") == 0
+    assert llm_requests_with(fake_llm, text) == 0
+    assert d.replies(chat) == []
+
+
+@pytest.mark.parametrize("name", PLATFORMS)
+def test_a_429_is_retried_and_the_reply_delivered_once(channels: ChannelStack, name: str) -> None:
+    d, chat, text = channels.driver(name), channels.driver(name).new_chat(), marker()
+    d.rate_limit()
+    assert channels.post(name, d.request(chat=chat, text=text)).status_code == 200
+    channels.settled(chat)
+    assert d.replies(chat) == [f"echo: {text}"]
+    assert [c.status for c in channels.fakes[name].arrived(chat)] == [429, 200]
+    assert channels.scalar("select attempts from outbox where chat_id = :c", c=chat) == 1
+
+
+# --------------------------------------------------------------------------- platform specifics
+
+
+def test_slack_url_verification_answers_the_challenge_only_when_signed(channels: ChannelStack) -> None:
+    slack = channels.fakes["slack"]
+    payload = {"token": "x", "challenge": "c-123", "type": "url_verification"}
+    assert channels.post("slack", slack.signed(payload)).json() == {"challenge": "c-123"}
+    assert channels.post("slack", slack.signed(payload, secret="wrong")).status_code == 401
+
+
+def test_slack_replies_in_the_thread_and_keeps_one_session_per_thread(channels: ChannelStack) -> None:
+    slack, d = channels.fakes["slack"], channels.driver("slack")
+    chat = d.new_chat()
+    first = slack.event(channel=chat, user=d.allowed, text="<@UBOT0001> one", event_id="Ev1")
+    root = first["event"]["ts"]
+    channels.post("slack", slack.signed(first))
+    channels.settled(chat)
+    in_thread = slack.event(channel=chat, user=d.allowed, text="<@UBOT0001> two", event_id="Ev2", thread_ts=root)
+    other = slack.event(channel=chat, user=d.allowed, text="<@UBOT0001> three", event_id="Ev3")
+    channels.post("slack", slack.signed(in_thread))
+    channels.post("slack", slack.signed(other))
+    channels.settled(chat, rows=3)
+    calls = slack.sent(chat)
+    assert [c.body["text"] for c in calls if c.body.get("thread_ts") == root] == ["echo: one", "echo: two"]
+    assert channels.scalar("select count(*) from conversations where chat_id = :c", c=chat) == 2
+    ignored = [slack.event(channel=chat, user=d.allowed, text="mine", event_id="Ev4", bot_id="B1"),
+               slack.event(channel=chat, user=d.allowed, text="chatter", event_id="Ev5", kind="message",
+                           channel_type="channel")]
+    for payload in ignored:
+        assert channels.post("slack", slack.signed(payload)).status_code == 200
+    assert channels.scalar("select count(*) from messages where content in ('mine', 'chatter')") == 0
+
+
+def test_whatsapp_get_verification(channels: ChannelStack) -> None:
+    params = {"hub.mode": "subscribe", "hub.verify_token": "wa-verify-token", "hub.challenge": "1158201444"}
+    r = channels.http.get("/webhooks/whatsapp", params=params)
+    assert r.status_code == 200 and r.text == "1158201444"
+    assert channels.http.get("/webhooks/whatsapp", params={**params, "hub.verify_token": "no"}).status_code == 403
+
+
+def test_feishu_encrypted_url_verification_and_a_cached_refreshed_tenant_token(channels: ChannelStack) -> None:
+    feishu, d = channels.fakes["feishu"], channels.driver("feishu")
+    challenge = {"challenge": "ch-1", "token": feishu.verification_token, "type": "url_verification"}
+    assert channels.post("feishu", feishu.signed(challenge, signed=False)).json() == {"challenge": "ch-1"}
+    wrong = {**challenge, "token": "nope"}
+    assert channels.post("feishu", feishu.signed(wrong, signed=False)).status_code == 401
+    chat = d.new_chat()
+    for text in ("one", "two"):
+        channels.post("feishu", d.request(chat=chat, text=text))
+        channels.settled(chat, rows=1 if text == "one" else 2)
+    assert feishu.token_calls() == 1
+    feishu.revoke_tokens()
+    channels.post("feishu", d.request(chat=chat, text="three"))
+    channels.settled(chat, rows=3)
+    assert d.replies(chat) == ["echo: one", "echo: two", "echo: three"]
+    assert feishu.token_calls() == 2
+
+
+def test_discord_ping_and_the_deferred_flow(channels: ChannelStack) -> None:
+    discord, d = channels.fakes["discord"], channels.driver("discord")
+    assert channels.post("discord", discord.signed({"id": "1", "type": 1, "application_id": "APP1"})).json() == {
+        "type": 1}
+    chat = d.new_chat()
+    payload = discord.command(channel=chat, user=d.allowed, text="sleep:0.5 question", interaction_id="I1")
+    r = channels.post("discord", discord.signed(payload))
+    assert r.json() == {"type": 5}
+    assert discord.sent(chat) == []  # the answer comes later, by editing the deferred response
+    channels.settled(chat)
+    [call] = discord.sent(chat)
+    assert call.op == "edit_original" and call.path.endswith(f"/{payload['token']}/messages/@original")
+    assert call.body["content"] == "echo: sleep:0.5 question"
+
+
+def test_telegram_group_mentions_typing_and_commands(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    group = "-" + d.new_chat()
+    plain = tg.update(chat=int(group), sender=1001, text="just chatting", chat_type="group")
+    assert channels.post("telegram", tg.signed(plain)).status_code == 200
+    mention = tg.update(chat=int(group), sender=1001, text="@nanofleet_bot sleep:0.6 ping", chat_type="group")
+    assert channels.post("telegram", tg.signed(mention)).status_code == 200
+    channels.settled(group)
+    [call] = tg.sent(group)
+    assert call.body["text"] == "echo: sleep:0.6 ping"
+    assert call.body["reply_parameters"]["message_id"] == mention["message"]["message_id"]
+    assert any(c.op == "sendChatAction" and c.body["chat_id"] == group for c in tg.calls)
+    assert channels.scalar("select count(*) from messages where content = 'just chatting'") == 0
+    chat = d.new_chat()
+    channels.post("telegram", d.request(chat=chat, text="/help"))
+    channels.settled(chat)
+    assert d.replies(chat) == [HELP.replace("<", "&lt;").replace(">", "&gt;")]
+    assert llm_requests_with(fake_llm, "/help") == 0
+
+
+def test_bodies_too_big_malformed_or_unknown(channels: ChannelStack) -> None:
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    big = b'{"update_id": 1, "pad": "' + b"x" * (1024 * 1024) + b'"}'
+    assert channels.post("telegram", (big, tg.signed({})[1])).status_code == 413
+    assert channels.post("telegram", (b"not json", tg.signed({})[1])).status_code == 400
+    edited = {"update_id": 77, "edited_message": {"text": "x"}}
+    assert channels.post("telegram", tg.signed(edited)).json() == {"ok": True}
+    wh = channels.fakes["webhook"]
+    assert channels.post("webhook", wh.signed({"id": "x", "text": "no chat"})).status_code == 400
+    assert channels.scalar("select count(*) from inbound_events") == 0
+    assert d.replies(d.new_chat()) == []
+
+
+def test_a_platform_without_its_secrets_is_off(channels: ChannelStack) -> None:
+    from fastapi.testclient import TestClient
+
+    from gateway.app import create_app
+    from shared.settings import ChannelsSettings
+
+    bare = channels.stack.settings.model_copy(update={"channels": ChannelsSettings()})
+    with TestClient(create_app(bare)) as client:
+        r = client.post("/webhooks/telegram", content=json.dumps({"update_id": 1}))
+        assert r.status_code == 404
+        assert "NANOFLEET_CHANNELS__TELEGRAM__TOKEN" in r.json()["detail"]

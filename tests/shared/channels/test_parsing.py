@@ -1,0 +1,155 @@
+"""Parsing and normalising each platform's events into InboundMessage (no network, no database)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shared.channels.base import WebhookError
+from shared.channels.discord import DiscordChannel
+from shared.channels.feishu import FeishuChannel, decrypt
+from shared.channels.slack import SlackChannel
+from shared.channels.telegram import TelegramChannel
+from shared.channels.webhook import WebhookChannel
+from shared.channels.whatsapp import WhatsAppChannel
+from shared.settings import Settings, SettingsError, load_settings
+from tests.fakes.feishu import FakeFeishu, encrypt
+from tests.fakes.slack import FakeSlack
+from tests.fakes.telegram import FakeTelegram
+from tests.fakes.whatsapp import FakeWhatsApp
+
+S = Settings(channels={
+    "telegram": {"bot_username": "nanofleet_bot", "allow_from": ["1"]},
+    "feishu": {"encrypt_key": "k", "allow_from": ["*"]},
+    "whatsapp": {"verify_token": "vt"},
+})
+
+
+def body(payload: object) -> bytes:
+    return json.dumps(payload).encode()
+
+
+def malformed(parse: object, payload: object) -> int:
+    with pytest.raises(WebhookError) as err:
+        parse({}, body(payload))  # type: ignore[operator]
+    return err.value.status_code
+
+
+def test_telegram_text_captions_replies_groups_and_topics() -> None:
+    tg, ch = FakeTelegram("1:t", "s"), TelegramChannel(S)
+    [msg] = ch.parse({}, body(tg.update(chat=5, sender=1, text="hi", update_id=42))).messages
+    assert (msg.chat_id, msg.sender_id, msg.event_id, msg.key(), msg.reply_meta) == ("5", "1", "42", "telegram:5", {})
+    captioned = tg.update(chat=5, sender=1, text="", caption="look at this")
+    assert ch.parse({}, body(captioned)).messages[0].content == "look at this"
+    reply = tg.update(chat=5, sender=1, text="why?", reply_to_message={"text": "the sky is blue\nsays me"})
+    assert ch.parse({}, body(reply)).messages[0].content == "> the sky is blue\n> says me\n\nwhy?"
+    ignored = tg.update(chat=-7, sender=1, text="talking among ourselves", chat_type="supergroup")
+    assert ch.parse({}, body(ignored)).messages == []
+    mention = tg.update(chat=-7, sender=1, text="@NanoFleet_Bot what time is it", chat_type="supergroup",
+                        is_topic_message=True, message_thread_id=9)
+    [msg] = ch.parse({}, body(mention)).messages
+    assert msg.content == "what time is it" and msg.key() == "telegram:-7:9"
+    assert msg.reply_meta == {"reply_to_message_id": mention["message"]["message_id"], "message_thread_id": 9}
+    assert ch.parse({}, body({"update_id": 3, "edited_message": {"text": "x"}})).messages == []
+    assert malformed(ch.parse, {"update_id": 1, "message": {"text": "no chat"}}) == 400
+    assert malformed(ch.parse, {"message": {}}) == 400
+    assert malformed(ch.parse, [1, 2]) == 400
+
+
+def test_telegram_allow_from_is_by_user_id() -> None:
+    ch = TelegramChannel(S)
+    assert ch.allowed("1") and not ch.allowed("2") and not ch.allowed("nanofleet_bot")
+    assert not TelegramChannel(Settings()).allowed("1")  # default deny
+
+
+def test_slack_dms_mentions_threads_and_what_is_ignored() -> None:
+    sl, ch = FakeSlack("x", "s"), SlackChannel(S)
+    dm = sl.event(channel="D1", user="U1", text="hello", event_id="Ev1", kind="message")
+    [msg] = ch.parse({}, body(dm)).messages
+    assert (msg.key(), msg.reply_meta, msg.content) == ("slack:D1", {}, "hello")
+    mention = sl.event(channel="C1", user="U1", text="<@UBOT0001> summarise <@U2>'s idea", event_id="Ev2")
+    [msg] = ch.parse({}, body(mention)).messages
+    root = mention["event"]["ts"]
+    assert (msg.key(), msg.reply_meta) == (f"slack:C1:{root}", {"thread_ts": root})
+    assert msg.content == "summarise <@U2>'s idea"
+    threaded = sl.event(channel="C1", user="U1", text="<@UBOT0001> more", event_id="Ev3", thread_ts="1.5")
+    assert ch.parse({}, body(threaded)).messages[0].key() == "slack:C1:1.5"
+    for ignored in (sl.event(channel="C1", user="U1", text="x", event_id="E", bot_id="B"),
+                    sl.event(channel="C1", user="U1", text="x", event_id="E", subtype="message_changed"),
+                    sl.event(channel="C1", user="U1", text="x", event_id="E", kind="message", channel_type="channel"),
+                    {"type": "app_rate_limited"}):
+        assert ch.parse({}, body(ignored)).messages == []
+    assert ch.parse({}, body({"type": "url_verification", "challenge": "abc"})).response == {"challenge": "abc"}
+    assert malformed(ch.parse, {"type": "event_callback", "event_id": "E", "event": {"type": "app_mention"}}) == 400
+
+
+def test_whatsapp_messages_captions_statuses_and_handshake() -> None:
+    wa, ch = FakeWhatsApp("t", "s", "P1"), WhatsAppChannel(S)
+    payload = wa.event(sender="155501", text="hola", wamid="wamid.1")
+    value = payload["entry"][0]["changes"][0]["value"]
+    value["messages"].append({"from": "155502", "id": "wamid.2", "type": "image", "image": {"caption": "a cat"}})
+    value["messages"].append({"from": "155503", "id": "wamid.3", "type": "sticker", "sticker": {}})
+    value["statuses"] = [{"id": "wamid.out", "status": "read"}]
+    msgs = ch.parse({}, body(payload)).messages
+    assert [(m.chat_id, m.content, m.event_id, m.sender_name) for m in msgs] == [
+        ("155501", "hola", "wamid.1", "Ann"), ("155502", "a cat", "wamid.2", None)]
+    assert ch.parse({}, body({"object": "page"})).messages == []
+    assert malformed(ch.parse, {"object": "whatsapp_business_account", "entry": "nope"}) == 400
+    assert ch.handshake({"hub.mode": "subscribe", "hub.verify_token": "vt", "hub.challenge": "42"}) == "42"
+    assert ch.handshake({"hub.mode": "subscribe", "hub.verify_token": "no", "hub.challenge": "42"}) is None
+
+
+def test_feishu_decrypts_and_keeps_only_text_addressed_to_the_bot() -> None:
+    fs, ch = FakeFeishu("cli", "s", "tok", "k"), FeishuChannel(S)
+    assert decrypt(encrypt(b'{"a": 1}', "k"), "k") == b'{"a": 1}'
+    raw, _ = fs.signed(fs.event(chat="oc_1", sender="ou_1", text="hi there", event_id="ev1"))
+    [msg] = ch.parse({}, raw).messages
+    assert (msg.chat_id, msg.sender_id, msg.content, msg.event_id) == ("oc_1", "ou_1", "hi there", "ev1")
+    group = fs.event(chat="oc_2", sender="ou_1", text="no mention", event_id="ev2", chat_type="group")
+    assert ch.parse({}, fs.signed(group)[0]).messages == []
+    group["event"]["message"].update(mentions=[{"key": "@_user_1", "name": "bot"}],
+                                     content=json.dumps({"text": "@_user_1 do it"}))
+    assert ch.parse({}, fs.signed(group)[0]).messages[0].content == "do it"
+    image = fs.event(chat="oc_1", sender="ou_1", text="x", event_id="ev3")
+    image["event"]["message"]["message_type"] = "image"
+    assert ch.parse({}, fs.signed(image)[0]).messages == []
+    with pytest.raises(WebhookError):
+        ch.parse({}, body({"encrypt": "bm90IGEgY2lwaGVydGV4dA=="}))
+
+
+def test_discord_ping_commands_and_usage() -> None:
+    ch = DiscordChannel(S)
+    assert ch.parse({}, body({"type": 1})).response == {"type": 1}
+    command = {"id": "I1", "type": 2, "token": "tok", "channel_id": "C9", "application_id": "APP",
+               "user": {"id": "7", "username": "ann"},
+               "data": {"name": "ask", "options": [{"name": "question", "type": 3, "value": " why? "}]}}
+    parsed = ch.parse({}, body(command))
+    assert parsed.response == {"type": 5} and parsed.denied_response and parsed.denied_response["type"] == 4
+    [msg] = parsed.messages
+    assert (msg.content, msg.sender_id, msg.reply_meta) == ("why?", "7", {"interaction_token": "tok",
+                                                                          "application_id": "APP"})
+    empty = {**command, "data": {"name": "ask"}}
+    assert ch.parse({}, body(empty)).response["type"] == 4  # type: ignore[index]
+    assert ch.parse({}, body({"type": 3})).messages == []
+    assert malformed(ch.parse, {"type": 2, "id": "I"}) == 400
+
+
+def test_generic_webhook_fields() -> None:
+    ch = WebhookChannel(S)
+    ok = {"id": "e1", "chat_id": "c", "sender_id": "s", "text": "t", "meta": {"thread": 3}}
+    [msg] = ch.parse({}, body(ok)).messages
+    assert msg.reply_meta == {"in_reply_to": "e1", "meta": {"thread": 3}}
+    assert malformed(ch.parse, {**ok, "text": ""}) == 400
+    assert malformed(ch.parse, {**ok, "meta": {"x": "y" * 5000}}) == 400
+
+
+def test_channel_secrets_that_look_like_placeholders_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NANOFLEET_CHANNELS__SLACK__SIGNING_SECRET", "changeme")
+    with pytest.raises(SettingsError, match="NANOFLEET_CHANNELS__SLACK__SIGNING_SECRET"):
+        load_settings()
+
+
+def test_a_channel_is_on_only_with_its_secrets() -> None:
+    ch = TelegramChannel(Settings(channels={"telegram": {"token": "1:t"}}))
+    assert not ch.enabled() and ch.missing() == ["NANOFLEET_CHANNELS__TELEGRAM__WEBHOOK_SECRET"]

@@ -1,0 +1,162 @@
+"""The scheduling core as plain functions (no Celery): missed-run policies, the receipt guard,
+reconciliation, the daily summary job, replayed spawn and cron calls."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from sqlmodel import select
+
+from shared.agent import conversations, prompt
+from shared.agent.finish import cancel
+from shared.agent.local import drain
+from shared.agent.runtime import Next, Runtime
+from shared.constants import T_CRON_FIRE
+from shared.models import CronJob, Message, MessageType, Role, RunKind, RunStatus, ToolCall, utcnow
+from shared.scheduling import cron, jobs, subagents, summary
+from shared.scheduling.beat import BeatMirror
+from shared.scheduling.schedules import whole_second
+from shared.tools.base import ToolContext
+from shared.tools.cron import CronArgs, CronTool
+from tests.support.scheduling import call, db, receipts, runs
+from tests.support.stack import Stack
+
+Core = Callable[..., tuple[Stack, Runtime, BeatMirror]]
+
+
+def fire_until_idle(rt: Runtime, mirror: BeatMirror, job_id: str) -> None:
+    """Fire, run what it started in-process, and fire again when a finish hook asks (catch-up)."""
+    pending = [job_id]
+    while pending:
+        left = drain(rt, cron.fire(rt, mirror, pending.pop()))
+        pending += [str(n.args[0]) for n in left if n.task == T_CRON_FIRE]
+
+
+def add_job(stack: Stack, data: jobs.JobIn, now: datetime | None = None) -> str:
+    with db(stack) as s:
+        return jobs.create(s, stack.settings, data, now=now).id
+
+
+def test_missed_runs_follow_the_policy(core: Core) -> None:
+    stack, rt, mirror = core()
+    now = utcnow()
+    daily = (now - timedelta(hours=3)).replace(second=0, microsecond=0)
+    expr = f"{daily.minute} {daily.hour} * * *"  # last fired three hours ago: late, whatever the policy
+    missed = [daily - timedelta(days=d) for d in (3, 2, 1, 0)]
+    ids = {policy: add_job(stack, jobs.JobIn(message=call("record", tag=policy), cron_expr=expr, tz="UTC",
+                                             missed_policy=policy), now=now - timedelta(days=4, hours=1))
+           for policy in ("skip", "run_once", "catch_up")}
+    for jid in ids.values():
+        fire_until_idle(rt, mirror, jid)
+    assert receipts(stack, ids["skip"]) == []
+    assert [r.scheduled_for for r in receipts(stack, ids["run_once"])] == missed[-1:]
+    assert [r.scheduled_for for r in receipts(stack, ids["catch_up"])] == missed  # one by one, oldest first
+    assert sorted(line.split()[-1] for line in stack.executions()) == ["catch_up"] * 4 + ["run_once"]
+    for jid in ids.values():
+        assert mirror.is_armed_for(jid, daily + timedelta(days=1))
+        assert whole_second(jobs.cursor(jobs_row(stack, jid))) == daily
+
+
+def jobs_row(stack: Stack, jid: str) -> CronJob:
+    with db(stack) as s:
+        return s.get_one(CronJob, jid)
+
+
+def test_the_receipt_stops_a_replayed_firing(core: Core) -> None:
+    stack, rt, mirror = core()
+    jid = add_job(stack, jobs.JobIn(message=call("record", tag="r"), every_seconds=3600))
+    due = jobs.upcoming(jobs_row(stack, jid), utcnow())
+    assert due is not None
+    drain(rt, cron.fire(rt, mirror, jid, due))
+    with db(stack) as s:  # as if the job row were restored from before the firing
+        s.get_one(CronJob, jid).last_fired_at = None
+    assert cron.fire(rt, mirror, jid, due) == []
+    assert len(receipts(stack, jid)) == 1 and len(runs(stack, kind=RunKind.CRON)) == 1
+    assert stack.executions()[0].endswith(" r") and len(stack.executions()) == 1
+
+
+def test_reconcile_repairs_the_mirror_and_one_bad_job_stops_nothing(core: Core) -> None:
+    stack, rt, mirror = core()
+    late = add_job(stack, jobs.JobIn(message="late", every_seconds=1), now=utcnow() - timedelta(seconds=30))
+    fine = add_job(stack, jobs.JobIn(message="fine", every_seconds=3600))
+    with db(stack) as s:
+        s.add(CronJob(id="broken", message="x", kind="cron", cron_expr="not a cron", created_at=utcnow()))
+    mirror.arm("ghost", whole_second(utcnow()) + timedelta(hours=1))
+    nexts = cron.reconcile(rt, mirror)
+    assert Next(T_CRON_FIRE, (late, "")) in nexts and all(n.args[0] != "broken" for n in nexts)
+    assert mirror.armed(late) is not None and mirror.armed(fine) is not None
+    assert mirror.armed("broken") is None and mirror.armed("ghost") is None
+    assert cron.reconcile(rt, mirror) == [Next(T_CRON_FIRE, (late, ""))]  # idempotent
+
+
+def test_daily_summary_job_exists_exactly_when_enabled(core: Core) -> None:
+    stack, rt, mirror = core(SCHEDULER__DAILY_SUMMARY__ENABLED="true", SCHEDULER__DAILY_SUMMARY__CRON="15 8 * * *",
+                             SCHEDULER__TIMEZONE="Europe/Paris")
+    cron.reconcile(rt, mirror)
+    job = jobs_row(stack, cron.DAILY_SUMMARY_ID)
+    assert (job.system, job.kind, job.cron_expr, job.tz) == (True, "cron", "15 8 * * *", "Europe/Paris")
+    assert mirror.armed(job.id) is not None
+    off = Runtime.build(stack.settings.model_copy(update={"scheduler": stack.settings.scheduler.model_copy(
+        update={"daily_summary": stack.settings.scheduler.daily_summary.model_copy(update={"enabled": False})})}))
+    cron.reconcile(off, mirror)
+    with db(stack) as s:
+        assert s.exec(select(CronJob).where(CronJob.system)).all() == []
+    assert mirror.armed(cron.DAILY_SUMMARY_ID) is None
+
+
+def test_daily_summaries_are_records_not_memory(core: Core) -> None:
+    stack, rt, _ = core()
+    with db(stack) as s:
+        conv = conversations.get_or_create(s, session_key="api:x", chat_id="x")
+        s.add(Message(conversation_id=conv.id, role=Role.USER, content="plan the trip"))
+        s.add(Message(conversation_id=conv.id, role=Role.ASSISTANT, content="booked the train"))
+        s.add(Message(conversation_id=conv.id, role=Role.SYSTEM, type=MessageType.SUMMARY, content="compacted",
+                      meta={"covers_until_seq": 0}))
+        cid = conv.id
+    until = utcnow() + timedelta(minutes=1)
+    assert [n.args for n in summary.plan(rt, until)] == [(until.isoformat(), cid)]
+    assert summary.summarise(rt, cid, until) and not summary.summarise(rt, cid, until)  # once per period
+    with db(stack) as s:
+        daily = s.exec(select(Message).where(Message.conversation_id == cid, Message.type == MessageType.SUMMARY)
+                       .where(Message.content.startswith("SUMMARY:"))).all()
+        assert len(daily) == 1 and daily[0].meta["daily_summary"] == until.isoformat()
+        assert prompt.latest_summary(s, cid).content == "compacted"  # type: ignore[union-attr]
+
+
+def _parent_call(stack: Stack, name: str) -> ToolContext:
+    """A turn whose step 1 journals a call of `name`, and the context that call runs with."""
+    with db(stack) as s:
+        conv = conversations.get_or_create(s, session_key="api:p", chat_id="p")
+        run = conversations.try_start_turn(s, conv.id, origin={"channel": "api", "chat_id": conv.id},
+                                           lease_seconds=2)
+        assert run is not None
+        s.add(ToolCall(run_id=run.id, step_seq=1, call_id="call_1", name=name))
+        return ToolContext(settings=stack.settings, run_id=run.id, conversation_id=conv.id, channel="api",
+                           chat_id=conv.id, call_id="call_1", extra={"origin": run.origin})
+
+
+def test_a_replayed_spawn_finds_its_child(core: Core) -> None:
+    stack, rt, _ = core()
+    ctx = _parent_call(stack, "spawn")
+    first = subagents.spawn(stack.settings, parent_run_id=ctx.run_id, call_id="call_1", task="t", label=None)
+    again = subagents.spawn(stack.settings, parent_run_id=ctx.run_id, call_id="call_1", task="t", label=None)
+    assert (again.run_id, again.replayed, first.replayed) == (first.run_id, True, False)
+    [child] = runs(stack, kind=RunKind.SUBAGENT)
+    with db(stack) as s:  # cancelled before its first step: its task must not start a turn of its own
+        drain(rt, cancel(rt, s, child.id, "test", []))
+    assert [r.id for r in runs(stack, conversation_id=child.conversation_id)] == [child.id]
+    assert runs(stack, kind=RunKind.SUBAGENT)[0].status == RunStatus.CANCELLED
+
+
+def test_a_replayed_cron_add_finds_its_job(core: Core) -> None:
+    stack, _, mirror = core()
+    ctx = _parent_call(stack, "cron")
+    args = CronArgs(action="add", message="standup notes", cron_expr="0 9 * * 1-5", tz="Europe/Berlin")
+    first, again = (asyncio.run(CronTool().run(args, ctx)) for _ in range(2))
+    assert first.ok and again.ok and first.output["job_id"] == again.output["job_id"]
+    with db(stack) as s:
+        [job] = s.exec(select(CronJob)).all()
+    assert (job.channel, job.chat_id, job.missed_policy) == ("api", ctx.chat_id, "skip")
+    assert mirror.armed(job.id) is not None

@@ -1,0 +1,101 @@
+"""The heartbeat: nothing to do costs nothing; a cheap decision, then a run whose result goes to the
+most recently active chat; one decision per interval; a session that stays small."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from sqlmodel import col, func, select
+
+from shared.agent import conversations
+from shared.agent.local import drain
+from shared.agent.runtime import Runtime
+from shared.constants import T_HEARTBEAT
+from shared.models import Message, Outbox, Role, RunKind, RunStatus, utcnow
+from shared.queueing import Producer, beat_schedule, make_celery
+from shared.scheduling import heartbeat
+from shared.scheduling.beat import BeatMirror
+from shared.settings import HeartbeatSettings
+from tests.fakes.llm import FakeLLM, Reply, default_handler
+from tests.support.processes import wait_until
+from tests.support.scheduling import call, db, runs
+from tests.support.stack import Stack
+
+Core = Callable[..., tuple[Stack, Runtime, BeatMirror]]
+
+
+def test_an_empty_heartbeat_file_makes_no_llm_call(sched: Stack, fake_llm: FakeLLM) -> None:
+    stack = sched
+    (stack.workspace / "HEARTBEAT.md").write_text("# Heartbeat\n\n- [ ] \n<!-- add tasks here -->\n")
+    worker, producer = stack.procs[-1], Producer(make_celery(stack.settings))
+    seen = worker.log().count("is empty or missing")
+    for _ in range(3):  # what beat sends every interval
+        producer.send(T_HEARTBEAT)
+    wait_until(lambda: worker.log().count("is empty or missing") >= seen + 3, message="three heartbeats")
+    assert fake_llm.calls() == 0
+    assert runs(stack) == []
+
+
+def test_the_heartbeat_is_scheduled_only_when_enabled(sched: Stack) -> None:
+    on = sched.settings.model_copy(update={"heartbeat": HeartbeatSettings(enabled=True, interval=7)})
+    assert beat_schedule(on)["nanofleet-heartbeat"]["schedule"] == timedelta(seconds=7)
+    assert "nanofleet-heartbeat" not in beat_schedule(sched.settings)  # the tests turn it off
+    assert "nanofleet-cron-reconcile" in beat_schedule(sched.settings)
+
+
+def decide_with(answer: str) -> Callable[[dict[str, Any]], Reply]:
+    def handler(body: dict[str, Any]) -> Reply:
+        text = str(body["messages"][-1].get("content") or "")
+        return Reply(text=answer) if "Answer RUN or SKIP" in text else default_handler(body)
+
+    return handler
+
+
+def test_a_due_task_runs_and_reaches_the_latest_chat(core: Core, fake_llm: FakeLLM) -> None:
+    stack, rt, _ = core(HEARTBEAT__MODEL="openai/cheap-model")
+    (stack.workspace / "HEARTBEAT.md").write_text("# Tasks\n- check the deploy\n" + call("record", tag="hb") + "\n")
+    with db(stack) as s:
+        for chat in ("11", "77"):  # 77 spoke last
+            conversations.get_or_create(s, session_key=f"telegram:{chat}", channel="telegram", chat_id=chat)
+            s.flush()
+    fake_llm.handler = decide_with("RUN")
+    now = utcnow()
+    drain(rt, heartbeat.beat(rt, now))
+    [decision, *_] = fake_llm.requests
+    assert decision["model"] == "cheap-model"
+    [run] = runs(stack, kind=RunKind.HEARTBEAT)
+    assert run.status == RunStatus.SUCCEEDED and run.final_text == "done: recorded hb"
+    with db(stack) as s:
+        [sent] = s.exec(select(Outbox)).all()
+    assert (sent.channel, sent.chat_id, sent.content) == ("telegram", "77", "done: recorded hb")
+    calls = fake_llm.calls()
+    assert heartbeat.beat(rt, now) == [] and fake_llm.calls() == calls  # this interval was handled
+
+
+def test_a_skip_decision_costs_one_call_and_no_run(core: Core, fake_llm: FakeLLM) -> None:
+    stack, rt, _ = core()
+    (stack.workspace / "HEARTBEAT.md").write_text("- water the plants on Sundays\n")
+    fake_llm.handler = decide_with("SKIP")
+    assert heartbeat.beat(rt) == []
+    assert fake_llm.calls() == 1 and runs(stack) == []
+
+
+def test_the_heartbeat_session_is_trimmed(core: Core) -> None:
+    stack, _, _ = core()
+    with db(stack) as s:
+        conv = conversations.get_or_create(s, session_key=heartbeat.SESSION, channel="internal")
+        s.add_all(Message(conversation_id=conv.id, role=Role.USER, content=f"m{i}") for i in range(50))
+        s.flush()
+        heartbeat.trim(s, conv.id)
+        kept = s.exec(select(Message.content).where(Message.conversation_id == conv.id)
+                      .order_by(col(Message.seq))).all()
+        assert kept == [f"m{i}" for i in range(30, 50)]
+        assert s.exec(select(func.count()).select_from(Message)).one() == heartbeat.KEEP_MESSAGES
+
+
+def test_heartbeat_tasks_ignore_headings_comments_and_empty_items() -> None:
+    assert heartbeat.tasks("# T\n\n<!-- a\nb -->\n- [ ]\n* \n") == ""
+    assert heartbeat.tasks("# T\n- [ ] call mum\n") == "- [ ] call mum"
+    assert heartbeat.slot(utcnow(), 60) <= utcnow() < heartbeat.slot(utcnow(), 60) + timedelta(seconds=60)

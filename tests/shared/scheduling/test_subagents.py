@@ -1,0 +1,53 @@
+"""Subagents end to end: gateway in-process, a real worker process, fake LLM over HTTP (crashes and
+restarts: test_restarts.py)."""
+
+from __future__ import annotations
+
+import json
+
+from shared.models import RunStatus
+from tests.support.processes import wait_until
+from tests.support.scheduling import (
+    assert_reported_once,
+    call,
+    child_of,
+    client,
+    new_conversation,
+    reported,
+    reports,
+    runs,
+    spawn,
+    subagents,
+)
+from tests.support.stack import Stack
+
+
+def test_spawn_returns_at_once_and_the_report_arrives_once(sched: Stack) -> None:
+    stack = sched
+    with client(stack) as api:
+        cid = new_conversation(api)
+        [spawned] = spawn(api, cid, "sleep:1\n" + call("record", tag="sub"))
+        child_id = child_of(spawned)
+        assert json.loads(spawned["result"])["status"] == "started"
+        wait_until(lambda: reported(stack, cid, child_id), timeout=60, message="the subagent's report")
+    assert_reported_once(stack, cid, child_id, "sub")
+    parent, child = runs(stack, conversation_id=cid)[0], next(iter(subagents(stack)))
+    assert parent.finished_at and child.finished_at and parent.finished_at < child.finished_at
+    assert child.parent_run_id == parent.id and child.label == "job0"
+    assert child.max_iterations == stack.settings.subagents.max_iterations
+
+
+def test_concurrency_limit_and_stop(sched: Stack) -> None:
+    stack = sched
+    with client(stack) as api:
+        cid = new_conversation(api)
+        calls = spawn(api, cid, *["sleep:60"] * 4)
+        statuses = sorted(c["status"] for c in calls)
+        assert statuses == ["REJECTED", "SUCCESS", "SUCCESS", "SUCCESS"]
+        rejected = next(c for c in calls if c["status"] == "REJECTED")
+        assert "limit 3" in rejected["result"] and rejected["errorCode"] == "NOT_ALLOWED"
+        assert len(subagents(stack)) == 3
+        r = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "/stop"})
+        assert r.json()["assistantMessage"] == "Stopped 3 running task(s)."
+    assert {c.status for c in subagents(stack)} == {RunStatus.CANCELLED}
+    assert reports(stack, cid) == []  # a stopped subagent sends no report
