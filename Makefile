@@ -6,7 +6,7 @@ PY := .venv/bin/python
 COMPOSE := docker compose --env-file .env -f docker/compose.yml
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: help install run test lint typecheck check up down logs bench chaos chaos-smoke uv
+.PHONY: help install run test lint typecheck check up down logs bench chaos chaos-smoke fuzz properties uv
 
 help: ## Show this help
 	@grep -hE '^[a-z-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -27,7 +27,7 @@ lint: install ## ruff
 	@.venv/bin/ruff check .
 
 typecheck: install ## mypy (strict)
-	@.venv/bin/mypy shared gateway workers
+	@.venv/bin/mypy shared gateway workers bench
 
 check: lint typecheck test ## Everything CI runs
 
@@ -48,3 +48,9 @@ chaos: install ## Chaos run: kills and restarts under load, write bench/CHAOS.md
 
 chaos-smoke: install ## A short chaos run (CI)
 	@$(PY) -m bench.chaos --smoke
+
+fuzz: install ## schemathesis over the OpenAPI schema and hostile webhook input (NANOFLEET_FUZZ_EXAMPLES=25)
+	@$(PY) -m pytest -q tests/fuzz
+
+properties: install ## Every hypothesis property test, 10x examples (NANOFLEET_HYPOTHESIS_PROFILE=thorough)
+	@NANOFLEET_HYPOTHESIS_PROFILE=$${NANOFLEET_HYPOTHESIS_PROFILE:-thorough} $(PY) -m pytest -q -m property

@@ -23,7 +23,7 @@ from bench.chaos_report import render
 from bench.fakes import FakeTelegram
 from bench.report import BENCH_DIR
 from bench.services import DedicatedPostgres, DedicatedRedis, free_port
-from bench.stack import BenchStack, Teardown, bench_defaults
+from bench.stack import BenchStack, Teardown, bench_defaults, child_env
 from shared.db import get_engine
 from shared.migrate import upgrade
 from tests.fakes.llm import FakeLLM
@@ -48,6 +48,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--deliveries", type=int, default=3, help="times each webhook is delivered")
     p.add_argument("--drain", type=float, default=240.0, help="seconds to wait for everything to settle")
     p.add_argument("--api", action="store_true", help="drive through the REST API even if webhooks exist")
+    p.add_argument("--no-faults", action="store_true", help="the same traffic without any fault (a control run)")
     p.add_argument("--out", help="result file (default bench/CHAOS.md; smoke: a temp file)")
     args = p.parse_args(argv)
     smoke = args.smoke
@@ -91,6 +92,31 @@ def _drain(stack: BenchStack, traffic: Traffic, deadline: float, quiet: float) -
     return False
 
 
+DUMPS = {
+    "runs": "select id, conversation_id, kind, status, phase, step_seq, iteration, parent_run_id, task, origin, "
+            "final_text, error, created_at, started_at, finished_at from runs order by created_at",
+    "tool_calls": "select id, run_id, step_seq, call_id, name, arguments, status, result, attempts, created_at, "
+                  "started_at, finished_at from tool_calls order by created_at",
+    "outbox": "select id, key, chat_id, content, status, attempts, run_id, last_error, created_at, delivered_at "
+              "from outbox order by created_at",
+    "messages": "select id, seq, conversation_id, run_id, role, type, content, tool_call_id, pending, created_at "
+                "from messages order by id",
+    "cron_receipts": "select * from cron_receipts order by created_at",
+}
+
+
+def _dump(stack: BenchStack, telegram: FakeTelegram) -> None:
+    """Everything needed to chase a failure, next to the process logs: tables and what the platform got."""
+    with (stack.log_dir / "telegram-sent.jsonl").open("w") as fh:
+        for s in telegram.snapshot():
+            fh.write(json.dumps({"at": s.at, "chat_id": s.chat_id, "text": s.text}) + "\n")
+    with get_engine(stack.settings.database_url).connect() as conn:
+        for name, sql in DUMPS.items():
+            with (stack.log_dir / f"db-{name}.jsonl").open("w") as fh:
+                for row in conn.execute(text(sql)).mappings():
+                    fh.write(json.dumps(dict(row), default=str) + "\n")
+
+
 def _replies(stack: BenchStack, telegram: FakeTelegram, via_telegram: bool) -> list[str]:
     if via_telegram:
         return [s.text for s in telegram.snapshot()]
@@ -111,7 +137,7 @@ def run(args: argparse.Namespace, teardown: Teardown) -> tuple[Tally, dict[str, 
     teardown.add(llm.server.stop)
     teardown.add(telegram.stop)
     llm.handler = handler(max_delay=0.3)
-    stack = BenchStack(_env(db, redis_server.start(), llm, telegram, root), root / "logs")
+    stack = BenchStack(child_env(_env(db, redis_server.start(), llm, telegram, root)), root / "logs")
     stack.log_dir.mkdir()
     teardown.add(stack.stop)
     ctl = Controller(stack, redis_server, pg, free_port())
@@ -123,9 +149,13 @@ def run(args: argparse.Namespace, teardown: Teardown) -> tuple[Tally, dict[str, 
           f"{'Telegram webhooks x' + str(args.deliveries) if via_telegram else 'the REST API'}; logs {stack.log_dir}",
           flush=True)
     traffic.start()
-    ctl.run(seconds=args.seconds, kill_every=args.kill_every, singles=SINGLES, stop=lambda: False)
+    if args.no_faults:
+        traffic.done.wait(args.seconds + 600)
+    else:
+        ctl.run(seconds=args.seconds, kill_every=args.kill_every, singles=SINGLES, stop=lambda: False)
     settled = _drain(stack, traffic, time.monotonic() + args.drain, quiet=15.0)
     ctl.log("drained" if settled else f"NOT drained after {args.drain:g}s")
+    _dump(stack, telegram)
     tally = collect(get_engine(db), stack.workspace, args.messages, _replies(stack, telegram, via_telegram))
     facts: dict[str, object] = {
         "via": "telegram" if via_telegram else "api", "settled": settled, "events": ctl.events,

@@ -27,6 +27,7 @@ from tests.fakes.llm import Reply
 TAG = re.compile(r"\btag-(\d+)\b")
 MENTION = re.compile(r"\b((?:sub|cron)-\d+)\b")
 ACTIONS = ("record", "spawn", "cron")
+CRON_DELAY = 15  # seconds from the model's answer to the job's `at`
 
 
 def action_of(i: int) -> str:
@@ -45,7 +46,7 @@ def _calls(tags: list[str], actions: dict[str, str]) -> list[tuple[str, dict[str
         if actions.get(n) == "spawn":
             calls.append(("spawn", {"task": f"background job sub-{n}", "label": f"sub-{n}"}))
         elif actions.get(n) == "cron":
-            at = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=4)).isoformat()
+            at = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=CRON_DELAY)).isoformat()
             calls.append(("cron", {"action": "add", "message": f"scheduled reminder cron-{n}", "at": at,
                                    "missed_policy": "run_once", "name": f"cron-{n}"}))
     return calls
@@ -73,7 +74,7 @@ def handler(max_delay: float) -> Callable[[dict[str, Any]], Reply]:
             if m.get("role") == "user":
                 for n in TAG.findall(content):
                     requested.setdefault(n, next((a for a in ACTIONS if f"please {a}" in content), "record"))
-                mentions += [x for x in MENTION.findall(content) if x not in mentions]
+                mentions += [x for x in dict.fromkeys(MENTION.findall(content)) if x not in mentions]
             elif m.get("role") == "assistant":
                 for call in m.get("tool_calls") or []:
                     called.update(TAG.findall(str(call.get("function", {}).get("arguments", ""))))
@@ -100,6 +101,7 @@ class Tally:
     interrupted: set[str] = field(default_factory=set)  # record calls reported "may or may not"
     subagents: dict[str, list[str]] = field(default_factory=dict)  # sub-N -> statuses of its runs
     crons: dict[str, list[str]] = field(default_factory=dict)  # cron-N -> statuses of its firings
+    cron_refused: set[str] = field(default_factory=set)  # adds the tool refused (`at` passed before it ran)
     mention_replies: Counter[str] = field(default_factory=Counter)
     failed_runs: list[str] = field(default_factory=list)
     stuck_runs: list[str] = field(default_factory=list)
@@ -128,8 +130,8 @@ def collect(engine: Engine, workspace: Path, n: int, replies: list[str]) -> Tall
     """Count everything per tag from Postgres, the executions log and the replies."""
     t = Tally(n)
     for body in replies:
-        t.replies.update(f"tag-{x}" for x in TAG.findall(body))
-        t.mention_replies.update(MENTION.findall(body))
+        t.replies.update({f"tag-{x}" for x in TAG.findall(body)})  # replies naming it, not mentions
+        t.mention_replies.update(set(MENTION.findall(body)))
     log = workspace / "executions.log"
     for line in log.read_text().splitlines() if log.exists() else []:
         t.executions[line.split()[-1]] += 1
@@ -139,6 +141,9 @@ def collect(engine: Engine, workspace: Path, n: int, replies: list[str]) -> Tall
         for args in conn.execute(text("select arguments->>'tag' from tool_calls where name = 'record' and "
                                       "status = 'FAILED' and result->>'message' like '%may or may not%'")).scalars():
             t.interrupted.add(str(args))
+        for msg in conn.execute(text("select arguments->>'message' from tool_calls where name = 'cron' and "
+                                     "result->>'error' = 'INVALID_ARGS'")).scalars():
+            t.cron_refused.update(MENTION.findall(str(msg)))
         for kind, task, status in conn.execute(text("select kind, coalesce(task, ''), status from runs "
                                                     "where kind in ('subagent', 'cron')")).all():
             for x in MENTION.findall(task):

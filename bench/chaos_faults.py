@@ -58,12 +58,17 @@ class Controller:
         if proc in self.stack.procs:
             self.stack.procs.remove(proc)
 
-    def kill_worker(self) -> None:
-        victim = random.choice(self.workers)
+    def kill_worker(self) -> bool:
+        """SIGKILL a random worker that is up (killing one still booting tests nothing); False if none is."""
+        ready = [w for w in self.workers if w.alive() and " ready." in w.log()]
+        if not ready:
+            return False
+        victim = random.choice(ready)
         self._reap(victim)
         self.workers.remove(victim)
         self.workers.append(self._spawn_worker())
         self.log(f"SIGKILL worker pid {victim.pid} ({victim.log_path.name}); started a new one")
+        return True
 
     def restart_gateway(self) -> None:
         assert self.gateway is not None
@@ -103,8 +108,8 @@ class Controller:
             if pending and now >= pending[0][0]:
                 actions[pending.pop(0)[1]]()
             elif now >= next_kill and now < seconds:
-                self.kill_worker()
-                next_kill = now + kill_every * random.uniform(0.6, 1.4)
+                if self.kill_worker():
+                    next_kill = now + kill_every * random.uniform(0.6, 1.4)
             elif (now >= seconds and not pending) or stop():
                 return
             time.sleep(0.05)

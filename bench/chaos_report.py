@@ -20,7 +20,7 @@ def _rows(t: Tally, facts: dict[str, Any]) -> list[tuple[str, int, str, bool]]:
     subs = {k: v for k, v in t.subagents.items()}
     crons = {k: v for k, v in t.crons.items()}
     spawned = [f"sub-{n}" for n in range(t.n) if n % 10 == 3]
-    scheduled = [f"cron-{n}" for n in range(t.n) if n % 10 == 7]
+    scheduled = [f"cron-{n}" for n in range(t.n) if n % 10 == 7 and f"cron-{n}" not in t.cron_refused]
     rows = [
         ("inbound messages", t.n, f"{facts['sent']} requests answered 2xx, {facts['failed_attempts']} "
                                   "attempts refused or failed (retried)", True),
@@ -46,6 +46,8 @@ def _rows(t: Tally, facts: dict[str, Any]) -> list[tuple[str, int, str, bool]]:
         doubled = [x for x in seen if t.mention_replies[x] > 1]
         rows += [(f"{label}: results not reported to the chat", len(unanswered), _ids(unanswered), not unanswered),
                  (f"{label}: results reported twice", len(doubled), _ids(doubled), not doubled)]
+    rows += [("cron adds refused by the tool (`at` had passed when it ran; not expected)", len(t.cron_refused),
+              _ids(sorted(t.cron_refused)), True)]
     rows += [("runs failed", len(t.failed_runs), _ids(t.failed_runs), not t.failed_runs),
              ("runs still active after the drain", len(t.stuck_runs), _ids(t.stuck_runs), not t.stuck_runs),
              ("settled within the drain time", int(bool(facts["settled"])), "", bool(facts["settled"]))]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
@@ -59,7 +59,10 @@ class FakeTelegram:
 
     async def _call(self, request: Request) -> JSONResponse:
         method = request.path_params["method"]
-        payload: dict[str, Any] = await request.json()
+        try:
+            payload: dict[str, Any] = await request.json()
+        except ClientDisconnect:  # the sending worker was killed mid-request: nothing was sent
+            return JSONResponse({"ok": False}, status_code=499)
         if method != "sendMessage":
             with self.lock:
                 self.actions += 1

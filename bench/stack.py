@@ -168,10 +168,16 @@ def bench_stack(*, teardown: Teardown, shared_postgres: str | None, llm: FakeLLM
     workspace.mkdir()
     env = make_env(database_url=database_url, redis_url=redis_url, llm_url=llm.url, workspace=workspace,
                    **{**bench_defaults(telegram_url), **extra})
-    stack = BenchStack(env, root / "logs")
+    stack = BenchStack(child_env(env), root / "logs")
     stack.log_dir.mkdir()
     teardown.add(lambda: stack.stop())
     yield stack
+
+
+def child_env(env: dict[str, str]) -> dict[str, str]:
+    """Children may cache bytecode (this sandbox sets PYTHONDONTWRITEBYTECODE, which makes every worker
+    start compile its imports again; the Docker image compiles them at build time)."""
+    return {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
 def bench_defaults(telegram_url: str) -> dict[str, str]:

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import Path
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 # Every /api/v1 route answers 401 without a valid bearer key; documented so clients (and schemathesis) know.
 UNAUTHORIZED: dict[int | str, dict[str, Any]] = {401: {"description": "missing or invalid API key"}}
+BAD_BODY: dict[int | str, dict[str, Any]] = {400: {"description": "the body is not JSON"}}
 BIGINT_MAX = 2**63 - 1  # offsets past Postgres' bigint are refused with 422, not a database error
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+# Postgres text cannot hold NUL: refuse it with 422 instead of failing in the database.
+Text = Annotated[str, AfterValidator(_no_nul)]
+Id = Annotated[str, Path(max_length=64, pattern=r"^[^\x00]+$")]
 
 
 class CamelModel(BaseModel):
@@ -17,7 +30,7 @@ class CamelModel(BaseModel):
 
 
 class ConversationIn(CamelModel):
-    title: str | None = Field(default=None, max_length=200)
+    title: Text | None = Field(default=None, max_length=200)
 
 
 class ConversationOut(CamelModel):
@@ -25,8 +38,8 @@ class ConversationOut(CamelModel):
 
 
 class ChatIn(CamelModel):
-    message: str = Field(min_length=1, max_length=100_000)
-    model: str | None = Field(default=None, max_length=200)
+    message: Text = Field(min_length=1, max_length=100_000)
+    model: Text | None = Field(default=None, max_length=200)
 
 
 class ToolCallOut(CamelModel):

@@ -19,36 +19,6 @@ from tests.support import services
 from tests.support.stack import Stack, api_client, clean_db, clean_redis, make_env
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-REDIS_DB_CLAIM = "nanofleet-test-db:"  # keys in DB 0 that reserve a database number per test session
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _claim_redis_dbs(server: str, count: int) -> list[int]:
-    """Reserve `count` free Redis database numbers, so concurrent test sessions never share queues."""
-    client = redis.Redis.from_url(f"{server}/0")
-    taken: list[int] = []
-    for n in range(1, 16):
-        key = f"{REDIS_DB_CLAIM}{n}"
-        holder = client.get(key)
-        if holder is not None and not _alive(int(holder)):
-            client.delete(key)  # left by a test session that was killed
-        if client.set(key, os.getpid(), nx=True, ex=3 * 3600):
-            taken.append(n)
-            if len(taken) == count:
-                return taken
-    pytest.exit("no free Redis databases 1-15 for the tests (other test sessions hold them; "
-                f"delete the {REDIS_DB_CLAIM}* keys in DB 0 if they are stale)", returncode=3)
-
-
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
     base = make_url(services.postgres_url())
@@ -74,10 +44,8 @@ def redis_server() -> str:
 @pytest.fixture(scope="session")
 def redis_dbs(redis_server: str) -> Iterator[tuple[int, int]]:
     """(shared stack's DB, private stacks' DB), reserved for this session."""
-    shared, fresh = _claim_redis_dbs(redis_server, 2)
-    yield shared, fresh
-    client = redis.Redis.from_url(f"{redis_server}/0")
-    client.delete(f"{REDIS_DB_CLAIM}{shared}", f"{REDIS_DB_CLAIM}{fresh}")
+    with services.claimed_redis_dbs(redis_server, 2) as (shared, fresh):
+        yield shared, fresh
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway.deps import SessionDep, StateDep, require_key
 from gateway.schemas import (
+    BAD_BODY,
     BIGINT_MAX,
     UNAUTHORIZED,
     Accepted,
@@ -19,6 +20,7 @@ from gateway.schemas import (
     ChatOut,
     ConversationIn,
     ConversationOut,
+    Id,
     MessageOut,
     ToolCallOut,
 )
@@ -38,7 +40,7 @@ def _origin(conversation_id: str) -> dict[str, str]:
     return {"channel": "api", "chat_id": conversation_id}
 
 
-@router.post("", response_model=ConversationOut, responses={400: {"description": "the body is not JSON"}})
+@router.post("", response_model=ConversationOut, responses=BAD_BODY)
 def create_conversation(s: SessionDep, body: ConversationIn | None = None) -> ConversationOut:
     """A new API conversation."""
     cid = new_id()
@@ -61,8 +63,8 @@ def _submit(state: AppState, conversation_id: str, body: ChatIn) -> Submitted:
 
 
 @router.post("/{conversation_id}/chat", response_model=ChatOut,
-             responses={404: {"description": "no such conversation"}, 504: {"description": "timed out"}})
-async def chat(conversation_id: str, body: ChatIn, state: StateDep) -> ChatOut:
+             responses={**BAD_BODY, 404: {"description": "no such conversation"}, 504: {"description": "timed out"}})
+async def chat(conversation_id: Id, body: ChatIn, state: StateDep) -> ChatOut:
     """Send a message and wait for the agent's answer (and the tool calls it made)."""
     since = await last_event_id(state, conversation_id)
     out = await run_in_threadpool(_submit, state, conversation_id, body)
@@ -85,8 +87,8 @@ def _tool_calls(state: AppState, run_id: str) -> list[ToolCallOut]:
 
 
 @router.post("/{conversation_id}/messages", status_code=202, response_model=Accepted,
-             responses={404: {"description": "no such conversation"}})
-async def post_message(conversation_id: str, body: ChatIn, state: StateDep) -> Accepted:
+             responses={**BAD_BODY, 404: {"description": "no such conversation"}})
+async def post_message(conversation_id: Id, body: ChatIn, state: StateDep) -> Accepted:
     """Queue a message and return at once with the run that will handle it."""
     out = await run_in_threadpool(_submit, state, conversation_id, body)
     return Accepted(conversation_id=conversation_id, run_id=out.run_id, message_id=out.message_id,
@@ -96,7 +98,7 @@ async def post_message(conversation_id: str, body: ChatIn, state: StateDep) -> A
 @router.get("/{conversation_id}/messages", response_model=list[MessageOut],
             responses={404: {"description": "no such conversation"}})
 def list_messages(
-    conversation_id: str, s: SessionDep,
+    conversation_id: Id, s: SessionDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200, offset: Annotated[int, Query(ge=0, le=BIGINT_MAX)] = 0,
 ) -> list[MessageOut]:
     """The conversation's messages in order, including any still waiting in the mailbox."""
@@ -107,7 +109,7 @@ def list_messages(
 
 @router.get("/{conversation_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
 async def events(
-    conversation_id: str, state: StateDep,
+    conversation_id: Id, state: StateDep,
     last_event: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> EventSourceResponse:
     """Server-Sent Events: run started, step started, text deltas, tools, run finished or failed."""

@@ -6,7 +6,8 @@ import logging
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from pydantic import Field
 from sqlmodel import col, select
 
@@ -16,40 +17,42 @@ from gateway.state import AppState
 from shared.models import CronJob, CronReceipt
 from shared.scheduling import jobs
 from shared.scheduling.beat import BeatMirror
+from shared.scheduling.jobs import NO_NUL
 from shared.scheduling.schedules import MAX_EVERY
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1/cron", tags=["cron"], dependencies=[Depends(require_key)], responses=UNAUTHORIZED)
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such job"}}
+JobId = Annotated[str, Path(pattern=NO_NUL, max_length=64)]
 
 
 class CronIn(CamelModel):
     """A new job: `message` and exactly one of everySeconds, cronExpr (with tz) or at."""
 
-    message: str = Field(min_length=1, max_length=10_000)
-    name: str = Field(default="", max_length=200)
+    message: str = Field(min_length=1, max_length=10_000, pattern=NO_NUL)
+    name: str = Field(default="", max_length=200, pattern=NO_NUL)
     every_seconds: int | None = Field(default=None, ge=1, le=MAX_EVERY)
-    cron_expr: str | None = Field(default=None, max_length=200)
-    tz: str | None = Field(default=None, max_length=64)
+    cron_expr: str | None = Field(default=None, max_length=200, pattern=NO_NUL)
+    tz: str | None = Field(default=None, max_length=64, pattern=NO_NUL)
     at: datetime | None = None
     missed_policy: jobs.Policy | None = None
-    channel: str = Field(default="api", max_length=32, description="where results go")
-    chat_id: str = Field(default="", max_length=200)
+    channel: str = Field(default="api", max_length=32, description="where results go", pattern=NO_NUL)
+    chat_id: str = Field(default="", max_length=200, pattern=NO_NUL)
     enabled: bool = True
 
 
 class CronPatch(CamelModel):
     """Fields to change; a new schedule replaces the old one."""
 
-    message: str | None = Field(default=None, min_length=1, max_length=10_000)
-    name: str | None = Field(default=None, max_length=200)
+    message: str | None = Field(default=None, min_length=1, max_length=10_000, pattern=NO_NUL)
+    name: str | None = Field(default=None, max_length=200, pattern=NO_NUL)
     every_seconds: int | None = Field(default=None, ge=1, le=MAX_EVERY)
-    cron_expr: str | None = Field(default=None, max_length=200)
-    tz: str | None = Field(default=None, max_length=64)
+    cron_expr: str | None = Field(default=None, max_length=200, pattern=NO_NUL)
+    tz: str | None = Field(default=None, max_length=64, pattern=NO_NUL)
     at: datetime | None = None
     missed_policy: jobs.Policy | None = None
-    channel: str | None = Field(default=None, max_length=32)
-    chat_id: str | None = Field(default=None, max_length=200)
+    channel: str | None = Field(default=None, max_length=32, pattern=NO_NUL)
+    chat_id: str | None = Field(default=None, max_length=200, pattern=NO_NUL)
     enabled: bool | None = None
 
 
@@ -65,11 +68,20 @@ def _mirror(state: AppState, job: CronJob | None, job_id: str) -> None:
         log.warning("cron job %s: beat schedule not updated now (%s); reconciliation will", job_id, err)
 
 
-@router.get("")
+def _known_filters(request: Request) -> None:
+    """A misspelt filter would silently list every job, and a repeated one is ambiguous: refuse both."""
+    known = {"channel", "chatId"}
+    bad = {k for k in request.query_params if k not in known or len(request.query_params.getlist(k)) > 1}
+    if bad:
+        raise RequestValidationError([{"type": "extra_forbidden", "loc": ("query", k), "input": request.query_params[k],
+                                       "msg": "unknown or repeated query parameter"} for k in sorted(bad)])
+
+
+@router.get("", dependencies=[Depends(_known_filters)])
 def list_jobs(
     s: SessionDep,
-    channel: Annotated[str | None, Query()] = None,
-    chat_id: Annotated[str | None, Query(alias="chatId")] = None,
+    channel: Annotated[str | None, Query(pattern=NO_NUL)] = None,
+    chat_id: Annotated[str | None, Query(alias="chatId", pattern=NO_NUL)] = None,
 ) -> list[dict[str, Any]]:
     """Every job (system jobs included), oldest first; filter by target channel and chat."""
     return [jobs.view(j) for j in jobs.listing(s, channel=channel, chat_id=chat_id)]
@@ -85,7 +97,7 @@ def create_job(body: CronIn, s: SessionDep, state: StateDep) -> dict[str, Any]:
 
 
 @router.get("/{job_id}", responses=NOT_FOUND)
-def get_job(job_id: str, s: SessionDep) -> dict[str, Any]:
+def get_job(job_id: JobId, s: SessionDep) -> dict[str, Any]:
     """A job, with its latest firings (fire time and the run it started)."""
     job = jobs.get(s, job_id)
     receipts = s.exec(select(CronReceipt).where(CronReceipt.job_id == job_id)
@@ -95,7 +107,7 @@ def get_job(job_id: str, s: SessionDep) -> dict[str, Any]:
 
 
 @router.patch("/{job_id}", responses={**NOT_FOUND, 409: {"description": "a system job"}})
-def update_job(job_id: str, body: CronPatch, s: SessionDep, state: StateDep) -> dict[str, Any]:
+def update_job(job_id: JobId, body: CronPatch, s: SessionDep, state: StateDep) -> dict[str, Any]:
     """Change a job: enable or disable it, or give it a new message, schedule or target."""
     job = jobs.get(s, job_id, lock=True)
     patch = jobs.JobPatch.model_validate(body.model_dump(by_alias=False, exclude_unset=True))
@@ -106,7 +118,7 @@ def update_job(job_id: str, body: CronPatch, s: SessionDep, state: StateDep) -> 
 
 
 @router.delete("/{job_id}", status_code=204, responses={**NOT_FOUND, 409: {"description": "a system job"}})
-def delete_job(job_id: str, s: SessionDep, state: StateDep) -> Response:
+def delete_job(job_id: JobId, s: SessionDep, state: StateDep) -> Response:
     """Remove a job; a firing already under way finishes, no further one starts."""
     jobs.delete(s, jobs.get(s, job_id, lock=True))
     s.commit()

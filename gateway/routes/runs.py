@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException
 
 from gateway.deps import SessionDep, StateDep, require_key
-from gateway.schemas import UNAUTHORIZED
+from gateway.schemas import UNAUTHORIZED, Id
 from shared.agent import views
 from shared.agent.finish import cancel, publish_final
 from shared.models import Run
@@ -16,7 +16,7 @@ router = APIRouter(prefix="/api/v1/runs", tags=["runs"], dependencies=[Depends(r
 
 
 @router.get("/{run_id}", responses={404: {"description": "no such run"}})
-def get_run(run_id: str, s: SessionDep) -> dict[str, Any]:
+def get_run(run_id: Id, s: SessionDep) -> dict[str, Any]:
     """A run's status, steps, usage, tool calls and result."""
     run = s.get(Run, run_id)
     if run is None:
@@ -25,7 +25,7 @@ def get_run(run_id: str, s: SessionDep) -> dict[str, Any]:
 
 
 @router.post("/{run_id}/cancel", responses={404: {"description": "no such run"}})
-def cancel_run(run_id: str, s: SessionDep, state: StateDep) -> dict[str, Any]:
+def cancel_run(run_id: Id, s: SessionDep, state: StateDep) -> dict[str, Any]:
     """Cancel a run (and the subagents of its conversation); a finished run is left as it is."""
     if s.get(Run, run_id) is None:
         raise HTTPException(404, f"no run {run_id}")

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 
 from gateway.deps import SessionDep, StateDep, require_key
 from gateway.schemas import BIGINT_MAX, UNAUTHORIZED
 from shared.agent.finish import cancel, publish_final
 from shared.models import Run, RunKind, RunStatus
 from shared.scheduling import subagents
+from shared.scheduling.jobs import NO_NUL
 
+SubagentId = Annotated[str, Path(pattern=NO_NUL, max_length=64)]
 router = APIRouter(prefix="/api/v1/subagents", tags=["subagents"], dependencies=[Depends(require_key)],
                    responses=UNAUTHORIZED)
 
@@ -23,10 +26,20 @@ def _subagent(s: SessionDep, subagent_id: str) -> Run:
     return run
 
 
-@router.get("")
+def _known_filters(request: Request) -> None:
+    """A misspelt filter would silently list everything, and a repeated one is ambiguous: refuse both."""
+    known = {"conversationId", "status", "limit", "offset"}
+    bad = {k for k in request.query_params if k not in known or len(request.query_params.getlist(k)) > 1}
+    if bad:
+        raise RequestValidationError([{"type": "extra_forbidden", "loc": ("query", k), "input": request.query_params[k],
+                                       "msg": "unknown or repeated query parameter"} for k in sorted(bad)])
+
+
+@router.get("", dependencies=[Depends(_known_filters)])
 def list_subagents(
     s: SessionDep,
-    conversation_id: Annotated[str | None, Query(alias="conversationId", description="the parent conversation")] = None,
+    conversation_id: Annotated[str | None, Query(alias="conversationId", pattern=NO_NUL,
+                                                 description="the parent conversation")] = None,
     status: Annotated[RunStatus | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     offset: Annotated[int, Query(ge=0, le=BIGINT_MAX)] = 0,
@@ -37,13 +50,13 @@ def list_subagents(
 
 
 @router.get("/{subagent_id}", responses={404: {"description": "no such subagent"}})
-def get_subagent(subagent_id: str, s: SessionDep) -> dict[str, Any]:
+def get_subagent(subagent_id: SubagentId, s: SessionDep) -> dict[str, Any]:
     """A subagent's status, steps, usage, tool calls and result."""
     return subagents.detail(s, _subagent(s, subagent_id))
 
 
 @router.post("/{subagent_id}/cancel", responses={404: {"description": "no such subagent"}})
-def cancel_subagent(subagent_id: str, s: SessionDep, state: StateDep) -> dict[str, Any]:
+def cancel_subagent(subagent_id: SubagentId, s: SessionDep, state: StateDep) -> dict[str, Any]:
     """Stop a subagent; one that already ended is left as it is (no report is sent for a cancel)."""
     _subagent(s, subagent_id)
     cancelled: list[Run] = []

@@ -19,6 +19,7 @@ from shared.scheduling.beat import BeatMirror
 from shared.settings import Settings
 
 Policy = Literal["skip", "run_once", "catch_up"]
+NO_NUL = r"^[^\x00]*$"  # Postgres text cannot hold NUL: refuse it as invalid input, not as a database error
 PAST_SLACK = timedelta(seconds=60)  # an `at` this far in the past still runs (clock skew, slow typing)
 
 
@@ -31,15 +32,17 @@ class InvalidJob(NanofleetError):
 class JobIn(BaseModel):
     """A new job: exactly one of every_seconds, cron_expr or at."""
 
-    message: str = Field(min_length=1, max_length=10_000, description="what the agent is asked at each run")
-    name: str = Field(default="", max_length=200)
+    message: str = Field(min_length=1, max_length=10_000, pattern=NO_NUL,
+                         description="what the agent is asked at each run")
+    name: str = Field(default="", max_length=200, pattern=NO_NUL)
     every_seconds: int | None = Field(default=None, ge=1, le=schedules.MAX_EVERY, description="run every N seconds")
-    cron_expr: str | None = Field(default=None, max_length=200, description="5-field cron expression")
-    tz: str | None = Field(default=None, max_length=64, description="IANA timezone for cron_expr (and a naive at)")
+    cron_expr: str | None = Field(default=None, max_length=200, pattern=NO_NUL, description="5-field cron expression")
+    tz: str | None = Field(default=None, max_length=64, pattern=NO_NUL,
+                           description="IANA timezone for cron_expr (and a naive at)")
     at: datetime | None = Field(default=None, description="one run at this ISO-8601 time")
     missed_policy: Policy | None = Field(default=None, description="skip (default; run_once for at) or catch_up")
-    channel: str = Field(default="api", max_length=32)
-    chat_id: str = Field(default="", max_length=200)
+    channel: str = Field(default="api", max_length=32, pattern=NO_NUL)
+    chat_id: str = Field(default="", max_length=200, pattern=NO_NUL)
     reply_meta: dict[str, Any] = Field(default_factory=dict)
     enabled: bool = True
 
@@ -47,15 +50,15 @@ class JobIn(BaseModel):
 class JobPatch(BaseModel):
     """Changes to a job; a new schedule replaces the old one and starts from now."""
 
-    message: str | None = Field(default=None, min_length=1, max_length=10_000)
-    name: str | None = Field(default=None, max_length=200)
+    message: str | None = Field(default=None, min_length=1, max_length=10_000, pattern=NO_NUL)
+    name: str | None = Field(default=None, max_length=200, pattern=NO_NUL)
     every_seconds: int | None = Field(default=None, ge=1, le=schedules.MAX_EVERY)
-    cron_expr: str | None = Field(default=None, max_length=200)
-    tz: str | None = Field(default=None, max_length=64)
+    cron_expr: str | None = Field(default=None, max_length=200, pattern=NO_NUL)
+    tz: str | None = Field(default=None, max_length=64, pattern=NO_NUL)
     at: datetime | None = None
     missed_policy: Policy | None = None
-    channel: str | None = Field(default=None, max_length=32)
-    chat_id: str | None = Field(default=None, max_length=200)
+    channel: str | None = Field(default=None, max_length=32, pattern=NO_NUL)
+    chat_id: str | None = Field(default=None, max_length=200, pattern=NO_NUL)
     enabled: bool | None = None
 
 

@@ -7,7 +7,7 @@ import logging
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from shared.db import session_scope
 from shared.errors import Conflict, NotFound
@@ -58,6 +58,8 @@ class CronTool(Tool):
             return ToolResult.fail(ErrorCode.NOT_FOUND, err.message)
         except Conflict as err:
             return ToolResult.fail(ErrorCode.NOT_ALLOWED, err.message)
+        except ValidationError as err:
+            return ToolResult.fail(ErrorCode.INVALID_ARGS, f"invalid job: {err}")
 
     def _run(self, args: CronArgs, ctx: ToolContext) -> ToolResult:
         if args.action == "list":

@@ -8,10 +8,13 @@ from pydantic import BaseModel, Field
 
 from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
 
+NO_NUL = r"^[^\x00]*$"
+
 
 class SpawnArgs(BaseModel):
-    task: str = Field(min_length=1, max_length=20_000, description="what the subagent should do, self-contained")
-    label: str | None = Field(default=None, max_length=80, description="a short name for the task")
+    task: str = Field(min_length=1, max_length=20_000, pattern=NO_NUL,
+                      description="what the subagent should do, self-contained")
+    label: str | None = Field(default=None, max_length=80, pattern=NO_NUL, description="a short name for the task")
 
 
 class SpawnTool(Tool):

@@ -60,6 +60,7 @@ def test_invalid_jobs_are_refused_with_the_reason(stack: Stack, api: Any) -> Non
         r = api.post("/api/v1/cron", json=body)
         assert r.status_code == 422 and reason in r.text, (body, r.text)
     assert api.get("/api/v1/cron").json() == []
+    assert api.get("/api/v1/cron", params={"chat_id": "42"}).status_code == 422  # a misspelt filter lists nothing
 
 
 def test_cron_needs_an_api_key(stack: Stack) -> None:

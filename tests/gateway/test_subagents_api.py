@@ -5,22 +5,23 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from tests.fakes.llm import FakeLLM
 from tests.support.processes import wait_until
 from tests.support.scheduling import call, client, new_conversation, reports, scheduling_stack
 from tests.support.stack import Stack
 
 
-def test_list_show_and_cancel_subagents(make_stack: Callable[..., Stack]) -> None:
+def test_list_show_and_cancel_subagents(make_stack: Callable[..., Stack], fake_llm: FakeLLM) -> None:
     stack = scheduling_stack(make_stack)
     with client(stack) as api:
         cid, other = new_conversation(api), new_conversation(api)
-        spawn = call("spawn", task="sleep:60", label="slow").replace("sleep:", "sleep\\u003a")
+        spawn = call("spawn", task="sleep:10", label="slow").replace("sleep:", "sleep\\u003a")
         body = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": spawn}).json()
         sid = json.loads(body["toolCalls"][0]["result"])["subagent_id"]
         wait_until(lambda: api.get(f"/api/v1/subagents/{sid}").json()["status"] == "running",
                    message="the subagent to start")
         [listed] = api.get("/api/v1/subagents", params={"conversationId": cid, "status": "running"}).json()
-        assert (listed["subagentId"], listed["label"], listed["task"]) == (sid, "slow", "sleep:60")
+        assert (listed["subagentId"], listed["label"], listed["task"]) == (sid, "slow", "sleep:10")
         assert listed["parentConversationId"] == cid and listed["parentRunId"] == body["runId"]
         assert api.get("/api/v1/subagents", params={"conversationId": other}).json() == []
         assert api.get("/api/v1/subagents", params={"status": "succeeded"}).json() == []
@@ -34,4 +35,6 @@ def test_list_show_and_cancel_subagents(make_stack: Callable[..., Stack]) -> Non
         assert api.get("/api/v1/subagents/nope").status_code == 404
         assert api.get(f"/api/v1/subagents/{body['runId']}").status_code == 404  # a turn, not a subagent
         assert api.get("/api/v1/subagents", params={"status": "bogus"}).status_code == 422
+        assert api.get("/api/v1/subagents", params={"conversation_id": cid}).status_code == 422
+    wait_until(lambda: fake_llm.in_flight == 0, message="the cancelled subagent's LLM call to return")
     assert reports(stack, cid) == []

@@ -30,10 +30,10 @@ from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.webhook import FakeWebhookReceiver
 from tests.fakes.whatsapp import FakeWhatsApp
+from tests.support import services
 from tests.support.processes import wait_until
 from tests.support.stack import API_KEY, Stack, clean_db, make_env
 
-CHANNELS_REDIS_DB = 13
 Request = tuple[bytes, dict[str, str]]
 WA_POOL = [f"1555000{n:04d}" for n in range(200)]  # WhatsApp chats are senders: allow a pool of them
 
@@ -277,18 +277,17 @@ def channel_stack(database_url: str, redis_server: str, fake_llm: FakeLLM,
         fake.start()
     log_dir: Path = tmp_path_factory.mktemp("channels")
     (log_dir / "workspace").mkdir()
-    redis_url = f"{redis_server}/{CHANNELS_REDIS_DB}"
-    redis.Redis.from_url(redis_url).flushdb()
-    clean_db(database_url)
-    stack = Stack(make_env(database_url=database_url, redis_url=redis_url, llm_url=fake_llm.url,
-                           workspace=log_dir / "workspace", **channel_env(fakes)), log_dir)
-    gateway = ThreadServer(create_app(stack.settings)).start()
-    headers = {"Authorization": f"Bearer {API_KEY}"}
-    with httpx.Client(base_url=gateway.url, timeout=30) as client, \
-            httpx.Client(base_url=gateway.url, timeout=30, headers=headers) as api:
-        stack.worker(concurrency=8)
-        yield ChannelStack(stack, fakes, client, api, database_url)
-    stack.stop()
+    with services.claimed_redis_dbs(redis_server, 1) as (db,):
+        clean_db(database_url)
+        stack = Stack(make_env(database_url=database_url, redis_url=f"{redis_server}/{db}", llm_url=fake_llm.url,
+                               workspace=log_dir / "workspace", **channel_env(fakes)), log_dir)
+        gateway = ThreadServer(create_app(stack.settings)).start()
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        with httpx.Client(base_url=gateway.url, timeout=30) as client, \
+                httpx.Client(base_url=gateway.url, timeout=30, headers=headers) as api:
+            stack.worker(concurrency=8)
+            yield ChannelStack(stack, fakes, client, api, database_url)
+        stack.stop()
     servers = [gateway, *(fake.server for fake in fakes.values())]
     for server in servers:
         server.server.should_exit = True

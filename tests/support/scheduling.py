@@ -4,16 +4,15 @@ a gateway client for them, and database look-ups."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import redis
 from sqlmodel import Session, col, select
 
 from shared.db import session_scope
 from shared.models import TERMINAL, Conversation, CronJob, CronReceipt, Message, Run, RunKind, RunStatus
+from tests.support import services
 from tests.support.processes import wait_until
 from tests.support.stack import Stack, api_client
 
@@ -25,24 +24,11 @@ FAST = {
 }
 
 
-REDIS_DB_CLAIM = "nanofleet-test-db:"  # the scheme tests/conftest.py uses to share Redis between sessions
-
-
 @contextmanager
 def claimed_redis_db(server: str) -> Iterator[str]:
     """One more Redis database reserved for this test session (the scheduling tests' shared worker)."""
-    client = redis.Redis.from_url(f"{server}/0")
-    for n in range(15, 0, -1):
-        key = f"{REDIS_DB_CLAIM}{n}"
-        if client.set(key, os.getpid(), nx=True, ex=3 * 3600):
-            url = f"{server}/{n}"
-            redis.Redis.from_url(url).flushdb()
-            try:
-                yield url
-            finally:
-                client.delete(key)
-            return
-    raise RuntimeError(f"no free Redis database for the scheduling tests (see the {REDIS_DB_CLAIM}* keys in DB 0)")
+    with services.claimed_redis_dbs(server, 1) as (n,):
+        yield f"{server}/{n}"
 
 
 def scheduling_stack(make_stack: Callable[..., Stack], *, worker: bool = True, beat: bool = False,

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
+import redis
 
 HOW = (
     "Integration tests need PostgreSQL and Redis. Either set NANOFLEET_TEST_DATABASE_URL "
@@ -76,3 +78,43 @@ def redis_base_url() -> str:
 def stop_containers() -> None:
     for c in _containers:
         c.stop()  # type: ignore[attr-defined]
+
+
+REDIS_DB_CLAIM = "nanofleet-test-db:"  # keys in DB 0 that reserve a database number per test session
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextmanager
+def claimed_redis_dbs(server: str, count: int) -> Iterator[list[int]]:
+    """Reserve `count` free, flushed Redis database numbers (1-15) while the block runs, so
+    concurrent test sessions and fixtures never share queues or flush each other's."""
+    client = redis.Redis.from_url(f"{server}/0")
+    taken: list[int] = []
+    for n in range(1, 16):
+        key = f"{REDIS_DB_CLAIM}{n}"
+        holder = client.get(key)
+        if holder is not None and not _alive(int(holder)):
+            client.delete(key)  # left by a test session that was killed
+        if client.set(key, os.getpid(), nx=True, ex=3 * 3600):
+            taken.append(n)
+            if len(taken) == count:
+                break
+    if len(taken) < count:
+        client.delete(*[f"{REDIS_DB_CLAIM}{n}" for n in taken]) if taken else None
+        pytest.exit(f"no free Redis databases 1-15 for the tests (other sessions hold the {REDIS_DB_CLAIM}* keys "
+                    "in DB 0; delete them if they are stale)", returncode=3)
+    for n in taken:
+        redis.Redis.from_url(f"{server}/{n}").flushdb()
+    try:
+        yield taken
+    finally:
+        client.delete(*[f"{REDIS_DB_CLAIM}{n}" for n in taken])

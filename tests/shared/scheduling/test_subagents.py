@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from shared.models import RunStatus
+from tests.fakes.llm import FakeLLM
 from tests.support.processes import wait_until
 from tests.support.scheduling import (
     assert_reported_once,
@@ -37,11 +38,11 @@ def test_spawn_returns_at_once_and_the_report_arrives_once(sched: Stack) -> None
     assert child.max_iterations == stack.settings.subagents.max_iterations
 
 
-def test_concurrency_limit_and_stop(sched: Stack) -> None:
+def test_concurrency_limit_and_stop(sched: Stack, fake_llm: FakeLLM) -> None:
     stack = sched
     with client(stack) as api:
         cid = new_conversation(api)
-        calls = spawn(api, cid, *["sleep:60"] * 4)
+        calls = spawn(api, cid, *["sleep:8"] * 4)  # long enough to still be running at the /stop
         statuses = sorted(c["status"] for c in calls)
         assert statuses == ["REJECTED", "SUCCESS", "SUCCESS", "SUCCESS"]
         rejected = next(c for c in calls if c["status"] == "REJECTED")
@@ -50,4 +51,6 @@ def test_concurrency_limit_and_stop(sched: Stack) -> None:
         r = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "/stop"})
         assert r.json()["assistantMessage"] == "Stopped 3 running task(s)."
     assert {c.status for c in subagents(stack)} == {RunStatus.CANCELLED}
+    wait_until(lambda: fake_llm.in_flight == 0, message="the cancelled subagents' LLM calls to return")
     assert reports(stack, cid) == []  # a stopped subagent sends no report
+    assert {c.status for c in subagents(stack)} == {RunStatus.CANCELLED}
