@@ -44,7 +44,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--messages", type=int, help="inbound messages (default 1000; smoke 100)")
     p.add_argument("--chats", type=int, help="distinct chats (default 97; smoke 23)")
     p.add_argument("--seconds", type=float, help="spread the messages over this long (default 150; smoke 45)")
-    p.add_argument("--kill-every", type=float, help="seconds between worker kills (default 5; smoke 20)")
+    p.add_argument("--kill-every", type=float, help="seconds between worker kills (default 8; smoke 20)")
     p.add_argument("--deliveries", type=int, default=3, help="times each webhook is delivered")
     p.add_argument("--drain", type=float, default=240.0, help="seconds to wait for everything to settle")
     p.add_argument("--api", action="store_true", help="drive through the REST API even if webhooks exist")
@@ -55,7 +55,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.messages = args.messages or (100 if smoke else 1000)
     args.chats = args.chats or (23 if smoke else 97)
     args.seconds = args.seconds or (45.0 if smoke else 150.0)
-    args.kill_every = args.kill_every or (20.0 if smoke else 5.0)
+    args.kill_every = args.kill_every or (20.0 if smoke else 8.0)
     return args
 
 
@@ -71,7 +71,7 @@ def _env(db: str, redis_url: str, llm: FakeLLM, telegram: FakeTelegram, root: Pa
     })
 
 
-def _drain(stack: BenchStack, traffic: Traffic, deadline: float, quiet: float) -> bool:
+def _drain(stack: BenchStack, traffic: Traffic, deadline: float, quiet: float, ctl: Controller) -> bool:
     """Wait for the traffic to end and the system to go quiet (nothing active, queued or pending)."""
     engine = get_engine(stack.settings.database_url)
     calm_since: float | None = None
@@ -88,6 +88,7 @@ def _drain(stack: BenchStack, traffic: Traffic, deadline: float, quiet: float) -
             calm_since = time.monotonic()
         elif time.monotonic() - calm_since >= quiet:
             return True
+        ctl.supervise()
         time.sleep(0.5)
     return False
 
@@ -150,10 +151,10 @@ def run(args: argparse.Namespace, teardown: Teardown) -> tuple[Tally, dict[str, 
           flush=True)
     traffic.start()
     if args.no_faults:
-        traffic.done.wait(args.seconds + 600)
+        ctl.run(seconds=args.seconds, kill_every=1e9, singles=[], stop=lambda: False)
     else:
         ctl.run(seconds=args.seconds, kill_every=args.kill_every, singles=SINGLES, stop=lambda: False)
-    settled = _drain(stack, traffic, time.monotonic() + args.drain, quiet=15.0)
+    settled = _drain(stack, traffic, time.monotonic() + args.drain, quiet=15.0, ctl=ctl)
     ctl.log("drained" if settled else f"NOT drained after {args.drain:g}s")
     _dump(stack, telegram)
     tally = collect(get_engine(db), stack.workspace, args.messages, _replies(stack, telegram, via_telegram))

@@ -25,7 +25,7 @@ class Controller:
     redis: DedicatedRedis
     postgres: DedicatedPostgres
     gateway_port: int
-    n_workers: int = 2
+    n_workers: int = 3
     concurrency: int = 16
     workers: list[Proc] = field(default_factory=list)
     gateway: Proc | None = None
@@ -61,7 +61,7 @@ class Controller:
     def kill_worker(self) -> bool:
         """SIGKILL a random worker that is up (killing one still booting tests nothing); False if none is."""
         ready = [w for w in self.workers if w.alive() and " ready." in w.log()]
-        if not ready:
+        if len(ready) < 2:  # keep one worker up, or the run measures boot times, not recovery
             return False
         victim = random.choice(ready)
         self._reap(victim)
@@ -93,6 +93,24 @@ class Controller:
         down = self.postgres.restart()
         self.log(f"SIGKILL postgres (all backends); crash recovery, back after {down:.1f}s")
 
+    def supervise(self) -> None:
+        """Restart what died on its own, as compose's `restart: unless-stopped` would; each is logged
+        (a process that dies by itself under a fault is a finding)."""
+        if self.beat is not None and not self.beat.alive():
+            last = self.beat.log().strip().splitlines()[-1:] or [""]
+            self._reap(self.beat)
+            self.beat = self.stack.beat()
+            self.log(f"beat EXITED BY ITSELF ({last[0][:160]}); restarted it")
+        for worker in [w for w in self.workers if not w.alive()]:
+            self._reap(worker)
+            self.workers.remove(worker)
+            self.workers.append(self._spawn_worker())
+            self.log(f"worker {worker.log_path.name} EXITED BY ITSELF; started a new one")
+        if self.gateway is not None and not self.gateway.alive():
+            self._reap(self.gateway)
+            self.gateway = self.stack.gateway(self.gateway_port)
+            self.log("gateway EXITED BY ITSELF; restarted it")
+
     def run(self, *, seconds: float, kill_every: float, singles: list[tuple[float, str]],
             stop: Callable[[], bool]) -> None:
         """Until `seconds` have passed (and at least the singles ran): kill a worker every
@@ -112,4 +130,5 @@ class Controller:
                     next_kill = now + kill_every * random.uniform(0.6, 1.4)
             elif (now >= seconds and not pending) or stop():
                 return
+            self.supervise()
             time.sleep(0.05)

@@ -31,6 +31,9 @@ def _rows(t: Tally, facts: dict[str, Any]) -> list[tuple[str, int, str, bool]]:
         ("replies duplicated", len(t.duplicated()), _ids(t.duplicated()), not t.duplicated()),
         ("tool calls re-executed", len(t.reexecuted()), _ids(t.reexecuted()), not t.reexecuted()),
         ("tool calls interrupted (reported, not re-run)", len(t.interrupted), _ids(sorted(t.interrupted)), True),
+        ("... of which the side effect did happen (the model was told it may not have)",
+         len([x for x in t.interrupted if t.executions[x]]), _ids(sorted(x for x in t.interrupted if t.executions[x])),
+         True),
         ("tool calls vanished (not run, not reported)", len(t.unexecuted()), _ids(t.unexecuted()),
          not t.unexecuted()),
     ]
@@ -48,6 +51,9 @@ def _rows(t: Tally, facts: dict[str, Any]) -> list[tuple[str, int, str, bool]]:
                  (f"{label}: results reported twice", len(doubled), _ids(doubled), not doubled)]
     rows += [("cron adds refused by the tool (`at` had passed when it ran; not expected)", len(t.cron_refused),
               _ids(sorted(t.cron_refused)), True)]
+    exits = [what.split(" (")[0].split(";")[0] for _, what in facts["events"] if "EXITED BY ITSELF" in what]
+    rows += [("processes that exited by themselves (restarted, as compose would; see the timeline)", len(exits),
+              _ids(exits), True)]
     rows += [("runs failed", len(t.failed_runs), _ids(t.failed_runs), not t.failed_runs),
              ("runs still active after the drain", len(t.stuck_runs), _ids(t.stuck_runs), not t.stuck_runs),
              ("settled within the drain time", int(bool(facts["settled"])), "", bool(facts["settled"]))]
@@ -65,7 +71,9 @@ def render(t: Tally, facts: dict[str, Any], args: argparse.Namespace, command: s
           f"{t.n} messages across {args.chats} chats over {args.seconds:g} s through {via}; a worker SIGKILLed about "
           f"every {args.kill_every:g} s (and a new one started); the gateway, beat, Redis (no persistence: its "
           "queues and schedule are lost) and Postgres (SIGKILL of every backend, crash recovery) each killed "
-          "once. Two workers for all queues (`-P threads -c 16`), lease 4 s, sweep 1 s.", "",
+          "once; a process that exits by itself is restarted (as compose's restart policy would) and listed. "
+          "Three workers for all queues (`-P threads -c 16`; a kill only when two are up), lease 4 s, sweep 1 s.",
+          "",
           f"**Verdict: {'PASS' if ok else 'FAIL'}**", "", "| check | count | ok | detail |", "|---|---|---|---|"]
     md += [f"| {r[0]} | {r[1]} | {'yes' if r[3] else '**NO**'} | {r[2]} |" for r in rows]
     md += ["", "## Fault timeline", "", "| t (s) | event |", "|---|---|"]
