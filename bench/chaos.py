@@ -12,11 +12,12 @@ import shlex
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from sqlalchemy import text
 
-from bench.chaos_check import Tally, collect, handler
+from bench.chaos_check import Received, Tally, collect, handler, window_resends
 from bench.chaos_faults import Controller
 from bench.chaos_load import Traffic
 from bench.chaos_report import render
@@ -118,6 +119,13 @@ def _dump(stack: BenchStack, telegram: FakeTelegram) -> None:
                     fh.write(json.dumps(dict(row), default=str) + "\n")
 
 
+def _window(stack: BenchStack, telegram: FakeTelegram, ctl: Controller) -> set[str]:
+    with get_engine(stack.settings.database_url).connect() as conn:
+        rows = Counter((str(c), str(x)) for c, x in conn.execute(text("select chat_id, content from outbox")).all())
+    received = [Received(s.at, s.chat_id, s.text) for s in telegram.snapshot()]
+    return window_resends(received, rows, ctl.kill_times())
+
+
 def _replies(stack: BenchStack, telegram: FakeTelegram, via_telegram: bool) -> list[str]:
     if via_telegram:
         return [s.text for s in telegram.snapshot()]
@@ -157,7 +165,8 @@ def run(args: argparse.Namespace, teardown: Teardown) -> tuple[Tally, dict[str, 
     settled = _drain(stack, traffic, time.monotonic() + args.drain, quiet=15.0, ctl=ctl)
     ctl.log("drained" if settled else f"NOT drained after {args.drain:g}s")
     _dump(stack, telegram)
-    tally = collect(get_engine(db), stack.workspace, args.messages, _replies(stack, telegram, via_telegram))
+    window = _window(stack, telegram, ctl) if via_telegram else set()
+    tally = collect(get_engine(db), stack.workspace, args.messages, _replies(stack, telegram, via_telegram), window)
     facts: dict[str, object] = {
         "via": "telegram" if via_telegram else "api", "settled": settled, "events": ctl.events,
         "sent": traffic.sent, "failed_attempts": traffic.failed_attempts, "abandoned": traffic.abandoned,

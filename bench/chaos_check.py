@@ -7,7 +7,12 @@ turn, replayed steps and crashes do not confuse it: it calls tools for tags it h
 then answers `done:` naming every tag and mention it has not answered yet. At the end each tag must
 appear in exactly one reply, each record must have run at most once (zero only when the runtime
 reported the call as interrupted), and each subagent and cron firing must have started once and
-finished."""
+finished.
+
+One duplicate is allowed and counted apart: a reply the platform received twice from one outbox row
+whose first send was followed within KILL_WINDOW seconds by a worker SIGKILL. That is the
+documented send/mark window (docs/channels.md): the worker died between Telegram's 200 and the
+mark-delivered UPDATE, and the Bot API has no idempotency key to drop the resend."""
 
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ TAG = re.compile(r"\btag-(\d+)\b")
 MENTION = re.compile(r"\b((?:sub|cron)-\d+)\b")
 ACTIONS = ("record", "spawn", "cron")
 CRON_DELAY = 15  # seconds from the model's answer to the job's `at`
+KILL_WINDOW = 2.0  # seconds after a send in which a worker kill explains its resend
 
 
 def action_of(i: int) -> str:
@@ -103,6 +109,7 @@ class Tally:
     crons: dict[str, list[str]] = field(default_factory=dict)  # cron-N -> statuses of its firings
     cron_refused: set[str] = field(default_factory=set)  # adds the tool refused (`at` passed before it ran)
     mention_replies: Counter[str] = field(default_factory=Counter)
+    window_resent: set[str] = field(default_factory=set)  # tags and mentions resent in the send/mark window
     failed_runs: list[str] = field(default_factory=list)
     stuck_runs: list[str] = field(default_factory=list)
 
@@ -113,7 +120,11 @@ class Tally:
         return [t for t in self.tags() if self.replies[t] == 0]
 
     def duplicated(self) -> list[str]:
-        return [t for t in self.tags() if self.replies[t] > 1]
+        """Received more than once, and not explained by a kill in the send/mark window."""
+        return [t for t in self.tags() if self.replies[t] > 1 and t not in self.window_resent]
+
+    def resent_in_window(self) -> list[str]:
+        return [t for t in self.tags() if self.replies[t] > 1 and t in self.window_resent]
 
     def reexecuted(self) -> list[str]:
         return [t for t in self.tags() if self.executions[t] > 1]
@@ -126,9 +137,33 @@ class Tally:
         return [t for t in self.tags() if self.stored[t] != 1]
 
 
-def collect(engine: Engine, workspace: Path, n: int, replies: list[str]) -> Tally:
+@dataclass(frozen=True)
+class Received:
+    """One message the platform received."""
+
+    at: float  # wall clock
+    chat_id: str
+    text: str
+
+
+def window_resends(received: list[Received], rows: Counter[tuple[str, str]], kills: list[float]) -> set[str]:
+    """Tags and mentions of texts received twice from one outbox row (`rows` counts rows per
+    (chat, text)) whose first arrival a worker kill followed within KILL_WINDOW seconds."""
+    arrivals: dict[tuple[str, str], list[float]] = {}
+    for r in received:
+        arrivals.setdefault((r.chat_id, r.text), []).append(r.at)
+    out: set[str] = set()
+    for key, times in arrivals.items():
+        first = min(times)
+        if len(times) == 2 and rows[key] == 1 and any(first <= k <= first + KILL_WINDOW for k in kills):
+            out.update(f"tag-{x}" for x in TAG.findall(key[1]))
+            out.update(MENTION.findall(key[1]))
+    return out
+
+
+def collect(engine: Engine, workspace: Path, n: int, replies: list[str], window: set[str] | None = None) -> Tally:
     """Count everything per tag from Postgres, the executions log and the replies."""
-    t = Tally(n)
+    t = Tally(n, window_resent=window or set())
     for body in replies:
         t.replies.update({f"tag-{x}" for x in TAG.findall(body)})  # replies naming it, not mentions
         t.mention_replies.update(set(MENTION.findall(body)))

@@ -31,6 +31,7 @@ class Controller:
     gateway: Proc | None = None
     beat: Proc | None = None
     began: float = field(default_factory=time.monotonic)
+    began_wall: float = field(default_factory=time.time)  # the same instant as `began`, by the wall clock
     events: list[tuple[float, str]] = field(default_factory=list)
 
     def log(self, what: str) -> None:
@@ -42,7 +43,11 @@ class Controller:
         self.gateway = self.stack.gateway(self.gateway_port)
         self.workers = [self.stack.worker(concurrency=self.concurrency) for _ in range(self.n_workers)]
         self.beat = self.stack.beat()
-        self.began = time.monotonic()
+        self.began, self.began_wall = time.monotonic(), time.time()
+
+    def kill_times(self) -> list[float]:
+        """Wall-clock times of every worker SIGKILL."""
+        return [self.began_wall + at for at, what in self.events if what.startswith("SIGKILL worker")]
 
     def _spawn_worker(self) -> Proc:
         """A worker, not waited for (Redis may be down right now); it connects when it can."""

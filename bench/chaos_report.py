@@ -29,6 +29,8 @@ def _rows(t: Tally, facts: dict[str, Any]) -> list[tuple[str, int, str, bool]]:
         ("messages not stored exactly once", len(t.stored_wrong()), _ids(t.stored_wrong()), not t.stored_wrong()),
         ("replies lost", len(t.lost()), _ids(t.lost()), not t.lost()),
         ("replies duplicated", len(t.duplicated()), _ids(t.duplicated()), not t.duplicated()),
+        ("replies resent in the send/mark window (a worker SIGKILLed just after Telegram took it; "
+         "docs/channels.md)", len(t.resent_in_window()), _ids(t.resent_in_window()), True),
         ("tool calls re-executed", len(t.reexecuted()), _ids(t.reexecuted()), not t.reexecuted()),
         ("tool calls interrupted (reported, not re-run)", len(t.interrupted), _ids(sorted(t.interrupted)), True),
         ("... of which the side effect did happen (the model was told it may not have)",
@@ -46,9 +48,11 @@ def _rows(t: Tally, facts: dict[str, Any]) -> list[tuple[str, int, str, bool]]:
                  (f"{label} started twice", len(extra), _ids(extra), not extra),
                  (f"{label} not completed", len(unfinished), _ids(unfinished), not unfinished)]
         unanswered = [x for x in seen if t.mention_replies[x] == 0]
-        doubled = [x for x in seen if t.mention_replies[x] > 1]
+        doubled = [x for x in seen if t.mention_replies[x] > 1 and x not in t.window_resent]
+        windowed = [x for x in seen if t.mention_replies[x] > 1 and x in t.window_resent]
         rows += [(f"{label}: results not reported to the chat", len(unanswered), _ids(unanswered), not unanswered),
-                 (f"{label}: results reported twice", len(doubled), _ids(doubled), not doubled)]
+                 (f"{label}: results reported twice", len(doubled), _ids(doubled), not doubled),
+                 (f"{label}: results resent in the send/mark window", len(windowed), _ids(windowed), True)]
     rows += [("cron adds refused by the tool (`at` had passed when it ran; not expected)", len(t.cron_refused),
               _ids(sorted(t.cron_refused)), True)]
     exits = [what.split(" (")[0].split(";")[0] for _, what in facts["events"] if "EXITED BY ITSELF" in what]

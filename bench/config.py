@@ -19,7 +19,7 @@ class Config:
     webhook_rate_seconds: float = 15.0
     overhead_turns: int = 500
     inflight_levels: str = "25,50,100,200,400,700,1000"
-    inflight_window: float = 10.0
+    inflight_window: float = 8.0
     inflight_threads: int = 1100
     llm_delay: float = 2.0
     scale_concurrency: int = 64
@@ -28,7 +28,8 @@ class Config:
     token_turns: int = 100  # a user message and a reply each: 200 messages
     quick: bool = False
     only: str = ""
-    shared_postgres: str = ""
+    shared_postgres: str = ""  # postgresql+psycopg://... : a fresh nanofleet_bench_<id> database there instead
+    shared_redis: str = ""  # redis://host:port : a claimed database number there instead of a private server
 
     @classmethod
     def quick_preset(cls) -> dict[str, object]:

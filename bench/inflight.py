@@ -59,11 +59,14 @@ def run_inflight(ctx: Ctx) -> None:
 
 
 def _hold(ctx: Ctx, stack: BenchStack, workers: list[Proc]) -> tuple[float, int, float]:
+    """Open the last level's count of turns at once; the turns left open are dropped with the worker."""
     stack.reset_data()
+    wait_until(lambda: ctx.llm.in_flight == 0, timeout=HOLD_SECONDS + 10, interval=0.2,
+               message="the fake LLM's earlier calls to end")
     ctx.llm.handler = lambda body: Reply(text="ok", delay=HOLD_SECONDS)
     driver = Driver(stack.gateway_url, stack.engine, in_flight=lambda: ctx.llm.in_flight,
                     rss=lambda: sum(tree_rss(w.pid) for w in workers))
-    return asyncio.run(driver.hold(ctx.cfg.levels()[-1], timeout=HOLD_SECONDS - 2, drain=HOLD_SECONDS + 30))
+    return asyncio.run(driver.hold(ctx.cfg.levels()[-1], timeout=HOLD_SECONDS - 2, drain=2.0))
 
 
 def _uncapped_worker(stack: BenchStack, threads: int) -> Proc:

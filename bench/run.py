@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         teardown.add(llm.server.stop)
         telegram = FakeTelegram().start()
         teardown.add(telegram.stop)
-        with bench_stack(teardown=teardown, shared_postgres=cfg.shared_postgres or None, llm=llm, name="bench",
+        with bench_stack(teardown=teardown, shared_postgres=cfg.shared_postgres or None,
+                         shared_redis=cfg.shared_redis or None, llm=llm, name="bench",
                          telegram_url=telegram.url) as stack:
             stack.gateway()
             ctx = Ctx(stack, llm, telegram, cfg, report, out)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import sys
 import tempfile
@@ -157,12 +156,12 @@ def owner_of_port(procs: list[Proc], port: int) -> Proc | None:
 
 
 @contextlib.contextmanager
-def bench_stack(*, teardown: Teardown, shared_postgres: str | None, llm: FakeLLM, name: str,
+def bench_stack(*, teardown: Teardown, shared_postgres: str | None, shared_redis: str | None, llm: FakeLLM, name: str,
                 telegram_url: str = "", **extra: Any) -> Iterator[BenchStack]:
     """Servers, database and environment for one run; everything is undone by `teardown`."""
     root = Path(tempfile.mkdtemp(prefix=f"nanofleet-{name}-"))
     root.chmod(0o755)  # the postgres user must traverse it
-    database_url, redis_url = _database(teardown, root, shared_postgres), _redis(teardown)
+    database_url, redis_url = _database(teardown, root, shared_postgres), _redis(teardown, root, shared_redis)
     upgrade(database_url)
     workspace = root / "workspace"
     workspace.mkdir()
@@ -212,14 +211,16 @@ def _database(teardown: Teardown, root: Path, shared_postgres: str | None) -> st
     return pg.start()
 
 
-def _redis(teardown: Teardown) -> str:
-    if os.environ.get("NANOFLEET_BENCH_DEDICATED_REDIS"):
-        server = DedicatedRedis(Path(tempfile.mkdtemp(prefix="nanofleet-redis-")))
-        teardown.add(server.stop)
-        return server.start()
-    claim = RedisClaim(os.environ.get("NANOFLEET_TEST_REDIS_URL", "redis://127.0.0.1:6379"))
-    teardown.add(claim.release)
-    return claim.claim()
+def _redis(teardown: Teardown, root: Path, shared_redis: str | None) -> str:
+    """A private redis-server (default: other sessions' flushes and restarts of the machine's Redis
+    cannot touch the run), or a claimed database number on `shared_redis`."""
+    if shared_redis:
+        claim = RedisClaim(shared_redis)
+        teardown.add(claim.release)
+        return claim.claim()
+    server = DedicatedRedis(root / "redis")
+    teardown.add(server.stop)
+    return server.start()
 
 
 def elapsed_since(started: float) -> float:

@@ -1,5 +1,7 @@
 """`nanofleet up`: migrations, gateway, one worker for all queues and beat as child processes,
-with embedded Redis and PostgreSQL when none is configured or answering. Ctrl-C stops them all."""
+with embedded Redis and PostgreSQL when none is configured or answering. A child that exits is
+started again (beat exits by design when it loses its lock, e.g. after a Redis restart), unless it
+keeps exiting: a crash loop stops everything. Ctrl-C stops them all."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -16,6 +19,8 @@ from shared.migrate import upgrade
 from shared.settings import Settings
 
 STOP_GRACE = 20.0
+RESTARTS = 5  # exits of one child within RESTART_WINDOW seconds that count as a crash loop
+RESTART_WINDOW = 60.0
 
 
 def _default_reachable(url: str, default_port: int) -> bool:
@@ -78,17 +83,22 @@ def run_all(
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         upgrade(env_over.get("NANOFLEET_DATABASE_URL", settings.database_url))
-        children = [
-            _spawn(["gateway", "--host", host, "--port", str(port)], env),
-            _spawn(["worker", "--concurrency", str(concurrency)], env),
-            _spawn(["beat"], env),
-        ]
+        roles = [["gateway", "--host", host, "--port", str(port)], ["worker", "--concurrency", str(concurrency)],
+                 ["beat"]]
+        children = [_spawn(role, env) for role in roles]
+        exits: list[deque[float]] = [deque(maxlen=RESTARTS) for _ in roles]
         say(f"nanofleet: up at http://{host}:{port} (Ctrl-C to stop)")
         while not stopping:
-            dead = [c for c in children if c.poll() is not None]
-            if dead:
-                say(f"nanofleet: a child process exited ({dead[0].args!r}); stopping everything")
-                return 1
+            for i, child in enumerate(children):
+                if child.poll() is None or stopping:
+                    continue
+                exits[i].append(time.monotonic())
+                if len(exits[i]) == RESTARTS and exits[i][-1] - exits[i][0] < RESTART_WINDOW:
+                    say(f"nanofleet: {roles[i][0]} exited {RESTARTS} times within {RESTART_WINDOW:.0f}s "
+                        f"(last code {child.returncode}); stopping everything")
+                    return 1
+                say(f"nanofleet: {roles[i][0]} exited with code {child.returncode}; starting it again")
+                children[i] = _spawn(roles[i], env)
             time.sleep(0.2)
         return 0
     finally:

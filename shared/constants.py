@@ -37,6 +37,7 @@ KEY_PREFIX = "nanofleet:"
 KEY_EVENTS = KEY_PREFIX + "events:"  # + conversation id: a capped stream of run events
 KEY_RATE = KEY_PREFIX + "rate:"  # + bucket name: shared rate limits for outbound sends
 KEY_CACHE = KEY_PREFIX + "cache:"  # + name: small shared caches (platform access tokens)
+KEY_SENT = KEY_PREFIX + "sent:"  # + outbox id: sent, but the database could not be told (see delivery)
 REDBEAT_PREFIX = KEY_PREFIX + "redbeat:"
 
 # Header that carries the request id from the gateway into Celery tasks and logs.

@@ -12,7 +12,7 @@ from pydantic import Field
 from sqlmodel import col, select
 
 from gateway.deps import SessionDep, StateDep, require_key
-from gateway.schemas import UNAUTHORIZED, CamelModel
+from gateway.schemas import BAD_BODY, UNAUTHORIZED, CamelModel
 from gateway.state import AppState
 from shared.models import CronJob, CronReceipt
 from shared.scheduling import jobs
@@ -87,7 +87,7 @@ def list_jobs(
     return [jobs.view(j) for j in jobs.listing(s, channel=channel, chat_id=chat_id)]
 
 
-@router.post("", status_code=201, responses={422: {"description": "invalid schedule"}})
+@router.post("", status_code=201, responses={**BAD_BODY, 422: {"description": "invalid schedule"}})
 def create_job(body: CronIn, s: SessionDep, state: StateDep) -> dict[str, Any]:
     """Schedule a job; its results go to `channel`/`chatId` (for `api`, they stay in its session)."""
     job = jobs.create(s, state.settings, jobs.JobIn.model_validate(body.model_dump(by_alias=False)))
@@ -106,7 +106,7 @@ def get_job(job_id: JobId, s: SessionDep) -> dict[str, Any]:
     return {**jobs.view(job), "firings": firings}
 
 
-@router.patch("/{job_id}", responses={**NOT_FOUND, 409: {"description": "a system job"}})
+@router.patch("/{job_id}", responses={**BAD_BODY, **NOT_FOUND, 409: {"description": "a system job"}})
 def update_job(job_id: JobId, body: CronPatch, s: SessionDep, state: StateDep) -> dict[str, Any]:
     """Change a job: enable or disable it, or give it a new message, schedule or target."""
     job = jobs.get(s, job_id, lock=True)

@@ -10,11 +10,12 @@ from pydantic import ConfigDict
 from sqlmodel import col, select
 
 from gateway.deps import SessionDep, StateDep, require_key
-from gateway.schemas import CamelModel
+from gateway.schemas import UNAUTHORIZED, CamelModel
 from shared.channels import delivery
 from shared.models import Outbox, OutboxStatus
 
-router = APIRouter(prefix="/api/v1/outbox", tags=["outbox"], dependencies=[Depends(require_key)])
+router = APIRouter(prefix="/api/v1/outbox", tags=["outbox"], dependencies=[Depends(require_key)],
+                   responses=UNAUTHORIZED)
 
 
 class OutboxOut(CamelModel):

@@ -7,9 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Depends
 
 from gateway.deps import SettingsDep, require_key
+from gateway.schemas import UNAUTHORIZED
 from shared.skills import load_skills
 
-router = APIRouter(prefix="/api/v1", tags=["skills"], dependencies=[Depends(require_key)])
+router = APIRouter(prefix="/api/v1", tags=["skills"], dependencies=[Depends(require_key)],
+                   responses=UNAUTHORIZED)
 
 
 @router.get("/skills")

@@ -5,26 +5,32 @@ A row is claimed by a conditional UPDATE that pushes its next_attempt_at past th
 worker may take it until then), sent, and marked delivered with its platform message id in one
 UPDATE. Chunks of one reply go out in order: a chunk waits while the one before it is pending, and
 delivering chunk i enqueues chunk i+1. The only window that can duplicate a message is a worker
-dying (or the database failing) between the platform's 200 and the mark-delivered UPDATE, or a
-send that timed out after the platform had accepted it; see docs/channels.md.
+dying between the platform's 200 and the mark-delivered UPDATE, or a send that timed out after the
+platform had accepted it; see docs/channels.md. A database that fails at that moment does not
+duplicate: the mark is retried while the claim lasts, and if it still fails a marker in Redis tells
+the next claimant the row went out.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
+import time
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import func, text, update
+from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, col, select
+from tenacity import Retrying, retry_if_exception_type, stop_before_delay, wait_exponential
 
 from shared.agent.runtime import Next, Runtime
 from shared.channels import REGISTRY
 from shared.channels.base import Channel, RateLimited, Rejected, SendResult
 from shared.channels.clients import redis_client
 from shared.channels.ratelimit import Limiter
-from shared.constants import T_OUTBOUND_DELIVER, T_OUTBOUND_TYPING
+from shared.constants import KEY_SENT, T_OUTBOUND_DELIVER, T_OUTBOUND_TYPING
 from shared.errors import Retryable
 from shared.models import TERMINAL, Outbox, OutboxStatus, Run
 from shared.settings import Settings
@@ -35,6 +41,8 @@ EARLY = 2.0  # a retry this much ahead of its row's next_attempt_at re-arms itse
 TYPING_EVERY = 4.5  # Telegram shows "typing..." for 5 s
 TYPING_ROUNDS = 40
 BATCH = 200
+SENT_TTL = 7 * 24 * 3600  # a "sent" marker outlives any retry or redelivery of its row
+CLAIM_MARGIN = 2.0  # stop retrying the mark this long before the claim lapses
 _channels: dict[tuple[str, int], Channel] = {}
 
 
@@ -68,8 +76,12 @@ def deliver(rt: Runtime, outbox_id: str) -> list[Next]:
         row = s.get(Outbox, outbox_id)
         if row is None or row.status != OutboxStatus.PENDING or _waits_for_previous(s, row):
             return []
+    claimed_at = time.monotonic()
     if not _claim(rt, outbox_id):
         return _not_claimed(rt, outbox_id)
+    if (earlier := _sent_marker(rt, outbox_id)) is not None:  # sent before; only the mark was lost
+        _delivered(rt, row, earlier, claimed_at)
+        return _next_chunk(rt, row)
     ch = channel_for(rt.settings, row.channel)
     if ch is None or not ch.enabled():
         _dead(rt, row, f"channel {row.channel!r} is not configured")
@@ -90,7 +102,7 @@ def deliver(rt: Runtime, outbox_id: str) -> list[Next]:
         return []
     except Exception as err:
         return _failed(rt, row, f"{type(err).__name__}: {err}", delay=None)
-    _delivered(rt, row, result)
+    _delivered(rt, row, result, claimed_at)
     return _next_chunk(rt, row)
 
 
@@ -165,11 +177,30 @@ def _dead(rt: Runtime, row: Outbox, error: str, *, attempts: int | None = None) 
                       .values(status=OutboxStatus.FAILED, last_error="an earlier chunk of this reply failed"))
 
 
-def _delivered(rt: Runtime, row: Outbox, result: SendResult) -> None:
-    with rt.session() as s:
-        s.execute(update(Outbox).where(col(Outbox.id) == row.id, col(Outbox.status) == OutboxStatus.PENDING).values(
-            status=OutboxStatus.DELIVERED, platform_message_id=result.platform_message_id,
-            delivered_at=func.now(), next_attempt_at=None, last_error=None))
+def _delivered(rt: Runtime, row: Outbox, result: SendResult, claimed_at: float) -> None:
+    """Mark the row delivered. The platform has it, so a database error here must not lead to a
+    resend: retry while this worker still holds the claim, then leave the fact in Redis."""
+    budget = claimed_at + rt.settings.channels.delivery.claim_seconds - CLAIM_MARGIN - time.monotonic()
+    try:
+        for attempt in Retrying(retry=retry_if_exception_type(OperationalError), reraise=True,
+                                stop=stop_before_delay(max(budget, 0.0)), wait=wait_exponential(0.1, max=2.0),
+                                before_sleep=lambda state: log.warning(
+                                    "outbox %s: sent; marking it delivered failed, retrying: %s",
+                                    row.id, state.outcome.exception() if state.outcome else None)):
+            with attempt, rt.session() as s:
+                s.execute(update(Outbox).where(col(Outbox.id) == row.id, col(Outbox.status) == OutboxStatus.PENDING)
+                          .values(status=OutboxStatus.DELIVERED, platform_message_id=result.platform_message_id,
+                                  delivered_at=func.now(), next_attempt_at=None, last_error=None))
+    except OperationalError:
+        log.error("outbox %s: sent, but the database could not be told; the next claim will not resend", row.id)
+        redis_client(rt.settings.redis_url).set(
+            KEY_SENT + row.id, json.dumps({"platform_message_id": result.platform_message_id}), ex=SENT_TTL)
+        raise
+
+
+def _sent_marker(rt: Runtime, outbox_id: str) -> SendResult | None:
+    raw = redis_client(rt.settings.redis_url).get(KEY_SENT + outbox_id)
+    return SendResult(json.loads(raw)["platform_message_id"]) if raw else None
 
 
 def _next_chunk(rt: Runtime, row: Outbox) -> list[Next]:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from sqlmodel import Session, col, select
 
 from shared.errors import Conflict, NanofleetError, NotFound
-from shared.models import CronJob, utcnow
+from shared.models import CronJob, CronReceipt, utcnow
 from shared.scheduling import schedules
 from shared.scheduling.beat import BeatMirror
 from shared.settings import Settings
@@ -108,11 +108,20 @@ def _schedule(settings: Settings, *, every: int | None, expr: str | None, tz: st
     return {"kind": kind, "every_seconds": every, "cron_expr": expr, "tz": tz, "at": at}
 
 
+class AlreadyFired(NanofleetError):
+    """A replayed add whose job was created, fired and removed before the replay (an `at` job)."""
+
+    status_code = 409
+
+
 def create(s: Session, settings: Settings, data: JobIn, *, job_id: str | None = None,
            now: datetime | None = None) -> CronJob:
-    """Store a new job (or return the one already stored under `job_id`: a replayed call)."""
+    """Store a new job (or return the one already stored under `job_id`: a replayed call). A replay
+    must not bring back a job that has fired since: its `at` would move to now and fire again."""
     if job_id and (existing := s.get(CronJob, job_id)) is not None:
         return existing
+    if job_id and s.exec(select(CronReceipt.id).where(CronReceipt.job_id == job_id)).first() is not None:
+        raise AlreadyFired(f"cron job {job_id} was created by this call and has already run")
     now = now or utcnow()
     columns = _schedule(settings, every=data.every_seconds, expr=data.cron_expr, tz=data.tz, at=data.at, now=now)
     policy = data.missed_policy or ("run_once" if columns["kind"] == "at" else "skip")

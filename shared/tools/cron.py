@@ -92,7 +92,10 @@ class CronTool(Tool):
         )
         with session_scope(ctx.settings.database_url) as s:
             job_id = derived("cron", call_key(s, ctx.run_id, ctx.call_id))[:12] if ctx.run_id else None
-            job = jobs.create(s, ctx.settings, data, job_id=job_id)
+            try:
+                job = jobs.create(s, ctx.settings, data, job_id=job_id)
+            except jobs.AlreadyFired as err:
+                return ToolResult.success({"job_id": job_id, "status": "already ran", "note": err.message})
         _mirror(ctx.settings, job)
         return ToolResult.success(_brief(job))
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -26,7 +28,8 @@ def _ready(url: str) -> bool:
         return False
 
 
-def _up_and_down(env: dict[str, str], log: Path, *extra: str) -> str:
+def _up_and_down(env: dict[str, str], log: Path, *extra: str,
+                 while_up: Callable[[psutil.Process, Path], None] | None = None) -> str:
     port = free_port()
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "up", "--port", str(port),
@@ -38,6 +41,9 @@ def _up_and_down(env: dict[str, str], log: Path, *extra: str) -> str:
         assert proc.poll() is None, log.read_text()
         family = psutil.Process(proc.pid).children(recursive=True)
         assert len(family) >= 3  # gateway, worker, beat (and their own children)
+        if while_up is not None:
+            while_up(psutil.Process(proc.pid), log)
+            family = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0, log.read_text()
         wait_until(lambda: not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE],
@@ -52,6 +58,27 @@ def test_up_on_configured_services(make_stack, tmp_path: Path) -> None:  # type:
     s: Stack = make_stack()
     output = _up_and_down(s.env, tmp_path / "up.log")
     assert "embedded" not in output
+
+
+def _kill_beat(up: psutil.Process, log: Path) -> None:
+    """Beat exits by design when it loses its lock (a Redis restart): `up` starts it again."""
+    def beats() -> list[psutil.Process]:
+        found = []
+        for child in up.children():
+            with contextlib.suppress(psutil.Error):  # the killed one is a zombie until `up` reaps it
+                if "beat" in child.cmdline():
+                    found.append(child)
+        return found
+
+    [beat] = beats()
+    os.killpg(beat.pid, signal.SIGKILL)
+    wait_until(lambda: [b for b in beats() if b.pid != beat.pid], timeout=30, message="a new beat")
+    assert "beat exited with code -9; starting it again" in log.read_text()
+
+
+def test_up_starts_a_child_again_when_it_exits(make_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    s: Stack = make_stack()
+    _up_and_down(s.env, tmp_path / "up.log", while_up=_kill_beat)
 
 
 @pytest.fixture

@@ -73,3 +73,15 @@ def test_every_tag_is_recorded_once_and_answered_once(kinds: list[str], arrivals
     reports = [f"sub-{i}" for i, kind in enumerate(kinds) if kind == "report"]
     assert all(recorded[t] == 1 for t in tags), recorded
     assert all(answered[x] == 1 for x in tags + reports), answered
+
+
+def test_only_a_resend_of_one_row_right_after_a_kill_counts_as_the_send_mark_window() -> None:
+    from bench.chaos_check import KILL_WINDOW, Received, window_resends
+
+    sends = [Received(100.0, "c1", "done: tag-1"), Received(131.0, "c1", "done: tag-1"),  # resent, kill at 100.01
+             Received(200.0, "c2", "done: tag-2 cron-7"), Received(230.0, "c2", "done: tag-2 cron-7"),  # no kill
+             Received(300.0, "c3", "done: tag-3"), Received(300.5, "c3", "done: tag-3")]  # two rows: the runtime's
+    rows = Counter({("c1", "done: tag-1"): 1, ("c2", "done: tag-2 cron-7"): 1, ("c3", "done: tag-3"): 2})
+    assert window_resends(sends, rows, [100.01, 300.1]) == {"tag-1"}
+    assert window_resends(sends, rows, [200.0 + KILL_WINDOW]) == {"tag-2", "cron-7"}
+    assert window_resends(sends, rows, [200.0 + KILL_WINDOW + 0.1]) == set()

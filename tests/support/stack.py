@@ -66,14 +66,24 @@ def clean_redis(url: str) -> None:
     client.close()
 
 
-def clean_db(url: str) -> None:
+def clean_db(url: str, attempts: int = 5) -> None:
+    """Empty every table. A live worker's sweep can lock rows in another order than TRUNCATE takes
+    its table locks; Postgres then aborts one side as a deadlock, and we try again."""
+    from sqlalchemy.exc import OperationalError
+
     from shared.db import get_engine
 
-    with get_engine(url).begin() as conn:
-        tables = conn.execute(text(
-            "select string_agg(quote_ident(tablename), ',') from pg_tables "
-            "where schemaname = 'public' and tablename <> 'alembic_version'")).scalar()
-        conn.execute(text(f"truncate {tables} restart identity cascade"))
+    for attempt in range(attempts):
+        try:
+            with get_engine(url).begin() as conn:
+                tables = conn.execute(text(
+                    "select string_agg(quote_ident(tablename), ',') from pg_tables "
+                    "where schemaname = 'public' and tablename <> 'alembic_version'")).scalar()
+                conn.execute(text(f"truncate {tables} restart identity cascade"))
+            return
+        except OperationalError as err:
+            if "deadlock" not in str(err) or attempt == attempts - 1:
+                raise
 
 
 class Stack:

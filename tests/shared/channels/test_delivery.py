@@ -4,12 +4,15 @@ of one task sending once, and a worker killed mid-send."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 from sqlmodel import Session
 
 from shared.channels.discord import DiscordChannel
@@ -134,3 +137,48 @@ def test_a_worker_killed_mid_send_recovers_and_feishu_shows_the_message_once(
     channels.settled(chat)
     assert len(feishu.arrived(chat)) == 2
     assert d.replies(chat) == ["echo: survive"]
+
+
+@contextlib.contextmanager
+def database_down(database_url: str) -> Iterator[None]:
+    """Refuse new connections to the test database and drop the open ones, until the block ends."""
+    url = make_url(database_url)
+    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    name = url.database
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'alter database "{name}" allow_connections false'))
+            conn.execute(text("select pg_terminate_backend(pid) from pg_stat_activity "
+                              "where datname = :n and pid <> pg_backend_pid()"), {"n": name})
+        yield
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'alter database "{name}" allow_connections true'))
+        admin.dispose()
+
+
+def worker_logs(channels: ChannelStack) -> str:
+    return "".join(p.log() for p in channels.stack.procs)
+
+
+@pytest.mark.parametrize("outage", ["shorter than the claim", "longer than the claim"])
+def test_a_database_outage_right_after_the_send_does_not_resend(
+    channels: ChannelStack, beat: Proc, outage: str
+) -> None:
+    """Slack has no idempotency key, so a resend would show twice. The mark is retried while the
+    claim lasts; past it, a marker in Redis tells the next claimant the row already went out."""
+    slack = channels.fakes["slack"]
+    slack.delay = 1.0
+    chat = f"C{uuid.uuid4().hex[:8]}"
+    row = insert_row(channels, channel="slack", chat=chat, content=f"once despite the outage ({outage})")
+    Producer(make_celery(channels.stack.settings)).send(T_OUTBOUND_DELIVER, row)
+    wait_until(lambda: slack.arrived(chat), message="the send to reach Slack")
+    with database_down(channels.database_url):
+        wait_until(lambda: f"outbox {row}: sent; marking it delivered failed" in worker_logs(channels),
+                   message="the mark to fail")
+        if outage == "longer than the claim":
+            wait_until(lambda: f"outbox {row}: sent, but the database could not be told" in worker_logs(channels),
+                       timeout=30, message="the worker to give up on the mark")
+    channels.settled(chat)
+    status = channels.scalar("select status from outbox where id = :i", i=row)
+    assert (status, len(slack.arrived(chat))) == ("delivered", 1)

@@ -160,3 +160,31 @@ def test_a_replayed_cron_add_finds_its_job(core: Core) -> None:
         [job] = s.exec(select(CronJob)).all()
     assert (job.channel, job.chat_id, job.missed_policy) == ("api", ctx.chat_id, "skip")
     assert mirror.armed(job.id) is not None
+
+
+def test_a_cron_add_replayed_after_its_job_fired_does_not_fire_it_again(core: Core) -> None:
+    """The replay comes after the `at` passed: re-creating the job would move `at` to now (a new
+    fire time, so a new receipt) and run it a second time."""
+    stack, rt, mirror = core()
+    ctx = _parent_call(stack, "cron")
+    at = utcnow() + timedelta(seconds=30)
+    args = CronArgs(action="add", message=call("record", tag="once"), at=at)
+    first = asyncio.run(CronTool().run(args, ctx))
+    assert first.ok
+    jid = first.output["job_id"]
+    fire_until_idle(rt, mirror, jid)  # nothing due yet
+    drain(rt, cron.fire(rt, mirror, jid, whole_second(at)))  # beat fires it; the job is removed
+    assert jobs_row_or_none(stack, jid) is None
+    again = asyncio.run(CronTool().run(args, ctx))  # the tool call's result was lost: it runs again
+    with db(stack) as s:
+        left = list(s.exec(select(CronJob)).all())
+    for job in left:  # whatever the replay scheduled, beat fires it
+        drain(rt, cron.fire(rt, mirror, job.id, job.at))
+    assert [line.split()[-1] for line in stack.executions()] == ["once"]
+    assert left == [] and len(receipts(stack, jid)) == 1
+    assert again.ok and again.output.get("status") == "already ran"
+
+
+def jobs_row_or_none(stack: Stack, jid: str) -> CronJob | None:
+    with db(stack) as s:
+        return s.get(CronJob, jid)
