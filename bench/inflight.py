@@ -4,21 +4,17 @@ one and with two agent worker processes at saturation (zero-latency LLM)."""
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
-import uuid
 
 from bench import plots
 from bench.context import Ctx
 from bench.driver import Driver, Level
 from bench.report import Figure
 from bench.stack import BenchStack, tree_rss
-from shared.queueing import make_celery
 from tests.fakes.llm import Reply
 from tests.support.processes import Proc, wait_until
 
 IN_FLIGHT_TARGET, RSS_TARGET_MIB, SCALE_TARGET = 1000, 1024, 1.8
-HOLD_SECONDS = 20.0  # the hold test's LLM latency: long enough that no turn ends while they are opened
+HOLD_SECONDS = 40.0  # the hold test's LLM latency: long enough that no turn ends while they are opened
 NO_COMPACTION = {"MEMORY__COMPACT_AFTER": "1000000000"}
 
 
@@ -48,13 +44,10 @@ def run_inflight(ctx: Ctx) -> None:
         levels = _drive(ctx, workers, cfg.levels(), ramp=max(3.0, 1.5 * delay), window=cfg.inflight_window,
                         stop_when_saturated=True)
         held = _hold(ctx, stack, workers)
-        stack.stop_procs(workers)
-        workers = [_uncapped_worker(stack, cfg.inflight_threads)]
-        uncapped = _hold(ctx, stack, workers)
     finally:
         stack.stop_procs(workers)
         ctx.llm.reset()
-    _report_inflight(ctx, levels, held, uncapped)
+    _report_inflight(ctx, levels, held)
     stack.reset_data()
 
 
@@ -69,22 +62,7 @@ def _hold(ctx: Ctx, stack: BenchStack, workers: list[Proc]) -> tuple[float, int,
     return asyncio.run(driver.hold(ctx.cfg.levels()[-1], timeout=HOLD_SECONDS - 2, drain=2.0))
 
 
-def _uncapped_worker(stack: BenchStack, threads: int) -> Proc:
-    """An agent worker through bench/uncapped.py (LLM HTTP pool not capped at 100)."""
-    name = f"uncapped-{uuid.uuid4().hex[:6]}@%h"
-    argv = [sys.executable, "-m", "bench.uncapped", "-A", "workers.app:app", "worker", "-Q", "agent", "-P", "threads",
-            "-c", str(threads), "-n", name, "--without-mingle", "--without-gossip", "-E", "-l", "INFO"]
-    proc = Proc(argv, stack.env, stack.log_dir / f"worker-{name.split('@')[0]}.log")
-    stack.procs.append(proc)
-    control = make_celery(stack.settings).control
-    full = name.replace("%h", os.uname().nodename)
-    wait_until(lambda: bool(control.ping(destination=[full], timeout=0.5)), timeout=90,
-               message="the uncapped worker to answer a ping")
-    return proc
-
-
-def _report_inflight(ctx: Ctx, levels: list[Level], held: tuple[float, int, float],
-                     uncapped: tuple[float, int, float]) -> None:
+def _report_inflight(ctx: Ctx, levels: list[Level], held: tuple[float, int, float]) -> None:
     cmd, cfg = ctx.cfg.command("inflight"), ctx.cfg
     best = max(levels, key=lambda lv: lv.rate)
     peak = max(levels, key=lambda lv: lv.mean_in_flight)
@@ -104,10 +82,6 @@ def _report_inflight(ctx: Ctx, levels: list[Level], held: tuple[float, int, floa
                           note=f"{n} opened; most after {secs:.0f} s"))
     ctx.report.add(Figure("3", "hold test: agent worker RSS while holding them", rss_held, "MiB",
                           f"<= {RSS_TARGET_MIB:,} MiB", rss_held <= RSS_TARGET_MIB, cmd))
-    u_peak, u_rss, u_secs = uncapped[0], uncapped[1] / 2**20, uncapped[2]
-    ctx.report.add(Figure("3", "hold test, LLM HTTP pool uncapped (bench/uncapped.py)", u_peak, "",
-                          f">= {IN_FLIGHT_TARGET:,}", u_peak >= IN_FLIGHT_TARGET, cmd,
-                          note=f"{u_rss:.0f} MiB RSS; peak after {u_secs:.0f} s"))
     lines = [f"One agent worker (`-P threads -c {cfg.inflight_threads}`, queue `agent`), the fake LLM answers "
              f"after {cfg.llm_delay:g} s; the client keeps N turns open through `POST .../messages` (one per idle "
              f"conversation) and raises N until turns/s stops growing. Window {cfg.inflight_window:g} s per level.",
@@ -120,10 +94,7 @@ def _report_inflight(ctx: Ctx, levels: list[Level], held: tuple[float, int, floa
               f"worker tree using {rss_held:.0f} MiB. This separates what one worker can hold (threads, memory) "
               f"from the rate at which this host can start and finish turns (by Little's law, {IN_FLIGHT_TARGET:,} "
               f"open turns with a {cfg.llm_delay:g} s LLM need {IN_FLIGHT_TARGET / cfg.llm_delay:,.0f} turns/s). "
-              "One worker process holds at most 100 because litellm's OpenAI-compatible sync client uses "
-              "httpx's default pool of 100 connections "
-              "per process, whatever the thread count. The same test with that pool raised (bench/uncapped.py, "
-              f"bench-only) held {u_peak:.0f} at {u_rss:.0f} MiB after {u_secs:.0f} s."]
+              "The worker's LLM HTTP pool is NANOFLEET_LLM__MAX_CONNECTIONS (1,000 by default)."]
     ctx.report.sections.append(("Item 3: in-flight turns", "\n".join(lines)))
     name = "inflight.png"
     plots.concurrency_curve(ctx.plot(name), [(lv.target, lv.rate, lv.mean_in_flight, lv.max_rss_mib)

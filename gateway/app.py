@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.routes import conversations, cron, health, outbox, runs, skills, subagents, tools, webhooks
 from gateway.state import AppState
@@ -34,24 +35,45 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.nanofleet = AppState.build(settings)
     for module in (health, conversations, runs, subagents, cron, tools, skills, outbox, webhooks):
         app.include_router(module.router)
-    app.middleware("http")(_request_id)
+    app.add_middleware(RequestIds)
     app.add_exception_handler(NanofleetError, _nanofleet_error)  # type: ignore[arg-type]
     return app
 
 
-async def _request_id(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-    rid = request.headers.get("x-request-id") or new_request_id()
-    token = request_id_var.set(rid[:64])
-    started = time.perf_counter()
-    try:
-        response = await call_next(request)
-    finally:
-        request_id_var.reset(token)
-    response.headers["x-request-id"] = rid[:64]
-    if request.url.path not in ("/healthz", "/readyz"):
-        log.info("%s %s %d %.1fms", request.method, request.url.path, response.status_code,
-                 (time.perf_counter() - started) * 1000)
-    return response
+class RequestIds:
+    """Pure ASGI middleware (Starlette's BaseHTTPMiddleware costs a task and a stream per request):
+    a request id from `x-request-id` or a new one, set for logs and Celery headers, echoed back,
+    and one access log line per request."""
+
+    QUIET = ("/healthz", "/readyz")
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"").decode("latin-1")
+        rid = (given or new_request_id())[:64]
+        token = request_id_var.set(rid)
+        started = time.perf_counter()
+        status = 500
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode("latin-1"))]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            request_id_var.reset(token)
+            if scope["path"] not in self.QUIET:
+                log.info("%s %s %d %.1fms", scope["method"], scope["path"], status,
+                         (time.perf_counter() - started) * 1000)
 
 
 async def _nanofleet_error(request: Request, err: NanofleetError) -> JSONResponse:

@@ -2,19 +2,50 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import lru_cache, partial
+from typing import Any
 
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Dialect, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.pool import ConnectionPoolEntry
 from sqlmodel import Session
+
+# Connections kept open per process. A burst above POOL_SIZE opens overflow connections and closes
+# them again on return, a Postgres backend start each time: keep it near the number of busy threads.
+POOL_SIZE = 20
+MAX_OVERFLOW = 30
+IDLE_PING = 1.0  # seconds a pooled connection may sit unused before it is pinged on checkout
 
 
 @lru_cache(maxsize=8)
-def get_engine(url: str, pool_size: int = 10) -> Engine:
-    """One pooled engine per URL and process."""
-    return create_engine(url, pool_size=pool_size, max_overflow=40, pool_pre_ping=True, pool_recycle=1800)
+def get_engine(url: str, pool_size: int = POOL_SIZE) -> Engine:
+    """One pooled engine per URL and process. A connection idle for IDLE_PING seconds is pinged
+    before use and replaced if the server went away (a restart); a busy one is not, because a
+    step opens several sessions and a ping is a round trip each. A connection lost mid-use fails
+    that statement, SQLAlchemy drops every connection opened before it, and the task is retried
+    (workers/base.py)."""
+    engine = create_engine(url, pool_size=pool_size, max_overflow=MAX_OVERFLOW, pool_recycle=1800)
+    event.listen(engine, "checkin", _checked_in)
+    event.listen(engine, "checkout", partial(_ping_if_idle, engine.dialect))
+    return engine
+
+
+def _checked_in(_dbapi: Any, record: ConnectionPoolEntry) -> None:
+    record.info["idle_since"] = time.monotonic()
+
+
+def _ping_if_idle(dialect: Dialect, dbapi: Any, record: ConnectionPoolEntry, _proxy: Any) -> None:
+    since = record.info.get("idle_since")
+    if since is None or time.monotonic() - since < IDLE_PING:
+        return
+    try:
+        dialect.do_ping(dbapi)
+    except Exception as err:
+        raise DisconnectionError(f"stale connection: {err}") from err  # the pool tries a fresh one
 
 
 @contextmanager

@@ -3,6 +3,7 @@ backoff that honour Retry-After, streamed deltas, usage and cost."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the cost map at import
 
+import httpx
 import litellm
 
 from shared.settings import LLMProfile, LLMSettings
@@ -72,11 +74,23 @@ def retry_after(err: Exception) -> float | None:
         return None
 
 
+@functools.cache
+def _pool(max_connections: int) -> httpx.Client:
+    """litellm keeps one OpenAI-compatible HTTP client per process, built with httpx's default pool
+    of 100 connections; a worker holding more LLM calls than that would queue them. litellm's
+    documented `client_session` hook takes our pool (transport only: keys and bases stay per call)."""
+    pool = httpx.Client(limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=100),
+                        follow_redirects=True)
+    litellm.client_session = pool
+    return pool
+
+
 class LLMClient:
     """Chat completions through litellm with nanofleet's retry and usage rules."""
 
     def __init__(self, settings: LLMSettings) -> None:
         self.settings = settings
+        _pool(settings.max_connections)
 
     def profile(self, model: str | None = None) -> LLMProfile:
         """A named profile, a raw litellm model string on the default endpoint, or the default."""

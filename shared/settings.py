@@ -59,6 +59,9 @@ class LLMSettings(LLMProfile):
     max_retries: int = 3
     retry_base_delay: float = 1.0
     retry_max_delay: float = 30.0
+    # Concurrent HTTP connections to the model endpoints per process: an LLM call waiting on the
+    # network holds one, so this caps the calls a worker keeps in flight (httpx's default is 100).
+    max_connections: int = Field(default=1000, ge=1)
 
 
 class ExecSettings(BaseModel):
