@@ -4,11 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
+
+
+def without_nul(value: Any) -> Any:
+    """`value` with NUL characters removed from every string in it: Postgres text and JSONB cannot
+    hold them, and no chat platform shows them."""
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_nul(v) for v in value]
+    return value
 
 
 class InboundMessage(BaseModel):
     """A message from a user on some channel, normalised by the channel module."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        return without_nul(data)
 
     channel: str
     chat_id: str

@@ -172,17 +172,19 @@ def _parse(response: Any, model: str) -> LLMResponse:
         for c in (message.tool_calls or [])
     ]
     usage = getattr(response, "usage", None)
-    try:
-        cost = float(litellm.completion_cost(completion_response=response, model=model))
-    except Exception:  # models without a price in the map
-        cost = 0.0
+    cost = (getattr(response, "_hidden_params", None) or {}).get("response_cost")  # litellm priced it already
+    if cost is None:
+        try:
+            cost = litellm.completion_cost(completion_response=response, model=model)
+        except Exception:  # models without a price in the map
+            cost = 0.0
     return LLMResponse(
         content=message.content or "",
         tool_calls=calls,
         usage=Usage(
             prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
             completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
-            cost=cost,
+            cost=float(cost),
         ),
         model=model,
     )

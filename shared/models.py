@@ -71,6 +71,7 @@ class RunStatus(StrEnum):
 
 
 TERMINAL = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING)
 
 
 class Phase(StrEnum):
@@ -156,6 +157,8 @@ class Run(SQLModel, table=True):
     announced: bool = False  # a subagent's result has been handed to its parent conversation
     lease_owner: str | None = None
     lease_until: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True), index=True))
+    recoveries: int = 0  # times the sweeper took step `recovered_seq` back from a worker that died in it
+    recovered_seq: int | None = None
     request_id: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0

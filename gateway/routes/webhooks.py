@@ -66,7 +66,7 @@ def _verified(ch: Channel, headers: dict[str, str], body: bytes) -> Parsed:
         return ch.parse(headers, body)
     except WebhookError:
         raise
-    except (AttributeError, TypeError, KeyError, ValueError) as err:  # signed, yet not the shape we know
+    except (AttributeError, TypeError, KeyError, ValueError, RecursionError) as err:  # signed, not a shape we know
         log.warning("%s: malformed event: %s: %s", ch.name, type(err).__name__, err)
         raise WebhookError(400, "malformed event") from None
 

@@ -10,7 +10,7 @@ from sqlmodel import Session, col, select
 from shared.agent import conversations, events, memory
 from shared.agent.runtime import Next, Runtime
 from shared.constants import T_AGENT_STEP, T_COMPACT
-from shared.models import TERMINAL, Conversation, Message, Phase, Role, Run, RunStatus, utcnow
+from shared.models import ACTIVE, TERMINAL, Conversation, Message, Phase, Role, Run, RunStatus, utcnow
 from shared.outbox import add_reply
 
 
@@ -69,37 +69,31 @@ def publish_final(rt: Runtime, run: Run) -> None:
 
 
 def cancel(rt: Runtime, s: Session, run_id: str, reason: str, cancelled: list[Run]) -> list[Next]:
-    """Cancel a run and every subagent its conversation started; publish `cancelled` after commit."""
-    run = s.get(Run, run_id, with_for_update=True)
-    if run is None or run.status in TERMINAL:
+    """Cancel a run and every subagent its conversation started; publish `cancelled` after commit.
+    A run that already ended is left as it is, with its conversation's subagents."""
+    found = s.exec(select(Run.status, Run.conversation_id).where(Run.id == run_id)).first()
+    if found is None or found[0] in TERMINAL:
         return []
-    nexts = finish(rt, s, run, status=RunStatus.CANCELLED, text="", store=False, error=reason)
-    cancelled.append(run)
-    children = s.exec(
-        select(Run.id).where(
-            col(Run.parent_run_id).in_(select(Run.id).where(Run.conversation_id == run.conversation_id)),
-            col(Run.status).in_((RunStatus.QUEUED, RunStatus.RUNNING)),
-        )
-    ).all()
-    for child in children:
-        nexts += cancel(rt, s, child, reason, cancelled)
-    return nexts
+    return _cancel_all(rt, s, col(Run.id) == run_id, found[1], reason, cancelled)
 
 
 def cancel_conversation(rt: Runtime, s: Session, conversation_id: str, cancelled: list[Run]) -> list[Next]:
     """`/stop`: cancel the active turn and the conversation's running subagents."""
-    ids = list(
-        s.exec(
-            select(Run.id).where(
-                or_(
-                    col(Run.conversation_id) == conversation_id,
-                    col(Run.parent_run_id).in_(select(Run.id).where(Run.conversation_id == conversation_id)),
-                ),
-                col(Run.status).in_((RunStatus.QUEUED, RunStatus.RUNNING)),
-            )
-        ).all()
-    )
+    return _cancel_all(rt, s, col(Run.conversation_id) == conversation_id, conversation_id, "stopped by the user",
+                       cancelled)
+
+
+def _cancel_all(rt: Runtime, s: Session, which: Any, conversation_id: str, reason: str,
+                cancelled: list[Run]) -> list[Next]:
+    """Cancel the active runs `which` selects and the running subagents of the conversation. Every
+    run is locked first, in id order, before any conversation: a run that finishes meanwhile locks
+    its run and then conversations, so the two can wait for each other but never deadlock."""
+    children = col(Run.parent_run_id).in_(select(Run.id).where(Run.conversation_id == conversation_id))
+    runs = s.exec(select(Run).where(or_(which, children), col(Run.status).in_(ACTIVE))
+                  .order_by(col(Run.id)).with_for_update()).all()
     nexts: list[Next] = []
-    for rid in ids:
-        nexts += cancel(rt, s, rid, "stopped by the user", cancelled)
+    for run in runs:
+        if run.status not in TERMINAL:  # re-read under the lock
+            nexts += finish(rt, s, run, status=RunStatus.CANCELLED, text="", store=False, error=reason)
+            cancelled.append(run)
     return nexts

@@ -11,10 +11,9 @@ from sqlalchemy import bindparam, func, text, update
 from sqlmodel import Session, col
 
 from shared.db import get_engine
-from shared.models import Phase, Run, RunStatus
+from shared.models import ACTIVE, Phase, Run, RunStatus
 
 log = logging.getLogger(__name__)
-ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)
 RENEWED = "now() + make_interval(secs => cast(:s as double precision))"
 
 

@@ -11,6 +11,7 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from shared.agent import conversations, steps
+from shared.agent.finish import finish, publish_final
 from shared.agent.runtime import Next, Runtime
 from shared.constants import T_AGENT_STEP, T_TOOL_EXECUTE
 from shared.models import Conversation, Message, Phase, Run, RunStatus, ToolCall, ToolStatus, utcnow
@@ -18,6 +19,8 @@ from shared.tools.base import ErrorCode, ToolResult
 
 log = logging.getLogger(__name__)
 BATCH = 200
+GAVE_UP = ("Sorry, I had to stop: the worker handling this request kept crashing on the same step. "
+           "Try again, perhaps with a smaller request.")
 
 # Extra sweeps registered by other parts (outbox redelivery, cron reconciliation).
 EXTRA_SWEEPS: list[Callable[[Runtime], list[Next]]] = []
@@ -27,9 +30,12 @@ def sweep(rt: Runtime) -> list[Next]:
     """One pass; returns the tasks to enqueue."""
     nexts: list[Next] = []
     ready: list[tuple[str, int]] = []  # tools phases whose calls all have results
+    failed: list[Run] = []  # runs given up on: their step kept killing workers
     with rt.session() as s:
         for run in _expired(s):
-            nexts += _recover(rt, s, run, ready)
+            nexts += _recover(rt, s, run, ready, failed)
+    for run in failed:
+        publish_final(rt, run)
     for run_id, step_seq in ready:
         nexts += steps.advance(rt, run_id, step_seq)
     with rt.session() as s:
@@ -51,7 +57,12 @@ def _expired(s: Session) -> list[Run]:
     )
 
 
-def _recover(rt: Runtime, s: Session, run: Run, ready: list[tuple[str, int]]) -> list[Next]:
+def _recover(rt: Runtime, s: Session, run: Run, ready: list[tuple[str, int]], failed: list[Run]) -> list[Next]:
+    if run.phase == Phase.LLM and run.lease_owner is not None and _lost(run) >= rt.settings.runtime.max_recoveries:
+        log.error("run %s: step %d was lost %d times; failing the run", run.id, run.step_seq, run.recoveries)
+        failed.append(run)
+        return finish(rt, s, run, status=RunStatus.FAILED, store=False, text=GAVE_UP,
+                      error=f"step {run.step_seq}: its worker died {run.recoveries} times")
     log.info("run %s: lease expired in %s step %d; re-enqueueing", run.id, run.phase, run.step_seq)
     run.lease_owner = None
     # A backlog can hold the re-enqueued task for a while: don't pile up more copies meanwhile.
@@ -72,18 +83,27 @@ def _recover(rt: Runtime, s: Session, run: Run, ready: list[tuple[str, int]]) ->
     return nexts
 
 
+def _lost(run: Run) -> int:
+    """Count one more loss of the current step (a worker held its lease and died); returns the count."""
+    if run.recovered_seq == run.step_seq:
+        run.recoveries += 1
+    else:
+        run.recovered_seq, run.recoveries = run.step_seq, 1
+    return run.recoveries
+
+
 def _interrupted(rt: Runtime, s: Session, call: ToolCall) -> None:
-    """A worker died inside this tool. Idempotent tools run again; others are never re-run blind."""
+    """A worker died inside this tool. Idempotent tools run again, unless they keep taking their
+    worker down; others are never re-run blind."""
     tool = rt.tools.get(call.name)
-    if tool is not None and tool.idempotent:
+    if tool is not None and tool.idempotent and call.attempts < rt.settings.runtime.max_recoveries:
         call.status = ToolStatus.PENDING
     else:
-        result = ToolResult.fail(
-            ErrorCode.FAILED,
-            "the worker running this tool stopped before it reported; it may or may not have taken "
-            "effect. Check before trying again.",
-            retryable=True,
-        )
+        message = (f"the worker running this tool died {call.attempts} times; it was not tried again"
+                   if tool is not None and tool.idempotent else
+                   "the worker running this tool stopped before it reported; it may or may not have taken "
+                   "effect. Check before trying again.")
+        result = ToolResult.fail(ErrorCode.FAILED, message, retryable=not (tool and tool.idempotent))
         call.status = ToolStatus.FAILED
         call.result = result.model_dump(mode="json")
         call.finished_at = utcnow()

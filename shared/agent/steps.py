@@ -19,6 +19,7 @@ from shared.aio import run_sync
 from shared.constants import T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EXECUTE
 from shared.llm import LLMError, LLMResponse
 from shared.models import (
+    ACTIVE,
     Conversation,
     Message,
     Phase,
@@ -34,7 +35,6 @@ from shared.models import (
 from shared.tools.base import ErrorCode, ToolContext, ToolResult
 
 log = logging.getLogger(__name__)
-ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING)
 SUBAGENT_EXCLUDED = ("message", "spawn", "cron")
 DONE = (ToolStatus.SUCCESS, ToolStatus.REJECTED, ToolStatus.FAILED)
 

@@ -27,6 +27,8 @@ def json_object(body: bytes) -> dict[str, Any]:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise WebhookError(400, "body is not JSON") from None
+    except RecursionError:  # nested deeper than the parser's stack allows
+        raise WebhookError(400, "body is nested too deeply") from None
     if not isinstance(data, dict):
         raise WebhookError(400, "body is not a JSON object")
     return data

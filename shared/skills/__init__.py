@@ -136,8 +136,33 @@ def builtin_file(relative: str) -> Path | None:
     return target if target.is_file() and target.is_relative_to(BUILTIN_DIR) else None
 
 
+_sections: dict[tuple[object, ...], str] = {}
+
+
+def _section_key(settings: Settings) -> tuple[object, ...]:
+    """Everything the section depends on: each skill file's identity and what its requirements are
+    checked against. A few stat calls, where reading and parsing every skill is milliseconds."""
+    files: list[tuple[str, int, int]] = []
+    for root in (BUILTIN_DIR, settings.workspace / "skills"):
+        for f in sorted(root.glob(f"*/{SKILL_FILE}")) if root.is_dir() else []:
+            st = f.stat()
+            files.append((str(f), st.st_mtime_ns, st.st_size))
+    exec_ = settings.tools.exec
+    return (str(settings.workspace), exec_.path, tuple(sorted(exec_.env)), tuple(files))
+
+
 def skills_section(settings: Settings) -> str:
-    """The system prompt's skills index, with `always` skills inlined."""
+    """The system prompt's skills index, with `always` skills inlined; built again only when a
+    skill file or the exec settings change (every LLM step asks for it)."""
+    key = _section_key(settings)
+    if key not in _sections:
+        if len(_sections) > 64:
+            _sections.clear()
+        _sections[key] = _render_section(settings)
+    return _sections[key]
+
+
+def _render_section(settings: Settings) -> str:
     skills = load_skills(settings)
     if not skills:
         return ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 
 from pydantic import BaseModel, Field
 
@@ -78,4 +79,23 @@ class ForbiddenTool(RecordTool):
     description = "Not allowed (test tool)."
 
 
-PLUGINS = [f"tests.support.tools:{cls.__name__}" for cls in (RecordTool, SleepTool, ShellNeedingTool, ForbiddenTool)]
+class CrashArgs(BaseModel):
+    pass
+
+
+class CrashTool(Tool):
+    """Takes its worker process down (SIGKILL of itself), like a tool that runs it out of memory."""
+
+    name = "crash"
+    description = "Crash the worker (test tool)."
+    Args = CrashArgs
+    idempotent = True
+
+    async def run(self, args: CrashArgs, ctx: ToolContext) -> ToolResult:
+        _append(ctx, f"{ctx.run_id} {ctx.call_id} crash")
+        os.kill(os.getpid(), signal.SIGKILL)
+        return ToolResult.success("unreachable")
+
+
+PLUGINS = [f"tests.support.tools:{cls.__name__}"
+           for cls in (RecordTool, SleepTool, ShellNeedingTool, ForbiddenTool, CrashTool)]

@@ -14,7 +14,7 @@ from sqlmodel import Session, col, select
 from shared.db import get_engine
 from shared.models import Message, MessageType, Role, Run, ToolCall
 from tests.fakes.llm import FakeLLM, Reply, default_handler
-from tests.support.processes import wait_until
+from tests.support.processes import Proc, wait_until
 from tests.support.stack import Stack, api_client
 
 
@@ -189,3 +189,57 @@ def test_followup_mode_runs_waiting_messages_as_the_next_turn(make_stack: Callab
         contents = [m["content"] for m in api.get(f"/api/v1/conversations/{cid}/messages").json()]
         assert contents == ["sleep:1.5 first", "echo: sleep:1.5 first", "second", "echo: second"]
         assert first["runId"] != _runs(s)[-1].id
+
+
+def _keep_a_worker_up(s: Stack, workers: list[Proc], done: Callable[[], bool]) -> None:
+    """Start a new worker whenever the last one died, until `done` (compose's restart policy)."""
+    def check() -> bool:
+        if not workers[-1].alive():
+            workers.append(s.worker(wait=False))  # it may pick up the deadly task before it is "ready"
+        return done()
+    wait_until(check, timeout=120, message="the run to end")
+
+
+def test_a_tool_that_keeps_killing_its_worker_is_given_up_on(make_stack: Callable[..., Stack]) -> None:
+    """An idempotent tool is re-run after its worker dies, but not forever: after max_recoveries
+    the call fails with the reason and the turn goes on."""
+    s = make_stack(RUNTIME__MAX_RECOVERIES="2", TOOLS__ALLOWED='["crash", "record"]')
+    workers = [s.worker()]
+    s.beat()
+    for api in api_client(s.settings):
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        run_id = api.post(f"/api/v1/conversations/{cid}/messages", json={"message": "call:crash {}"}).json()["runId"]
+        _keep_a_worker_up(s, workers, lambda: api.get(f"/api/v1/runs/{run_id}").json()["status"]  # noqa: B023
+                          in ("succeeded", "failed"))
+        run = api.get(f"/api/v1/runs/{run_id}").json()
+        assert run["status"] == "succeeded"
+        [call] = run["toolCalls"]
+        assert call["status"] == "FAILED" and "died 2 times" in call["result"]
+        assert [line.split()[-1] for line in s.executions()] == ["crash", "crash"]
+
+
+def test_an_llm_step_that_keeps_losing_its_worker_fails_the_run_clearly(make_stack: Callable[..., Stack],
+                                                                       fake_llm: FakeLLM) -> None:
+    s = make_stack(RUNTIME__MAX_RECOVERIES="2")
+    fake_llm.handler = lambda body: Reply(text="never seen", delay=5)  # its worker dies long before
+    workers = [s.worker()]
+    killed: list[int] = []  # LLM calls seen when a worker was killed
+    s.beat()
+    for api in api_client(s.settings):
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        run_id = api.post(f"/api/v1/conversations/{cid}/messages", json={"message": "hello"}).json()["runId"]
+
+        def ended() -> bool:
+            calls = len(fake_llm.requests)
+            if calls > len(killed):  # a worker is in the step's LLM call: take it down
+                killed.append(calls)
+                workers[-1].kill(signal.SIGKILL)
+            return api.get(f"/api/v1/runs/{run_id}").json()["status"] in ("succeeded", "failed")  # noqa: B023
+
+        _keep_a_worker_up(s, workers, ended)
+        run = api.get(f"/api/v1/runs/{run_id}").json()
+        assert run["status"] == "failed" and "worker died 2 times" in run["error"]
+        assert len(killed) == 2  # the second loss of the same step ended it
+        messages = api.get(f"/api/v1/conversations/{cid}/messages").json()
+        assert [m["role"] for m in messages] == ["USER"]  # the apology is sent, not stored as the agent's answer
+    wait_until(lambda: fake_llm.in_flight == 0, message="the killed workers' LLM calls to return")  # shared fake
