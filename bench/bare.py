@@ -1,5 +1,5 @@
 """A bare FastAPI endpoint under the same uvicorn setup as the gateway, the baseline for webhook
-throughput: `python -m bench.bare PORT`."""
+throughput: `python -m bench.bare PORT [WORKERS]`."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ def healthz() -> dict[str, str]:
 
 
 def main() -> None:
-    # The gateway's own settings (gateway/cli.py): one process, no access log, proxy headers.
-    uvicorn.run("bench.bare:app", host="127.0.0.1", port=int(sys.argv[1]), workers=1, log_config=None,
+    # The gateway's own settings (gateway/cli.py): no access log, proxy headers; `PORT [WORKERS]`.
+    workers = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    uvicorn.run("bench.bare:app", host="127.0.0.1", port=int(sys.argv[1]), workers=workers, log_config=None,
                 proxy_headers=True, access_log=False)
 
 

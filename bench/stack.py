@@ -80,9 +80,9 @@ class BenchStack(Stack):
     def engine(self) -> Engine:
         return get_engine(self.settings.database_url)
 
-    def gateway(self, port: int | None = None) -> Proc:
+    def gateway(self, port: int | None = None, workers: int = 1) -> Proc:
         port = port or free_port()
-        argv = [sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port)]
+        argv = [sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port), "--workers", str(workers)]
         proc = Proc(argv, self.env, self.log_dir / f"gateway-{uuid.uuid4().hex[:6]}.log")
         self.procs.append(proc)
         url = f"http://127.0.0.1:{port}"
@@ -96,7 +96,7 @@ class BenchStack(Stack):
                 return False
 
         wait_until(healthy, timeout=60, interval=0.1, message="the gateway to answer /healthz")
-        self.gateway_url = url
+        self.gateway_url = self.gateway_url or url  # the first gateway is the stack's
         return proc
 
     def workers(self, n: int, **kw: Any) -> list[Proc]:

@@ -31,9 +31,10 @@ def _telegram_request(i: int) -> tuple[bytes, dict[str, str]]:
     return body, {"content-type": "application/json", "x-telegram-bot-api-secret-token": TELEGRAM_SECRET}
 
 
-def _start_bare(stack: BenchStack) -> tuple[Proc, str]:
+def _start_bare(stack: BenchStack, workers: int) -> tuple[Proc, str]:
     port = free_port()
-    proc = Proc([sys.executable, "-m", "bench.bare", str(port)], stack.env, stack.log_dir / "bare.log")
+    proc = Proc([sys.executable, "-m", "bench.bare", str(port), str(workers)], stack.env,
+                stack.log_dir / f"bare-{workers}.log")
     stack.procs.append(proc)
     url = f"http://127.0.0.1:{port}"
 
@@ -75,42 +76,47 @@ async def _measure(cfg: Config, bare_url: str, tg_url: str) -> dict[str, LoadRes
 
 
 def run(ctx: Ctx) -> None:
-    stack, report, cfg = ctx.stack, ctx.report, ctx.cfg
+    stack = ctx.stack
     if not stack.has_route("/webhooks/telegram"):
-        report.skipped.append(("1", "POST /webhooks/telegram not available yet (channels work)"))
+        ctx.report.skipped.append(("1", "POST /webhooks/telegram not available yet (channels work)"))
         return
-    stack.reset_data()
-    proc, bare_url = _start_bare(stack)
-    try:
-        r = asyncio.run(_measure(cfg, bare_url, stack.gateway_url + "/webhooks/telegram"))
-    finally:
-        stack.stop_procs([proc])
-    with stack.engine.connect() as conn:
-        events = conn.execute(text("select count(*) from inbound_events where channel = 'telegram'")).scalar_one()
-    accepted = r["closed_tg"].ok + r["open_tg"].ok
-    _report(ctx, r, events, accepted)
+    for workers in (1, 2):  # one process (the default), and one per core (`nanofleet gateway --workers 2`)
+        stack.reset_data()
+        port = free_port()
+        gateway = stack.gateway(port, workers=workers) if workers > 1 else None
+        tg_url = (f"http://127.0.0.1:{port}" if gateway else stack.gateway_url) + "/webhooks/telegram"
+        proc, bare_url = _start_bare(stack, workers)
+        try:
+            r = asyncio.run(_measure(ctx.cfg, bare_url, tg_url))
+        finally:
+            stack.stop_procs([proc] + ([gateway] if gateway else []))
+        with stack.engine.connect() as conn:
+            events = conn.execute(text("select count(*) from inbound_events where channel = 'telegram'")).scalar_one()
+        _report(ctx, r, events, r["closed_tg"].ok + r["open_tg"].ok, workers)
     stack.reset_data()
 
 
-def _report(ctx: Ctx, r: dict[str, LoadResult], events: int, accepted: int) -> None:
+def _report(ctx: Ctx, r: dict[str, LoadResult], events: int, accepted: int, workers: int) -> None:
     report, cfg = ctx.report, ctx.cfg
     cmd = cfg.command("webhook")
+    setup = "1 process" if workers == 1 else f"{workers} processes"
+    suffix = "" if workers == 1 else f"_{workers}p"
     ot, ob, ct, cb = r["open_tg"], r["open_bare"], r["closed_tg"], r["closed_bare"]
     rate = f"{cfg.webhook_rate:g} req/s"
-    report.add(Figure("1", f"telegram webhook ack p50 at {rate} (open loop)", ot.pct(50), "ms", command=cmd))
+    report.add(Figure("1", f"[{setup}] telegram webhook ack p50 at {rate} (open loop)", ot.pct(50), "ms", command=cmd))
     p99 = ot.pct(99)
-    report.add(Figure("1", f"telegram webhook ack p99 at {rate} (open loop)", p99, "ms",
+    report.add(Figure("1", f"[{setup}] telegram webhook ack p99 at {rate} (open loop)", p99, "ms",
                       f"<= {P99_TARGET_MS:g} ms", p99 <= P99_TARGET_MS and not ot.errors, cmd,
                       note=f"{ot.ok}/{int(cfg.webhook_rate * cfg.webhook_rate_seconds)} answered 2xx"))
-    report.add(Figure("1", f"bare endpoint p99 at {rate} (open loop)", ob.pct(99), "ms", command=cmd))
-    report.add(Figure("1", f"bare endpoint max throughput ({cfg.webhook_concurrency} clients)", cb.rps,
+    report.add(Figure("1", f"[{setup}] bare endpoint p99 at {rate} (open loop)", ob.pct(99), "ms", command=cmd))
+    report.add(Figure("1", f"[{setup}] bare endpoint max throughput ({cfg.webhook_concurrency} clients)", cb.rps,
                       "req/s", command=cmd))
-    report.add(Figure("1", f"telegram webhook max throughput ({cfg.webhook_concurrency} clients)", ct.rps,
+    report.add(Figure("1", f"[{setup}] telegram webhook max throughput ({cfg.webhook_concurrency} clients)", ct.rps,
                       "req/s", command=cmd, note=f"p50 {ms(ct.pct(50))} ms, p99 {ms(ct.pct(99))} ms"))
     ratio = ct.rps / cb.rps if cb.rps else 0.0
-    report.add(Figure("1", "telegram / bare throughput", ratio * 100, "%", f">= {RATIO_TARGET:.0%}",
+    report.add(Figure("1", f"[{setup}] telegram / bare throughput", ratio * 100, "%", f">= {RATIO_TARGET:.0%}",
                       ratio >= RATIO_TARGET, cmd))
-    report.sections.append(("Item 1: webhook ack", "\n".join([
+    report.sections.append((f"Item 1: webhook ack, {setup} (gateway and bare endpoint alike)", "\n".join([
         f"Closed loop: {cfg.webhook_concurrency} clients back to back, 2 alternating rounds of "
         f"{cfg.webhook_seconds:g} s per endpoint; open loop: {rate} for {cfg.webhook_rate_seconds:g} s, latency "
         "from the scheduled send time. Each Telegram update is new (unique update_id) across "
@@ -126,13 +132,13 @@ def _report(ctx: Ctx, r: dict[str, LoadResult], events: int, accepted: int) -> N
         f"Ledger check: {events} telegram events recorded for {accepted} accepted measured requests "
         "(plus the 1 s warm-up).",
     ])))
-    cdf = "webhook_latency.png"
+    cdf = f"webhook_latency{suffix}.png"
     plots.latency_cdf(ctx.plot(cdf), {f"telegram, open {rate}": ot.latencies_ms,
                                         f"bare, open {rate}": ob.latencies_ms,
                                         f"telegram, closed {cfg.webhook_concurrency}": ct.latencies_ms,
                                         f"bare, closed {cfg.webhook_concurrency}": cb.latencies_ms},
                       title="Webhook ack latency", mark_ms=P99_TARGET_MS)
-    thr = "webhook_throughput.png"
+    thr = f"webhook_throughput{suffix}.png"
     plots.bars(ctx.plot(thr), {"bare FastAPI": cb.rps, "telegram webhook": ct.rps},
                title=f"Max throughput, {cfg.webhook_concurrency} clients", ylabel="requests/s")
-    report.plots += [("webhook ack latency CDF", cdf), ("webhook throughput", thr)]
+    report.plots += [(f"webhook ack latency CDF, {setup}", cdf), (f"webhook throughput, {setup}", thr)]

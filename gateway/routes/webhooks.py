@@ -7,12 +7,14 @@ a Discord PONG or deferred response, or {"ok": true})."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
+import anyio
+import anyio.to_thread
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from gateway.deps import StateDep
@@ -26,6 +28,7 @@ from shared.contracts import InboundMessage
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/webhooks", tags=["webhooks"])
 MAX_BODY = 1024 * 1024
+INGEST_THREADS = 4
 RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"description": "bad or stale signature; nothing was stored"},
     400: {"description": "malformed body"},
@@ -71,6 +74,13 @@ def _verified(ch: Channel, headers: dict[str, str], body: bytes) -> Parsed:
         raise WebhookError(400, "malformed event") from None
 
 
+@functools.cache
+def _ingest_limiter() -> anyio.CapacityLimiter:
+    """Ingests at once per process. More threads only wait on each other for the GIL (each one
+    is mostly Python work between short queries), which stretches every request's latency."""
+    return anyio.CapacityLimiter(INGEST_THREADS)
+
+
 def _ingest(state: AppState, ch: Channel, messages: list[InboundMessage]) -> Ingested:
     out = ingest(state.runtime, ch, messages)
     state.dispatch(out.nexts)
@@ -86,7 +96,7 @@ async def receive(name: str, request: Request, state: AppState) -> Response:
         return JSONResponse({"detail": err.message}, status_code=err.status_code)
     if not parsed.messages:
         return JSONResponse(parsed.response or {"ok": True})
-    out = await run_in_threadpool(_ingest, state, ch, parsed.messages)
+    out = await anyio.to_thread.run_sync(_ingest, state, ch, parsed.messages, limiter=_ingest_limiter())
     if out.denied and not out.accepted and parsed.denied_response is not None:
         return JSONResponse(parsed.denied_response)
     return JSONResponse(parsed.response or {"ok": True})
