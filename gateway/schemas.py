@@ -8,6 +8,8 @@ from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
+from shared.contracts import NO_NUL
+
 # Every /api/v1 route answers 401 without a valid bearer key; documented so clients (and schemathesis) know.
 UNAUTHORIZED: dict[int | str, dict[str, Any]] = {401: {"description": "missing or invalid API key"}}
 BAD_BODY: dict[int | str, dict[str, Any]] = {400: {"description": "the body is not JSON"}}
@@ -16,7 +18,7 @@ BIGINT_MAX = 2**63 - 1  # offsets past Postgres' bigint are refused with 422, no
 
 # Postgres text cannot hold NUL: refuse it with 422 instead of failing in the database. A pattern,
 # not a validator, so the OpenAPI schema says so too.
-Text = Annotated[str, StringConstraints(pattern=r"^[^\x00]*$")]
+Text = Annotated[str, StringConstraints(pattern=NO_NUL)]
 Id = Annotated[str, Path(max_length=64, pattern=r"^[^\x00]+$")]
 
 

@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 
+NO_NUL = r"^[^\x00]*$"  # Postgres text cannot hold NUL: refuse it as invalid input, not as a database error
+
 
 def without_nul(value: Any) -> Any:
     """`value` with NUL characters removed from every string in it: Postgres text and JSONB cannot

@@ -14,10 +14,10 @@ from sqlmodel import col, select
 from gateway.deps import SessionDep, StateDep, require_key
 from gateway.schemas import BAD_BODY, UNAUTHORIZED, CamelModel
 from gateway.state import AppState
+from shared.contracts import NO_NUL
 from shared.models import CronJob, CronReceipt
 from shared.scheduling import jobs
 from shared.scheduling.beat import BeatMirror
-from shared.scheduling.jobs import NO_NUL
 from shared.scheduling.schedules import MAX_EVERY
 
 log = logging.getLogger(__name__)

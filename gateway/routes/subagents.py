@@ -10,9 +10,9 @@ from fastapi.exceptions import RequestValidationError
 from gateway.deps import SessionDep, StateDep, require_key
 from gateway.schemas import BIGINT_MAX, UNAUTHORIZED
 from shared.agent.finish import cancel, publish_final
+from shared.contracts import NO_NUL
 from shared.models import Run, RunKind, RunStatus
 from shared.scheduling import subagents
-from shared.scheduling.jobs import NO_NUL
 
 SubagentId = Annotated[str, Path(pattern=NO_NUL, max_length=64)]
 router = APIRouter(prefix="/api/v1/subagents", tags=["subagents"], dependencies=[Depends(require_key)],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import or_
+from sqlalchemy import ColumnElement, or_
 from sqlmodel import Session, col, select
 
 from shared.agent import conversations, events, memory
@@ -83,7 +83,7 @@ def cancel_conversation(rt: Runtime, s: Session, conversation_id: str, cancelled
                        cancelled)
 
 
-def _cancel_all(rt: Runtime, s: Session, which: Any, conversation_id: str, reason: str,
+def _cancel_all(rt: Runtime, s: Session, which: ColumnElement[bool], conversation_id: str, reason: str,
                 cancelled: list[Run]) -> list[Next]:
     """Cancel the active runs `which` selects and the running subagents of the conversation. Every
     run is locked first, in id order, before any conversation: a run that finishes meanwhile locks

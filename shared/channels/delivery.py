@@ -76,10 +76,11 @@ def deliver(rt: Runtime, outbox_id: str) -> list[Next]:
         row = s.get(Outbox, outbox_id)
         if row is None or row.status != OutboxStatus.PENDING or _waits_for_previous(s, row):
             return []
-    claimed_at = time.monotonic()
+    claimed_at, claimed_before = time.monotonic(), row.next_attempt_at is not None
     if not _claim(rt, outbox_id):
         return _not_claimed(rt, outbox_id)
-    if (earlier := _sent_marker(rt, outbox_id)) is not None:  # sent before; only the mark was lost
+    # Only a row someone claimed before can have gone out with its mark lost: a first send skips the look-up.
+    if claimed_before and (earlier := _sent_marker(rt, outbox_id)) is not None:
         _delivered(rt, row, earlier, claimed_at)
         return _next_chunk(rt, row)
     ch = channel_for(rt.settings, row.channel)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 from sqlmodel import Session, col, select
 
+from shared.contracts import NO_NUL
 from shared.errors import Conflict, NanofleetError, NotFound
 from shared.models import CronJob, CronReceipt, utcnow
 from shared.scheduling import schedules
@@ -19,7 +20,6 @@ from shared.scheduling.beat import BeatMirror
 from shared.settings import Settings
 
 Policy = Literal["skip", "run_once", "catch_up"]
-NO_NUL = r"^[^\x00]*$"  # Postgres text cannot hold NUL: refuse it as invalid input, not as a database error
 PAST_SLACK = timedelta(seconds=60)  # an `at` this far in the past still runs (clock skew, slow typing)
 
 

@@ -8,6 +8,7 @@ listed as unavailable, with the reason.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from dataclasses import dataclass, field
@@ -139,16 +140,23 @@ def builtin_file(relative: str) -> Path | None:
 _sections: dict[tuple[object, ...], str] = {}
 
 
+def _identities(root: Path) -> tuple[tuple[str, int, int], ...]:
+    """(path, mtime, size) of every skill file under `root`."""
+    files = sorted(root.glob(f"*/{SKILL_FILE}")) if root.is_dir() else []
+    return tuple((str(f), (st := f.stat()).st_mtime_ns, st.st_size) for f in files)
+
+
+@functools.cache
+def _builtin_identities() -> tuple[tuple[str, int, int], ...]:
+    return _identities(BUILTIN_DIR)  # package files: fixed while the process runs
+
+
 def _section_key(settings: Settings) -> tuple[object, ...]:
     """Everything the section depends on: each skill file's identity and what its requirements are
-    checked against. A few stat calls, where reading and parsing every skill is milliseconds."""
-    files: list[tuple[str, int, int]] = []
-    for root in (BUILTIN_DIR, settings.workspace / "skills"):
-        for f in sorted(root.glob(f"*/{SKILL_FILE}")) if root.is_dir() else []:
-            st = f.stat()
-            files.append((str(f), st.st_mtime_ns, st.st_size))
+    checked against. A few stat calls in the workspace, where parsing every skill is milliseconds."""
     exec_ = settings.tools.exec
-    return (str(settings.workspace), exec_.path, tuple(sorted(exec_.env)), tuple(files))
+    return (str(settings.workspace), exec_.path, tuple(sorted(exec_.env)), _builtin_identities(),
+            _identities(settings.workspace / "skills"))
 
 
 def skills_section(settings: Settings) -> str:
