@@ -19,6 +19,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import psycopg
 import redis
 
@@ -39,11 +40,13 @@ def _package_bin(package: str, *parts: str) -> Path:
     return Path(str(module.__file__)).parent.joinpath(*parts)
 
 
-def _wait(ready: object, proc: subprocess.Popen[bytes], what: str, timeout: float = 60.0) -> None:
+def _wait(ready: object, proc: subprocess.Popen[bytes], what: str, timeout: float = 60.0,
+          log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while not ready():  # type: ignore[operator]
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with code {proc.returncode}")
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:]) if log and log.exists() else ""
+            raise RuntimeError(f"{what} exited with code {proc.returncode}" + (f":\n{tail}" if tail else ""))
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} not ready after {timeout:.0f}s")
         time.sleep(0.05)
@@ -95,7 +98,7 @@ class DedicatedPostgres:
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd="/", process_group=0,
                 user=user.pw_uid if user else None, group=user.pw_gid if user else None,
                 extra_groups=os.getgrouplist(user.pw_name, user.pw_gid) if user else None)
-        _wait(self._ready, self.proc, "postgres")
+        _wait(self._ready, self.proc, "postgres", log=self.root / "postgres.log")
 
     def _ready(self) -> bool:
         try:
@@ -105,8 +108,23 @@ class DedicatedPostgres:
             return False
 
     def crash(self) -> None:
-        """SIGKILL the postmaster and every backend (crash recovery happens at the next start)."""
+        """SIGKILL the postmaster and every backend (crash recovery happens at the next start).
+        Backends run in sessions of their own (setsid), so a process-group kill misses them, and a
+        backend still alive keeps the shared memory that stops a new postmaster from starting:
+        freeze the postmaster (no more forks), then kill it and its children and wait for them all."""
+        if self.proc is None:
+            return
+        try:
+            postmaster = psutil.Process(self.proc.pid)
+            postmaster.suspend()
+            family = [postmaster, *postmaster.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            family = []
+        for member in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.kill()
         _killpg(self.proc)
+        psutil.wait_procs(family, timeout=30)
         self.proc = None
 
     def restart(self) -> float:
