@@ -27,7 +27,7 @@ HOPS = ("gateway: request -> run stored", "queue wait: agent step 1", "LLM step 
         "finish (answer stored)")
 TIMINGS = """
 select r.id, r.created_at, r.started_at, r.finished_at, r.status,
-       s0.started_at as s0_at, s2.started_at as s2_at, s2.elapsed_ms as s2_ms,
+       s0.finished_at as s0_at, s2.started_at as s2_start, s2.finished_at as s2_at,
        t.created_at as t_created, t.started_at as t_started, t.finished_at as t_finished
 from runs r
 join run_steps s0 on s0.run_id = r.id and s0.seq = 0
@@ -124,9 +124,8 @@ def _series(ctx: Ctx, label: str, turns: list[Turn]) -> Series:
         if r is None or r.status != "succeeded":
             out.failed += 1
             continue
-        s2_start = _ts(r.s2_at) - r.s2_ms / 1000
         marks = [turn.sent, _ts(r.created_at), _ts(r.started_at), _ts(r.s0_at), _ts(r.t_created),
-                 _ts(r.t_started), _ts(r.t_finished), s2_start, _ts(r.s2_at), _ts(r.finished_at)]
+                 _ts(r.t_started), _ts(r.t_finished), _ts(r.s2_start), _ts(r.s2_at), _ts(r.finished_at)]
         spans = [(0, 1), (1, 2), (2, 3), (4, 5), (5, 6), (6, 7), (7, 8), (8, 9)]
         for hop, (a, b) in zip(HOPS, spans, strict=True):
             out.hops[hop].append((marks[b] - marks[a]) * 1000)

@@ -35,6 +35,7 @@ TASK_ROUTES = {
 # Redis keys. Everything the app writes lives under this prefix (Celery and redbeat keep theirs).
 KEY_PREFIX = "nanofleet:"
 KEY_EVENTS = KEY_PREFIX + "events:"  # + conversation id: a capped stream of run events
+KEY_WATCH = KEY_PREFIX + "watch:"  # + conversation id: set while an SSE client reads its events
 KEY_RATE = KEY_PREFIX + "rate:"  # + bucket name: shared rate limits for outbound sends
 KEY_CACHE = KEY_PREFIX + "cache:"  # + name: small shared caches (platform access tokens)
 KEY_SENT = KEY_PREFIX + "sent:"  # + outbox id: sent, but the database could not be told (see delivery)

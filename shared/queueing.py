@@ -8,6 +8,7 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
+from shared import broker
 from shared.constants import (
     QUEUES,
     REDBEAT_PREFIX,
@@ -28,8 +29,10 @@ HARD_TIME_LIMIT = 330
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Everything the app needs: explicit queues, routes, acks late, redbeat."""
     exchange = Exchange("nanofleet", type="direct")
+    scheme = settings.redis_url.split("://", 1)[0]
     return {
         "broker_url": settings.redis_url,
+        "broker_transport": broker.TRANSPORT if scheme in broker.SCHEMES else None,
         "result_backend": settings.redis_url,
         "task_ignore_result": True,
         "result_expires": 600,

@@ -28,6 +28,7 @@ from gateway.state import AppState
 from gateway.waiting import last_event_id, wait_for_run
 from shared.agent import conversations, views
 from shared.agent.events import read as read_events
+from shared.agent.events import watch
 from shared.agent.service import Submitted, after_commit, submit
 from shared.db import get_engine
 from shared.models import Conversation, RunStatus, new_id
@@ -112,12 +113,15 @@ async def events(
     conversation_id: Id, state: StateDep,
     last_event: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> EventSourceResponse:
-    """Server-Sent Events: run started, step started, text deltas, tools, run finished or failed."""
+    """Server-Sent Events: run started, step started, text deltas, tools, run finished or failed.
+    Text deltas are produced only while at least one client reads this stream."""
     since = last_event or "$"
+    await watch(state.aredis, conversation_id)  # before the response starts: the next LLM call streams
 
     async def stream() -> AsyncIterator[dict[str, str]]:
         nonlocal since
         while True:
+            await watch(state.aredis, conversation_id)
             for entry_id, fields in await read_events(state.aredis, conversation_id, since, 15_000):
                 since = entry_id
                 yield {"id": entry_id, "event": fields.get("event", "message"), "data": fields.get("data", "{}")}

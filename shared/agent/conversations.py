@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import func, update
+from sqlalchemy import func, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlmodel import Session, col, select
 
@@ -100,12 +100,16 @@ def pending_messages(s: Session, conversation_id: str) -> list[Message]:
     )
 
 
+# Waiting messages join the transcript at its end, in arrival order: a fresh seq each, drawn in id order.
+FOLD = text("""
+update messages m set pending = false, run_id = :run_id, seq = drawn.seq
+from (select id, nextval('message_seq') as seq
+      from (select id from messages where conversation_id = :cid and pending order by id for update) waiting
+     ) drawn
+where m.id = drawn.id
+""")
+
+
 def fold_mailbox(s: Session, conversation_id: str, run_id: str) -> int:
-    """Move waiting messages into the transcript, at its end, as part of this run."""
-    pending = pending_messages(s, conversation_id)
-    for msg in pending:
-        msg.pending = False
-        msg.run_id = run_id
-        msg.seq = s.execute(select(func.nextval("message_seq"))).scalar_one()
-        s.add(msg)
-    return len(pending)
+    """Move waiting messages into the transcript, at its end, as part of this run (one statement)."""
+    return int(s.execute(FOLD, {"cid": conversation_id, "run_id": run_id}).rowcount)  # type: ignore[attr-defined]

@@ -1,4 +1,6 @@
-"""Run events for the SSE stream: a capped Redis stream per conversation."""
+"""Run events for the SSE stream: a capped Redis stream per conversation. Text deltas are only
+streamed while a client watches (an SSE reader keeps a watch key alive): nobody else shows them,
+and a streamed LLM call costs about twice the CPU of a plain one."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any, Protocol
 import redis
 import redis.asyncio as aioredis
 
-from shared.constants import KEY_EVENTS
+from shared.constants import KEY_EVENTS, KEY_WATCH
 
 log = logging.getLogger(__name__)
 STREAM_MAXLEN = 2000
@@ -23,10 +25,20 @@ TOOL_FINISHED = "tool.finished"
 RUN_FINISHED = "run.finished"
 RUN_FAILED = "run.failed"
 FINAL = (RUN_FINISHED, RUN_FAILED)
+WATCH_SECONDS = 45  # outlives one blocking read of the SSE loop (15 s) with room to spare
 
 
 def stream_key(conversation_id: str) -> str:
     return KEY_EVENTS + conversation_id
+
+
+def watch_key(conversation_id: str) -> str:
+    return KEY_WATCH + conversation_id
+
+
+async def watch(client: aioredis.Redis, conversation_id: str) -> None:
+    """Mark the conversation watched for a while (an SSE reader calls this before every read)."""
+    await client.set(watch_key(conversation_id), "1", ex=WATCH_SECONDS)
 
 
 Event = tuple[str, dict[str, str]]  # (stream entry id, {"event": ..., "data": json})
@@ -41,12 +53,17 @@ async def read(client: aioredis.Redis, conversation_id: str, since: str, block_m
 class EventSink(Protocol):
     def publish(self, conversation_id: str, event: str, data: dict[str, Any]) -> None: ...
 
+    def watched(self, conversation_id: str) -> bool: ...
+
 
 class NullEvents:
     """Drops events (the in-process `nanofleet agent` has no listeners)."""
 
     def publish(self, conversation_id: str, event: str, data: dict[str, Any]) -> None:
         return None
+
+    def watched(self, conversation_id: str) -> bool:
+        return False
 
 
 class RedisEvents:
@@ -65,3 +82,11 @@ class RedisEvents:
             )
         except redis.RedisError as err:
             log.warning("could not publish %s: %s", event, err)
+
+    def watched(self, conversation_id: str) -> bool:
+        """True while an SSE client reads the conversation's events (then text deltas are streamed)."""
+        try:
+            return bool(self.client.exists(watch_key(conversation_id)))
+        except redis.RedisError as err:
+            log.warning("could not check for watchers: %s", err)
+            return False

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sqlalchemy import bindparam, func, text, update
-from sqlmodel import Session, col
+from sqlmodel import Session
 
-from shared.db import get_engine
+from shared.db import get_engine, update_returning
 from shared.models import ACTIVE, Phase, Run, RunStatus
 
 log = logging.getLogger(__name__)
@@ -21,25 +21,26 @@ def _until(seconds: float) -> object:
     return func.now() + func.make_interval(0, 0, 0, 0, 0, 0, seconds)
 
 
-def acquire(s: Session, *, run_id: str, seq: int, phase: Phase, owner: str, seconds: float) -> bool:
-    """Take the lease for step `seq` unless a live holder has it; marks the run running."""
-    result = s.execute(
-        update(Run)
+def acquire(s: Session, *, run_id: str, seq: int, phase: Phase, owner: str, seconds: float) -> Run | None:
+    """Take the lease for step `seq` unless a live holder has it; marks the run running and returns it."""
+    runs = Run.__table__  # type: ignore[attr-defined]
+    statement = (
+        update(runs)
         .where(
-            col(Run.id) == run_id,
-            col(Run.step_seq) == seq,
-            col(Run.phase) == phase.value,
-            col(Run.status).in_(ACTIVE),
-            (col(Run.lease_owner).is_(None)) | (col(Run.lease_until) < func.now()),
+            runs.c.id == run_id,
+            runs.c.step_seq == seq,
+            runs.c.phase == phase.value,
+            runs.c.status.in_([a.value for a in ACTIVE]),
+            runs.c.lease_owner.is_(None) | (runs.c.lease_until < func.now()),
         )
         .values(
             lease_owner=owner,
             lease_until=_until(seconds),
             status=RunStatus.RUNNING.value,
-            started_at=func.coalesce(col(Run.started_at), func.now()),
+            started_at=func.coalesce(runs.c.started_at, func.now()),
         )
     )
-    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+    return update_returning(s, Run, statement)
 
 
 class LeaseKeeper:

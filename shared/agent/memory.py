@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, text
+from sqlalchemy import BigInteger, cast, func, text
 from sqlmodel import Session, col, select
 
 from shared.agent import prompt
@@ -26,7 +27,7 @@ Conversation:
 {transcript}"""
 
 
-def _normal_after(s: Session, conversation_id: str, after_seq: int) -> Any:
+def _normal_after(s: Session, conversation_id: str, after_seq: Any) -> Any:
     return select(Message).where(
         Message.conversation_id == conversation_id,
         Message.type == MessageType.NORMAL,
@@ -36,8 +37,17 @@ def _normal_after(s: Session, conversation_id: str, after_seq: int) -> Any:
 
 
 def needs_compaction(s: Session, conversation_id: str, settings: MemorySettings) -> bool:
-    after = prompt.covered(prompt.latest_summary(s, conversation_id))
-    count = s.exec(select(func.count()).select_from(_normal_after(s, conversation_id, after).subquery())).one()
+    """More NORMAL messages than `compact_after` since the latest summary (one query)."""
+    latest = (
+        select(cast(Message.meta["covers_until_seq"].astext, BigInteger))
+        .where(Message.conversation_id == conversation_id, Message.type == MessageType.SUMMARY,
+               ~col(Message.meta).op("?")("daily_summary"))
+        .order_by(col(Message.seq).desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    covered = func.coalesce(latest, 0)
+    count = s.exec(select(func.count()).select_from(_normal_after(s, conversation_id, covered).subquery())).one()
     return int(count) > settings.compact_after
 
 
@@ -72,7 +82,7 @@ def fit(rt: Runtime, messages: list[dict[str, Any]], model: str | None) -> tuple
     Returns the messages and whether anything was cut (the `summarize` strategy then compacts)."""
     profile = rt.llm.profile(model)
     budget = profile.context_window - (profile.max_tokens or RESERVE_TOKENS)
-    if rt.llm.count_tokens(messages, model) <= budget:
+    if _bytes(messages) <= budget or rt.llm.count_tokens(messages, model) <= budget:
         return messages, False
     head = [m for m in messages[:2] if m["role"] == "system"]
     body, tail = messages[len(head):-1], messages[-1:]
@@ -84,6 +94,12 @@ def fit(rt: Runtime, messages: list[dict[str, Any]], model: str | None) -> tuple
             body.pop(0)
     log.info("trimmed prompt to %d history messages to fit %d tokens", len(body), budget)
     return head + body + tail, True
+
+
+def _bytes(messages: list[dict[str, Any]]) -> int:
+    """An upper bound of the prompt's tokens, without a tokenizer: every token stands for at least
+    one byte, and the JSON framing outweighs the per-message tokens."""
+    return len(json.dumps(messages, ensure_ascii=False, default=str).encode())
 
 
 def _shorten(message: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Integer, bindparam
 from sqlmodel import Session, col, select
 
 from shared.models import Message, MessageType, Role, Run, RunKind
@@ -51,15 +52,37 @@ def system_prompt(settings: Settings, kind: RunKind = RunKind.TURN) -> str:
     return "\n\n".join(parts)
 
 
+# The hot path's statements are built once; only their parameters change (building costs more than running).
+_SUMMARY = (
+    select(Message)
+    .where(Message.conversation_id == bindparam("cid"), Message.type == MessageType.SUMMARY,
+           ~col(Message.meta).op("?")("daily_summary"))
+    .order_by(col(Message.seq).desc())
+    .limit(1)
+)
+_WINDOW = (
+    select(Message)
+    .where(
+        Message.conversation_id == bindparam("cid"),
+        Message.type == MessageType.NORMAL,
+        col(Message.pending).is_(False),
+        col(Message.seq) > bindparam("after"),
+        Message.role != Role.SYSTEM,
+    )
+    .order_by(col(Message.seq).desc())
+    .limit(bindparam("size", type_=Integer))
+)
+_OWN_RUN = (
+    select(Message)
+    .where(Message.run_id == bindparam("run_id"), col(Message.pending).is_(False), Message.type == MessageType.NORMAL,
+           col(Message.seq) < bindparam("before"))
+    .order_by(col(Message.seq))
+)
+
+
 def latest_summary(s: Session, conversation_id: str) -> Message | None:
     """The compaction summary (daily summaries, marked `daily_summary` in meta, are records, not memory)."""
-    return s.exec(
-        select(Message)
-        .where(Message.conversation_id == conversation_id, Message.type == MessageType.SUMMARY,
-               ~col(Message.meta).op("?")("daily_summary"))
-        .order_by(col(Message.seq).desc())
-        .limit(1)
-    ).first()
+    return s.exec(_SUMMARY, params={"cid": conversation_id}).first()
 
 
 def covered(summary: Message | None) -> int:
@@ -68,20 +91,7 @@ def covered(summary: Message | None) -> int:
 
 def window(s: Session, conversation_id: str, size: int, after_seq: int = 0) -> list[Message]:
     """The last `size` NORMAL messages after `after_seq`, never starting with an orphan tool result."""
-    rows = list(
-        s.exec(
-            select(Message)
-            .where(
-                Message.conversation_id == conversation_id,
-                Message.type == MessageType.NORMAL,
-                col(Message.pending).is_(False),
-                col(Message.seq) > after_seq,
-                Message.role != Role.SYSTEM,
-            )
-            .order_by(col(Message.seq).desc())
-            .limit(size)
-        )
-    )
+    rows = list(s.exec(_WINDOW, params={"cid": conversation_id, "after": after_seq, "size": size}))
     rows.reverse()
     while rows and rows[0].role == Role.TOOL:
         rows.pop(0)
@@ -92,12 +102,7 @@ def _with_own_run(s: Session, run: Run, history: list[Message]) -> list[Message]
     """The window, extended back to the start of the current run: a long tool-using turn never
     loses the request it is working on (the token guard trims if it must)."""
     first = history[0].seq if history else None
-    older = s.exec(
-        select(Message)
-        .where(Message.run_id == run.id, col(Message.pending).is_(False), Message.type == MessageType.NORMAL,
-               col(Message.seq) < (first if first is not None else 2**62))
-        .order_by(col(Message.seq))
-    ).all()
+    older = s.exec(_OWN_RUN, params={"run_id": run.id, "before": first if first is not None else 2**62}).all()
     merged = [*older, *history]
     while merged and merged[0].role == Role.TOOL:
         merged.pop(0)

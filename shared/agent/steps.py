@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import func, update
+from sqlalchemy import func, insert, update
 from sqlmodel import Session, col, select
 
 from shared.agent import conversations, events, lease, memory, prompt
@@ -17,6 +18,7 @@ from shared.agent.finish import finish, publish_final
 from shared.agent.runtime import Next, Runtime
 from shared.aio import run_sync
 from shared.constants import T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EXECUTE
+from shared.db import update_returning
 from shared.llm import LLMError, LLMResponse
 from shared.models import (
     ACTIVE,
@@ -51,48 +53,50 @@ def bound_message(n: int) -> str:
 
 
 def llm_step(rt: Runtime, run_id: str, seq: int) -> list[Next]:
-    """One LLM call for step `seq` of the run, under the run's lease."""
+    """One LLM call for step `seq` of the run, under the run's lease. Taking the lease, folding in
+    the mailbox and reading the prompt are one transaction."""
     owner = rt.owner()
     with rt.session() as s:
-        if not lease.acquire(s, run_id=run_id, seq=seq, phase=Phase.LLM, owner=owner,
-                             seconds=rt.settings.runtime.lease_seconds):
+        run = lease.acquire(s, run_id=run_id, seq=seq, phase=Phase.LLM, owner=owner,
+                            seconds=rt.settings.runtime.lease_seconds)
+        if run is None:
             return []
-    with lease.keeper(rt.settings.database_url, rt.settings.runtime.lease_seconds).hold(run_id, owner):
-        return _llm_step(rt, run_id, seq)
-
-
-def _llm_step(rt: Runtime, run_id: str, seq: int) -> list[Next]:
-    with rt.session() as s:
-        run = s.get_one(Run, run_id)
         if rt.settings.agent.mailbox_mode == "steer" or run.iteration == 0:
             conversations.fold_mailbox(s, run.conversation_id, run.id)
         if run.iteration >= run.max_iterations:
-            nexts = finish(rt, s, run, status=RunStatus.SUCCEEDED, text=bound_message(run.max_iterations))
-            ended = True
+            bounded = finish(rt, s, run, status=RunStatus.SUCCEEDED, text=bound_message(run.max_iterations))
         else:
+            bounded = None
             messages, trimmed = memory.fit(rt, prompt.build(s, rt.settings, run), run.model)
-            exclude = SUBAGENT_EXCLUDED if run.kind == RunKind.SUBAGENT else ()
-            tools = rt.tools.specs(exclude=exclude)
-            ended = False
-    if ended:
+    if bounded is not None:
         publish_final(rt, run)
-        return nexts
+        return bounded
+    with lease.keeper(rt.settings.database_url, rt.settings.runtime.lease_seconds).hold(run_id, owner):
+        return _call(rt, run, seq, messages, trimmed)
+
+
+def _call(rt: Runtime, run: Run, seq: int, messages: list[dict[str, Any]], trimmed: bool) -> list[Next]:
+    tools = rt.tools.specs(exclude=SUBAGENT_EXCLUDED if run.kind == RunKind.SUBAGENT else ())
     if seq == 0:
-        rt.events.publish(run.conversation_id, events.RUN_STARTED, {"run_id": run_id, "kind": run.kind})
-    rt.events.publish(run.conversation_id, events.STEP_STARTED, {"run_id": run_id, "seq": seq, "kind": "llm"})
+        rt.events.publish(run.conversation_id, events.RUN_STARTED, {"run_id": run.id, "kind": run.kind})
+    rt.events.publish(run.conversation_id, events.STEP_STARTED, {"run_id": run.id, "seq": seq, "kind": "llm"})
     started = time.perf_counter()
     try:
-        response = rt.llm.complete(
-            messages, tools=tools or None, model=run.model,
-            on_delta=lambda d: rt.events.publish(run.conversation_id, events.TEXT_DELTA, {"run_id": run_id, "text": d}),
-        )
+        response = rt.llm.complete(messages, tools=tools or None, model=run.model, on_delta=_delta_sink(rt, run))
     except LLMError as err:
-        log.warning("run %s: LLM failed after retries: %s", run_id, err)
-        return _finish_if_current(rt, run_id, seq, status=RunStatus.FAILED, text=err.user_message,
+        log.warning("run %s: LLM failed after retries: %s", run.id, err)
+        return _finish_if_current(rt, run.id, seq, status=RunStatus.FAILED, text=err.user_message,
                                   store=False, error=str(err))
     elapsed = (time.perf_counter() - started) * 1000
     compact = trimmed and rt.settings.memory.context_strategy == "summarize"
-    return _record(rt, run_id, seq, response, elapsed) + ([Next(T_COMPACT, (run.conversation_id,))] if compact else [])
+    return _record(rt, run.id, seq, response, elapsed) + ([Next(T_COMPACT, (run.conversation_id,))] if compact else [])
+
+
+def _delta_sink(rt: Runtime, run: Run) -> Callable[[str], None] | None:
+    """Where streamed text goes while an SSE client watches the conversation; None: don't stream."""
+    if not rt.events.watched(run.conversation_id):
+        return None
+    return lambda d: rt.events.publish(run.conversation_id, events.TEXT_DELTA, {"run_id": run.id, "text": d})
 
 
 def _finish_if_current(rt: Runtime, run_id: str, seq: int, **kw: Any) -> list[Next]:
@@ -124,9 +128,11 @@ def _record(rt: Runtime, run_id: str, seq: int, response: LLMResponse, elapsed_m
 
 
 def _add_usage(s: Session, run: Run, response: LLMResponse, seq: int, elapsed_ms: float) -> None:
-    u = response.usage
-    s.add(RunStep(run_id=run.id, seq=seq, kind=Phase.LLM, model=response.model, prompt_tokens=u.prompt_tokens,
-                  completion_tokens=u.completion_tokens, cost=u.cost, elapsed_ms=elapsed_ms))
+    u, now = response.usage, utcnow()
+    s.execute(insert(RunStep).values(  # no unit of work on the hot path: the row is only read later
+        run_id=run.id, seq=seq, kind=Phase.LLM, model=response.model, prompt_tokens=u.prompt_tokens,
+        completion_tokens=u.completion_tokens, cost=u.cost, elapsed_ms=elapsed_ms,
+        started_at=now - timedelta(milliseconds=elapsed_ms), finished_at=now))
     run.prompt_tokens += u.prompt_tokens
     run.completion_tokens += u.completion_tokens
     run.cost += u.cost
@@ -136,6 +142,7 @@ def _add_usage(s: Session, run: Run, response: LLMResponse, seq: int, elapsed_ms
         .values(prompt_tokens=Conversation.prompt_tokens + u.prompt_tokens,
                 completion_tokens=Conversation.completion_tokens + u.completion_tokens,
                 cost=Conversation.cost + u.cost, last_active_at=func.now())
+        .execution_options(synchronize_session=False)
     )
 
 
@@ -173,12 +180,13 @@ def _release(run: Run, lease_seconds: float) -> None:
 def tool_step(rt: Runtime, tool_call_id: str) -> list[Next]:
     """Execute one tool call, unless the journal already has its result."""
     with rt.session() as s:
-        claimed = s.execute(
-            update(ToolCall)
-            .where(col(ToolCall.id) == tool_call_id, col(ToolCall.status) == ToolStatus.PENDING.value)
-            .values(status=ToolStatus.RUNNING.value, attempts=ToolCall.attempts + 1, started_at=func.now())
-        ).rowcount == 1  # type: ignore[attr-defined]
-        call = s.get(ToolCall, tool_call_id)
+        calls = ToolCall.__table__  # type: ignore[attr-defined]
+        call = update_returning(s, ToolCall, update(calls)
+                                .where(calls.c.id == tool_call_id, calls.c.status == ToolStatus.PENDING.value)
+                                .values(status=ToolStatus.RUNNING.value, attempts=calls.c.attempts + 1,
+                                        started_at=func.now()))
+        claimed = call is not None
+        call = call or s.get(ToolCall, tool_call_id)
         run = s.get(Run, call.run_id) if call else None
     if call is None or run is None:
         return []
@@ -189,17 +197,19 @@ def tool_step(rt: Runtime, tool_call_id: str) -> list[Next]:
         result = ToolResult.fail(ErrorCode.FAILED, "the run was cancelled before this tool ran")
     else:
         result = _execute(rt, run, call, ctx)
-    with rt.session() as s:
+    with rt.session() as s:  # the run first, as the sweeper and cancellation lock: never a deadlock
+        locked = s.get_one(Run, run.id, with_for_update=True)
         s.execute(
             update(ToolCall)
             .where(col(ToolCall.id) == call.id, col(ToolCall.status) == ToolStatus.RUNNING.value)
             .values(status=result.status, result=result.model_dump(mode="json"), elapsed_ms=result.elapsed_ms,
                     finished_at=func.now())
         )
+        nexts = _advance(rt, s, locked, call.step_seq)
     rt.events.publish(run.conversation_id, events.TOOL_FINISHED, {
         "run_id": run.id, "call_id": call.call_id, "tool": call.name, "status": result.status,
         "elapsed_ms": result.elapsed_ms})
-    return [*ctx.followups, *advance(rt, run.id, call.step_seq)]
+    return [*ctx.followups, *nexts]
 
 
 def _context(rt: Runtime, run: Run, call: ToolCall) -> ToolContext:
@@ -228,21 +238,24 @@ def _execute(rt: Runtime, run: Run, call: ToolCall, ctx: ToolContext) -> ToolRes
 def advance(rt: Runtime, run_id: str, step_seq: int) -> list[Next]:
     """When every tool call of the step has a result, add them to the transcript and go on."""
     with rt.session() as s:
-        run = s.get_one(Run, run_id, with_for_update=True)
-        if run.phase != Phase.TOOLS or run.step_seq != step_seq or run.status not in ACTIVE:
-            return []
-        calls = list(s.exec(select(ToolCall).where(ToolCall.run_id == run_id, ToolCall.step_seq == step_seq)
-                            .order_by(col(ToolCall.position))))
-        if any(c.status not in DONE for c in calls):
-            return []
-        for c in calls:
-            result = ToolResult.model_validate(c.result or {"ok": False, "message": "no result"})
-            s.add(Message(conversation_id=run.conversation_id, run_id=run.id, role=Role.TOOL,
-                          content=result.for_model(), tool_name=c.name, tool_call_id=c.call_id))
-        s.add(RunStep(run_id=run.id, seq=step_seq, kind=Phase.TOOLS,
-                      elapsed_ms=sum(c.elapsed_ms for c in calls)))
-        run.phase = Phase.LLM
-        run.step_seq += 1
-        _release(run, rt.settings.runtime.lease_seconds)
-        s.add(run)
-        return [Next(step_task(run), (run.id, run.step_seq))]
+        return _advance(rt, s, s.get_one(Run, run_id, with_for_update=True), step_seq)
+
+
+def _advance(rt: Runtime, s: Session, run: Run, step_seq: int) -> list[Next]:
+    """`advance` for a run the caller has locked."""
+    if run.phase != Phase.TOOLS or run.step_seq != step_seq or run.status not in ACTIVE:
+        return []
+    calls = list(s.exec(select(ToolCall).where(ToolCall.run_id == run.id, ToolCall.step_seq == step_seq)
+                        .order_by(col(ToolCall.position))))
+    if any(c.status not in DONE for c in calls):
+        return []
+    for c in calls:
+        result = ToolResult.model_validate(c.result or {"ok": False, "message": "no result"})
+        s.add(Message(conversation_id=run.conversation_id, run_id=run.id, role=Role.TOOL,
+                      content=result.for_model(), tool_name=c.name, tool_call_id=c.call_id))
+    s.add(RunStep(run_id=run.id, seq=step_seq, kind=Phase.TOOLS, elapsed_ms=sum(c.elapsed_ms for c in calls)))
+    run.phase = Phase.LLM
+    run.step_seq += 1
+    _release(run, rt.settings.runtime.lease_seconds)
+    s.add(run)
+    return [Next(step_task(run), (run.id, run.step_seq))]

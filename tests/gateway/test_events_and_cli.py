@@ -8,8 +8,10 @@ import sys
 import threading
 from typing import Any
 
+import redis
 from sqlmodel import Session, select
 
+from shared.agent.events import stream_key
 from shared.db import get_engine
 from shared.models import Message, MessageType
 from tests.fakes.llm import FakeLLM
@@ -17,7 +19,7 @@ from tests.support.processes import ROOT, wait_until
 from tests.support.stack import Stack
 
 
-def test_events_stream_a_tool_using_turn(stack: Stack, api: Any) -> None:
+def test_events_stream_a_tool_using_turn(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
     cid = api.post("/api/v1/conversations").json()["conversationId"]
     seen: list[tuple[str, dict[str, Any]]] = []
     opened = threading.Event()
@@ -48,6 +50,22 @@ def test_events_stream_a_tool_using_turn(stack: Stack, api: Any) -> None:
     assert finished["tool"] == "time" and finished["status"] == "SUCCESS" and finished["elapsed_ms"] >= 0
     text = "".join(d["text"] for e, d in seen if e == "text.delta")
     assert text.startswith("done: ")
+    with fake_llm.lock:
+        assert all(b.get("stream") for b in fake_llm.requests if "call:time" in json.dumps(b))
+
+
+def test_unwatched_conversations_are_not_streamed(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
+    """Nobody reads the events: the model is called without streaming and no deltas are written,
+    while the other events (what `/chat` and the channels wait for) still are."""
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    reply = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "call:time {}"}).json()
+    assert reply["assistantMessage"].startswith("done: ")
+    with fake_llm.lock:
+        bodies = [b for b in fake_llm.requests if "call:time" in json.dumps(b)]
+    assert len(bodies) == 2 and not any(b.get("stream") for b in bodies)
+    client = redis.Redis.from_url(stack.settings.redis_url, decode_responses=True)
+    kinds = [fields["event"] for _, fields in client.xrange(stream_key(cid))]
+    assert "run.finished" in kinds and "tool.finished" in kinds and "text.delta" not in kinds
 
 
 def test_new_summarises_and_starts_fresh(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.agent import memory
 from shared.agent.runtime import Runtime
@@ -41,3 +43,23 @@ def test_fit_leaves_a_small_prompt_alone() -> None:
     rt = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini", "context_window": 128_000}))
     msgs = conversation(2)
     assert memory.fit(rt, msgs, None) == (msgs, False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(max_size=400), min_size=1, max_size=8))
+def test_the_byte_bound_never_undercounts(texts: list[str]) -> None:
+    """`fit` skips the tokenizer when the prompt's bytes fit: that is only safe if bytes >= tokens."""
+    rt = _RT
+    msgs: list[dict[str, Any]] = [{"role": "user" if i % 2 else "assistant", "content": t} for i, t in enumerate(texts)]
+    assert rt.llm.count_tokens(msgs) <= memory._bytes(msgs)
+
+
+def test_a_prompt_over_the_byte_bound_is_still_counted() -> None:
+    """Bytes over the budget but tokens under it: counted, and left alone."""
+    rt = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini", "context_window": 1500, "max_tokens": 100}))
+    msgs = [{"role": "user", "content": "hello " * 300}]  # about 1,800 bytes, about 300 tokens
+    assert memory._bytes(msgs) > 1400 >= rt.llm.count_tokens(msgs)
+    assert memory.fit(rt, msgs, None) == (msgs, False)
+
+
+_RT = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini"}))
