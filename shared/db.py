@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from functools import lru_cache, partial
 from typing import Any, TypeVar
 
-from sqlalchemy import Dialect, Engine, Update, create_engine, event, text
+from sqlalchemy import Dialect, Engine, Table, Update, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.pool import ConnectionPoolEntry
@@ -51,12 +51,18 @@ def _ping_if_idle(dialect: Dialect, dbapi: Any, record: ConnectionPoolEntry, _pr
         raise DisconnectionError(f"stale connection: {err}") from err  # the pool tries a fresh one
 
 
+def table_of(model: type[SQLModel]) -> Table:
+    """A model's table, for Core statements on the hot path (no ORM bulk-statement machinery)."""
+    table: Table = model.__table__  # type: ignore[attr-defined]
+    return table
+
+
 def update_returning(s: Session, model: type[M], statement: Update) -> M | None:
     """Run an UPDATE on `model`'s table and load the row it changed (None when none matched) into
     the session. Several times cheaper than the ORM's own UPDATE ... RETURNING, which matters on
     the hot path."""
-    table = model.__table__  # type: ignore[attr-defined]
-    row: M | None = s.execute(select(model).from_statement(statement.returning(*table.c))).scalars().one_or_none()
+    returning = statement.returning(*table_of(model).c)
+    row: M | None = s.execute(select(model).from_statement(returning)).scalars().one_or_none()
     return row
 
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from sqlalchemy import bindparam, func, text, update
 from sqlmodel import Session
 
-from shared.db import get_engine, update_returning
+from shared.db import get_engine, table_of, update_returning
 from shared.models import ACTIVE, Phase, Run, RunStatus
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ def _until(seconds: float) -> object:
 
 def acquire(s: Session, *, run_id: str, seq: int, phase: Phase, owner: str, seconds: float) -> Run | None:
     """Take the lease for step `seq` unless a live holder has it; marks the run running and returns it."""
-    runs = Run.__table__  # type: ignore[attr-defined]
+    runs = table_of(Run)
     statement = (
         update(runs)
         .where(

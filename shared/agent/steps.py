@@ -18,7 +18,7 @@ from shared.agent.finish import finish, publish_final
 from shared.agent.runtime import Next, Runtime
 from shared.aio import run_sync
 from shared.constants import T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EXECUTE
-from shared.db import update_returning
+from shared.db import table_of, update_returning
 from shared.llm import LLMError, LLMResponse
 from shared.models import (
     ACTIVE,
@@ -179,8 +179,8 @@ def _release(run: Run, lease_seconds: float) -> None:
 
 def tool_step(rt: Runtime, tool_call_id: str) -> list[Next]:
     """Execute one tool call, unless the journal already has its result."""
+    calls = table_of(ToolCall)
     with rt.session() as s:
-        calls = ToolCall.__table__  # type: ignore[attr-defined]
         call = update_returning(s, ToolCall, update(calls)
                                 .where(calls.c.id == tool_call_id, calls.c.status == ToolStatus.PENDING.value)
                                 .values(status=ToolStatus.RUNNING.value, attempts=calls.c.attempts + 1,
@@ -200,8 +200,8 @@ def tool_step(rt: Runtime, tool_call_id: str) -> list[Next]:
     with rt.session() as s:  # the run first, as the sweeper and cancellation lock: never a deadlock
         locked = s.get_one(Run, run.id, with_for_update=True)
         s.execute(
-            update(ToolCall)
-            .where(col(ToolCall.id) == call.id, col(ToolCall.status) == ToolStatus.RUNNING.value)
+            update(calls)
+            .where(calls.c.id == call.id, calls.c.status == ToolStatus.RUNNING.value)
             .values(status=result.status, result=result.model_dump(mode="json"), elapsed_ms=result.elapsed_ms,
                     finished_at=func.now())
         )

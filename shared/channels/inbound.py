@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass, field
 
 from sqlalchemy.dialects.postgresql import insert
-from sqlmodel import Session, SQLModel, select
+from sqlmodel import Session, select
 
 from shared.agent import conversations
 from shared.agent.runtime import Next, Runtime
@@ -17,7 +17,8 @@ from shared.agent.service import Submitted, after_commit, submit
 from shared.channels.base import Channel
 from shared.constants import T_OUTBOUND_TYPING
 from shared.contracts import InboundMessage
-from shared.models import Conversation, utcnow
+from shared.db import table_of
+from shared.models import Conversation, InboundEvent, utcnow
 from shared.outbox import add_reply
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class Ingested:
 
 def record(s: Session, channel: str, event_id: str) -> bool:
     """Add the event to the ledger; False when it was there already (a platform retry)."""
-    ledger = SQLModel.metadata.tables["inbound_events"]  # Core, not the ORM's bulk insert: every webhook runs it
+    ledger = table_of(InboundEvent)  # Core, not the ORM's bulk insert: every webhook runs it
     inserted = s.connection().execute(
         insert(ledger)
         .values(channel=channel, event_id=event_id, received_at=utcnow())
