@@ -21,7 +21,7 @@ from bench.stack import AUTH, TELEGRAM_SECRET
 from shared.agent.events import FINAL, stream_key
 
 P50_TARGET_MS, P99_TARGET_MS = 20.0, 80.0
-MESSAGE = 'call:record {"tag": "bench"}'
+MESSAGE = "call:time {}"  # the built-in tool: no I/O of its own, so the figures are orchestration alone
 HOPS = ("gateway: request -> run stored", "queue wait: agent step 1", "LLM step 1 (prompt, call, record)",
         "queue wait: tool", "tool execution", "advance + queue wait + prompt: step 2", "LLM call 2",
         "finish (answer stored)")
@@ -170,7 +170,7 @@ def _report(ctx: Ctx, rest: Series, tg: Series | None) -> None:
         ctx.report.add(Figure("2", f"{s.label} turn overhead p99 ({base} -> {end})", p99, "ms",
                               f"<= {P99_TARGET_MS:g} ms", p99 <= P99_TARGET_MS and not s.failed, cmd))
     lines = ["Turns run one after another, each in a fresh conversation; the fake LLM answers at once "
-             "(`call:record` -> one tool call -> `done: ...`). Hops come from Postgres timestamps (runs, "
+             "(`call:time` -> one call of the built-in `time` tool, which does no I/O -> `done: ...`). Hops come from Postgres timestamps (runs, "
              "run_steps, tool_calls) and the client's clock (same host). The REST client reads the "
              "conversation's event stream in Redis directly, not through SSE; with no SSE reader the LLM "
              "is called without streaming, as for every conversation nobody watches (a watched one "

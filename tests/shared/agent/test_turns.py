@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from tests.fakes.llm import FakeLLM
@@ -94,11 +95,31 @@ def test_llm_failure_after_retries_is_a_clear_reply_not_stored(stack: Stack, api
 def test_rate_limit_is_retried_honouring_retry_after(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
     from tests.fakes.llm import Reply, default_handler
 
-    answers = iter([Reply(status=429, headers={"retry-after": "0.2"})])
-    fake_llm.handler = lambda body: next(answers, None) or default_handler(body)
+    answers = iter([Reply(status=429, headers={"retry-after": "1.5"})])
+    arrivals: list[float] = []
+
+    def handler(body: dict[str, Any]) -> Reply:
+        arrivals.append(time.monotonic())
+        return next(answers, None) or default_handler(body)
+
+    fake_llm.handler = handler
     cid = new_conversation(api)
     body = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "hi"}).json()
     assert body["assistantMessage"] == "echo: hi" and fake_llm.calls() == 2
+    # the stack's own backoff is at most 0.1 s at the first retry: only the header explains the wait
+    assert arrivals[1] - arrivals[0] >= 1.4
+
+
+def test_a_refused_request_is_a_clear_reply_without_retries(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
+    from tests.fakes.llm import Reply
+
+    fake_llm.handler = lambda body: Reply(status=401)
+    cid = new_conversation(api)
+    body = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "hello"}).json()
+    assert body["status"] == "failed" and "AuthenticationError" in body["assistantMessage"]
+    assert fake_llm.calls() == 1
+    roles = [m["role"] for m in api.get(f"/api/v1/conversations/{cid}/messages").json()]
+    assert roles == ["USER"]
 
 
 def test_post_returns_at_once_and_the_run_can_be_read(stack: Stack, api: Any) -> None:

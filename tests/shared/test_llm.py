@@ -1,0 +1,51 @@
+"""The LLM client in-process against the fake OpenAI-compatible server: its connection pool and the
+errors it maps, on both of litellm's paths (its own httpx handler, the default; the openai SDK)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from shared.llm import LLMClient, LLMError
+from shared.settings import LLMSettings
+from tests.fakes.llm import FakeLLM, Reply, default_handler
+from tests.support.processes import wait_until
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(params=["True", "False"], ids=["httpx-handler", "openai-sdk"])
+def client(request: pytest.FixtureRequest, fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> Iterator[LLMClient]:
+    monkeypatch.setenv("EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER", request.param)
+    fake_llm.reset()
+    yield LLMClient(LLMSettings(model="openai/fake", api_base=fake_llm.url, api_key="k", max_retries=1,
+                                retry_base_delay=0.01))
+    fake_llm.reset()
+
+
+def test_more_calls_are_open_at_once_than_httpx_default_pool(client: LLMClient, fake_llm: FakeLLM) -> None:
+    fake_llm.handler = lambda body: Reply(text="slow", delay=1.5)
+    with ThreadPoolExecutor(150) as pool:
+        futures = [pool.submit(client.complete, USER) for _ in range(150)]
+        wait_until(lambda: fake_llm.in_flight == 150, timeout=20, message="150 calls open at the fake at once")
+        assert all(f.result().content == "slow" for f in futures)
+
+
+@pytest.mark.parametrize(("status", "hint"), [(401, "API key"), (404, "model name"), (400, "will not help")])
+def test_a_refused_request_is_not_retried(client: LLMClient, fake_llm: FakeLLM, status: int, hint: str) -> None:
+    fake_llm.handler = lambda body: Reply(status=status)
+    with pytest.raises(LLMError) as err:
+        client.complete(USER)
+    assert hint in err.value.user_message and fake_llm.calls() == 1
+
+
+def test_server_errors_are_retried_then_reported(client: LLMClient, fake_llm: FakeLLM) -> None:
+    answers = iter([Reply(status=503)])
+    fake_llm.handler = lambda body: next(answers, None) or default_handler(body)
+    assert client.complete(USER).content == "echo: hi" and fake_llm.calls() == 2
+    fake_llm.handler = lambda body: Reply(status=500)
+    with pytest.raises(LLMError) as err:
+        client.complete(USER)
+    assert "try again in a moment" in err.value.user_message
