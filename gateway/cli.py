@@ -61,7 +61,7 @@ def worker(
 def beat() -> None:
     """Run the scheduler (exactly one per deployment; a second one waits for the lock)."""
     settings_or_exit()
-    argv = [sys.executable, "-m", "celery", "-A", "workers.app:app", "beat", "-S", "redbeat.RedBeatScheduler",
+    argv = [sys.executable, "-m", "celery", "-A", "workers.beat:app", "beat", "-S", "redbeat.RedBeatScheduler",
             "--max-interval", "1"]
     os.execvp(argv[0], argv)
 

@@ -38,7 +38,8 @@ RETRYABLE = (
     litellm.ServiceUnavailableError,
     litellm.BadGatewayError,
 )
-REFUSED = tuple(t for t in litellm.LITELLM_EXCEPTION_TYPES if not issubclass(t, RETRYABLE))
+REFUSED: tuple[type[Exception], ...] = tuple(  # the provider answered, and would answer the same again
+    t for t in litellm.LITELLM_EXCEPTION_TYPES if issubclass(t, Exception) and not issubclass(t, RETRYABLE))
 
 
 @dataclass
@@ -136,7 +137,7 @@ class LLMClient:
                 delay = min(delay, self.settings.retry_max_delay)
                 log.warning("LLM call failed (%s); retry %d in %.1fs", type(err).__name__, attempt, delay)
                 time.sleep(delay)
-            except REFUSED as err:  # the provider answered and will answer the same again
+            except REFUSED as err:
                 raise LLMError(str(err), user_message=_user_message(err)) from err
 
     def _call(

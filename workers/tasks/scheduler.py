@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Any
 
 from celery import current_app, shared_task
-from celery.signals import beat_init
-from redbeat.schedulers import RedBeatScheduler  # imported first: its beat lock handler runs before ours
 
 from shared.agent import recovery
 from shared.constants import T_CRON_FIRE, T_CRON_RECONCILE, T_DAILY_SUMMARY, T_HEARTBEAT, T_PING, T_SWEEP
@@ -59,13 +56,3 @@ def daily_summary(until: str, conversation_id: str = "") -> None:
     else:
         dispatch(summary.plan(runtime(), when))
 
-
-@beat_init.connect(weak=False)
-def _reconcile_at_start(sender: Any = None, **_: Any) -> None:
-    """Once this beat holds the lock (redbeat's handler ran first), write its static entries again
-    (a standby beat may have synced them before a Redis flush) and have the cron jobs re-armed
-    from Postgres."""
-    if isinstance(sender.scheduler, RedBeatScheduler):
-        sender.scheduler.setup_schedule()
-    sender.app.send_task(T_CRON_RECONCILE)
-    log.info("beat: static schedule written; cron reconciliation requested")
