@@ -17,7 +17,7 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the cost map at import
 # OpenAI-compatible calls through litellm's own httpx handler rather than the openai SDK, whose
 # request transform walks every message and tool schema: about half the cost of a call (15 -> 7 ms
-# per call in `bench`'s probe). Set it to "False" in the environment for the SDK path.
+# against the loopback fake with 12 tools). Set it to "False" in the environment for the SDK path.
 os.environ.setdefault("EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER", "True")
 
 import httpx
@@ -139,6 +139,9 @@ class LLMClient:
                 time.sleep(delay)
             except REFUSED as err:
                 raise LLMError(str(err), user_message=_user_message(err)) from err
+            except Exception as err:  # a fault in the client itself: the turn ends with a reply, not a hang
+                log.exception("LLM call failed unexpectedly")
+                raise LLMError(f"{type(err).__name__}: {err}", user_message=_user_message(err)) from err
 
     def _call(
         self,
@@ -220,5 +223,7 @@ def _user_message(err: Exception) -> str:
     if isinstance(err, RETRYABLE):
         return ("Sorry, I couldn't get an answer from the language model right now "
                 f"({kind}). Please try again in a moment.")
+    if not isinstance(err, REFUSED):
+        return f"Sorry, something went wrong calling the language model ({kind}); the logs say more."
     hint = HINTS.get(kind, "the request was refused; trying again will not help")
     return f"Sorry, the language model refused the request ({kind}): {hint}."

@@ -36,6 +36,7 @@ class Reply:
     status: int = 200  # anything else: an error answer
     delay: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
+    raw: dict[str, Any] | None = None  # answered as it is, instead of a completion built from the above
 
 
 def last_user_text(messages: list[dict[str, Any]]) -> str:
@@ -117,6 +118,8 @@ class FakeLLM:
         if reply.status != 200:
             err = {"error": {"message": f"fake error {reply.status}", "type": "server_error"}}
             return JSONResponse(err, status_code=reply.status, headers=reply.headers)
+        if reply.raw is not None:
+            return JSONResponse(reply.raw)
         if body.get("stream"):
             return StreamingResponse(_stream(body, reply), media_type="text/event-stream")
         return JSONResponse(_completion(body, reply))

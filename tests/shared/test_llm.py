@@ -49,3 +49,11 @@ def test_server_errors_are_retried_then_reported(client: LLMClient, fake_llm: Fa
     with pytest.raises(LLMError) as err:
         client.complete(USER)
     assert "try again in a moment" in err.value.user_message
+
+
+def test_an_answer_the_client_cannot_read_is_a_reply_not_a_crash(client: LLMClient, fake_llm: FakeLLM) -> None:
+    fake_llm.handler = lambda body: Reply(raw={"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                                               "choices": []})
+    with pytest.raises(LLMError) as err:
+        client.complete(USER)
+    assert "something went wrong" in err.value.user_message and fake_llm.calls() == 1
