@@ -39,6 +39,8 @@ from shared.tools.base import ErrorCode, ToolContext, ToolResult
 log = logging.getLogger(__name__)
 SUBAGENT_EXCLUDED = ("message", "spawn", "cron")
 DONE = (ToolStatus.SUCCESS, ToolStatus.REJECTED, ToolStatus.FAILED)
+# A chat turn whose model answered nothing (and sent nothing with the message tool) still gets a reply
+EMPTY_ANSWER = "I've completed processing but have no response to give."
 
 
 def step_task(run: Run) -> str:
@@ -117,7 +119,8 @@ def _record(rt: Runtime, run_id: str, seq: int, response: LLMResponse, elapsed_m
             return []
         _add_usage(s, run, response, seq, elapsed_ms)
         if not response.tool_calls:
-            nexts = finish(rt, s, run, status=RunStatus.SUCCEEDED, text=response.content)
+            silent = not response.content.strip() and run.kind == RunKind.TURN and not run.suppress_reply
+            nexts = finish(rt, s, run, status=RunStatus.SUCCEEDED, text=EMPTY_ANSWER if silent else response.content)
             final = True
         else:
             nexts = _start_tools(s, run, response, rt.settings.runtime.lease_seconds)

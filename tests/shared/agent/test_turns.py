@@ -147,3 +147,15 @@ def test_help_command_answers_without_the_llm(stack: Stack, api: Any, fake_llm: 
     cid = new_conversation(api)
     body = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "/help"}).json()
     assert "/stop" in body["assistantMessage"] and fake_llm.calls() == 0
+
+
+def test_an_empty_answer_still_gets_a_reply(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
+    from shared.agent.steps import EMPTY_ANSWER
+    from tests.fakes.llm import Reply
+
+    fake_llm.handler = lambda body: Reply(text="")
+    cid = new_conversation(api)
+    body = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "hello"}).json()
+    assert body["status"] == "succeeded" and body["assistantMessage"] == EMPTY_ANSWER
+    messages = api.get(f"/api/v1/conversations/{cid}/messages").json()
+    assert [(m["role"], m["content"]) for m in messages] == [("USER", "hello"), ("ASSISTANT", EMPTY_ANSWER)]
