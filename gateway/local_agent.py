@@ -16,7 +16,7 @@ def one_turn(settings: Settings, *, message: str, session: str, model: str | Non
     rt = Runtime.build(settings)
     with rt.session() as s:
         conv = conversations.get_or_create(s, session_key=session, channel="cli", chat_id=session)
-        out = submit(rt, s, conv, message, origin={"channel": "api", "chat_id": session}, model=model)
+        out = submit(rt, s, conv.id, message, origin={"channel": "api", "chat_id": session}, model=model)
     if out.reply is not None:
         return out.reply
     drain(rt, out.nexts)

@@ -56,7 +56,7 @@ def _submit(state: AppState, conversation_id: str, body: ChatIn) -> Submitted:
         conv = s.get(Conversation, conversation_id)
         if conv is None:
             raise HTTPException(404, f"no conversation {conversation_id}")
-        out = submit(state.runtime, s, conv, body.message, origin=_origin(conversation_id), model=body.model)
+        out = submit(state.runtime, s, conversation_id, body.message, origin=_origin(conversation_id), model=body.model)
         s.commit()
     after_commit(state.runtime, out)
     state.dispatch(out.nexts)

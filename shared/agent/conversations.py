@@ -6,11 +6,23 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import func, text, update
+from sqlalchemy import bindparam, func, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlmodel import Session, col, select
 
-from shared.models import Conversation, Message, Role, Run, RunKind, new_id, utcnow
+from shared.db import table_of
+from shared.models import Conversation, Message, MessageType, Role, Run, RunKind, new_id, utcnow
+
+CONVERSATIONS, MESSAGES = table_of(Conversation), table_of(Message)
+# Every inbound message runs these: Core statements built once (no unit of work, no statement building)
+FIND = select(CONVERSATIONS.c.id).where(CONVERSATIONS.c.session_key == bindparam("key"))
+POST = insert(MESSAGES).values(
+    conversation_id=bindparam("cid"), role=Role.USER, type=MessageType.NORMAL, content=bindparam("text"),
+    pending=True, meta=bindparam("info"), created_at=bindparam("now"),
+).returning(MESSAGES.c.id)
+TAKE_TURN = (update(CONVERSATIONS)
+             .where(CONVERSATIONS.c.id == bindparam("cid"), CONVERSATIONS.c.active_run_id.is_(None))
+             .values(active_run_id=bindparam("rid"), last_active_at=func.now()))
 
 
 @dataclass(frozen=True)
@@ -20,6 +32,12 @@ class Posted:
     message_id: int
     conversation_id: str
     run_id: str | None  # a new turn, or None when it waits for the active one
+
+
+def find(s: Session, session_key: str) -> str | None:
+    """The id of the conversation with this session key, if there is one."""
+    found: str | None = s.connection().execute(FIND, {"key": session_key}).scalar()
+    return found
 
 
 def get_or_create(
@@ -49,15 +67,13 @@ def post_message(
     max_iterations: int = 20,
 ) -> Posted:
     """Store a user message in the mailbox and start a turn unless one is running."""
-    msg = Message(conversation_id=conversation_id, role=Role.USER, content=content, pending=True, meta=meta or {})
-    s.add(msg)
-    s.flush()
+    message_id = s.connection().execute(
+        POST, {"cid": conversation_id, "text": content, "info": meta or {}, "now": utcnow()}).scalar_one()
     run = try_start_turn(
         s, conversation_id, origin=origin, lease_seconds=lease_seconds,
         model=(meta or {}).get("model"), max_iterations=max_iterations,
     )
-    assert msg.id is not None
-    return Posted(message_id=msg.id, conversation_id=conversation_id, run_id=run.id if run else None)
+    return Posted(message_id=message_id, conversation_id=conversation_id, run_id=run.id if run else None)
 
 
 def try_start_turn(
@@ -73,12 +89,8 @@ def try_start_turn(
 ) -> Run | None:
     """Take the conversation's turn lock and create the run, or None when a turn is active."""
     run_id = new_id()
-    taken = s.execute(
-        update(Conversation)
-        .where(col(Conversation.id) == conversation_id, col(Conversation.active_run_id).is_(None))
-        .values(active_run_id=run_id, last_active_at=func.now())
-    )
-    if taken.rowcount != 1:  # type: ignore[attr-defined]
+    # Core, so a Conversation loaded in this session keeps its old active_run_id: the lock is the row's
+    if s.connection().execute(TAKE_TURN, {"cid": conversation_id, "rid": run_id}).rowcount != 1:
         return None
     run = Run(
         id=run_id, conversation_id=conversation_id, kind=kind, origin=origin, model=model,

@@ -12,7 +12,7 @@ from shared.agent import conversations
 from shared.agent.finish import cancel_conversation, publish_final
 from shared.agent.runtime import Next, Runtime
 from shared.constants import T_AGENT_STEP, T_COMPACT
-from shared.models import Conversation, Run
+from shared.models import Run
 
 HELP = """Commands:
 /new  - summarise this conversation and start a fresh session
@@ -33,27 +33,28 @@ class Submitted:
 
 
 def submit(
-    rt: Runtime, s: Session, conv: Conversation, content: str, *, origin: dict[str, Any], model: str | None = None
+    rt: Runtime, s: Session, conversation_id: str, content: str, *, origin: dict[str, Any],
+    model: str | None = None,
 ) -> Submitted:
     """Handle one user message inside the caller's transaction; enqueue `nexts` after commit."""
     command = content.strip().split(maxsplit=1)[0].lower() if content.strip().startswith("/") else ""
     if command == "/help":
-        return Submitted(conv.id, reply=HELP)
+        return Submitted(conversation_id, reply=HELP)
     if command == "/stop":
-        out = Submitted(conv.id)
-        out.nexts = cancel_conversation(rt, s, conv.id, out.cancelled)
+        out = Submitted(conversation_id)
+        out.nexts = cancel_conversation(rt, s, conversation_id, out.cancelled)
         out.reply = f"Stopped {len(out.cancelled)} running task(s)." if out.cancelled else "Nothing is running."
         return out
     if command == "/new":
-        return Submitted(conv.id, reply="Started a new session; I kept a summary of the last one.",
-                         nexts=[Next(T_COMPACT, (conv.id, True))])
+        return Submitted(conversation_id, reply="Started a new session; I kept a summary of the last one.",
+                         nexts=[Next(T_COMPACT, (conversation_id, True))])
     meta = {"origin": origin, **({"model": model} if model else {})}
     posted = conversations.post_message(
-        s, conv.id, content, origin=origin, meta=meta, lease_seconds=rt.settings.runtime.lease_seconds,
+        s, conversation_id, content, origin=origin, meta=meta, lease_seconds=rt.settings.runtime.lease_seconds,
         max_iterations=rt.settings.agent.max_iterations,
     )
     nexts = [Next(T_AGENT_STEP, (posted.run_id, 0))] if posted.run_id else []
-    return Submitted(conv.id, message_id=posted.message_id, run_id=posted.run_id, nexts=nexts)
+    return Submitted(conversation_id, message_id=posted.message_id, run_id=posted.run_id, nexts=nexts)
 
 
 def after_commit(rt: Runtime, submitted: Submitted) -> None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from sqlalchemy import bindparam
 from sqlalchemy.dialects.postgresql import insert
-from sqlmodel import Session, select
+from sqlmodel import Session
 
 from shared.agent import conversations
 from shared.agent.runtime import Next, Runtime
@@ -18,10 +19,17 @@ from shared.channels.base import Channel
 from shared.constants import T_OUTBOUND_TYPING
 from shared.contracts import InboundMessage
 from shared.db import table_of
-from shared.models import Conversation, InboundEvent, utcnow
+from shared.models import InboundEvent, utcnow
 from shared.outbox import add_reply
 
 log = logging.getLogger(__name__)
+
+
+LEDGER = table_of(InboundEvent)
+RECORD = (insert(LEDGER)  # Core, built once: every webhook runs it
+          .values(channel=bindparam("ch"), event_id=bindparam("event"), received_at=bindparam("now"))
+          .on_conflict_do_nothing(index_elements=["channel", "event_id"])
+          .returning(LEDGER.c.id))
 
 
 @dataclass
@@ -37,13 +45,7 @@ class Ingested:
 
 def record(s: Session, channel: str, event_id: str) -> bool:
     """Add the event to the ledger; False when it was there already (a platform retry)."""
-    ledger = table_of(InboundEvent)  # Core, not the ORM's bulk insert: every webhook runs it
-    inserted = s.connection().execute(
-        insert(ledger)
-        .values(channel=channel, event_id=event_id, received_at=utcnow())
-        .on_conflict_do_nothing(index_elements=["channel", "event_id"])
-        .returning(ledger.c.id)
-    ).first()
+    inserted = s.connection().execute(RECORD, {"ch": channel, "event": event_id, "now": utcnow()}).first()
     return inserted is not None
 
 
@@ -67,11 +69,11 @@ def _one(rt: Runtime, s: Session, ch: Channel, msg: InboundMessage, out: Ingeste
         log.info("%s: sender %s is not in allow_from; ignored", msg.channel, msg.sender_id)
         return
     out.accepted += 1
-    conv = s.exec(select(Conversation).where(Conversation.session_key == msg.key())).first() or \
-        conversations.get_or_create(s, session_key=msg.key(), channel=msg.channel, chat_id=msg.chat_id)
+    cid = conversations.find(s, msg.key()) or \
+        conversations.get_or_create(s, session_key=msg.key(), channel=msg.channel, chat_id=msg.chat_id).id
     origin = {"channel": msg.channel, "chat_id": msg.chat_id, "sender_id": msg.sender_id,
               "event_id": msg.event_id, "reply_meta": msg.reply_meta}
-    sub = submit(rt, s, conv, msg.content, origin=origin)
+    sub = submit(rt, s, cid, msg.content, origin=origin)
     out.submitted.append(sub)
     out.nexts += sub.nexts
     if sub.reply is not None:  # an in-chat command (/help, /stop, /new) answers at once
