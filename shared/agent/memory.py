@@ -39,9 +39,8 @@ def _normal_after(s: Session, conversation_id: str, after_seq: Any) -> Any:
 def needs_compaction(s: Session, conversation_id: str, settings: MemorySettings) -> bool:
     """More NORMAL messages than `compact_after` since the latest summary (one query)."""
     latest = (
-        select(cast(Message.meta["covers_until_seq"].astext, BigInteger))
-        .where(Message.conversation_id == conversation_id, Message.type == MessageType.SUMMARY,
-               ~col(Message.meta).op("?")("daily_summary"))
+        select(cast(Message.meta[prompt.COVERS].astext, BigInteger))
+        .where(Message.conversation_id == conversation_id, *prompt.IS_SUMMARY)
         .order_by(col(Message.seq).desc())
         .limit(1)
         .scalar_subquery()
@@ -71,7 +70,7 @@ def compact(rt: Runtime, conversation_id: str, *, everything: bool = False) -> b
         if summary is None:
             summary = Message(conversation_id=conversation_id, role=Role.SYSTEM, type=MessageType.SUMMARY)
         summary.content = response.content
-        summary.meta = {**summary.meta, "covers_until_seq": covers, "reset": everything}
+        summary.meta = {**summary.meta, prompt.COVERS: covers, "reset": everything}
         s.add(summary)
         log.info("compacted %d messages of %s", len(old), conversation_id)
         return True

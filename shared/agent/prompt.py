@@ -53,10 +53,12 @@ def system_prompt(settings: Settings, kind: RunKind = RunKind.TURN) -> str:
 
 
 # The hot path's statements are built once; only their parameters change (building costs more than running).
+COVERS = "covers_until_seq"  # a compaction summary's meta: the last seq it stands for
+# A compaction summary (daily summaries, marked `daily_summary` in meta, are records, not memory)
+IS_SUMMARY = (Message.type == MessageType.SUMMARY, ~col(Message.meta).op("?")("daily_summary"))
 _SUMMARY = (
     select(Message)
-    .where(Message.conversation_id == bindparam("cid"), Message.type == MessageType.SUMMARY,
-           ~col(Message.meta).op("?")("daily_summary"))
+    .where(Message.conversation_id == bindparam("cid"), *IS_SUMMARY)
     .order_by(col(Message.seq).desc())
     .limit(1)
 )
@@ -81,12 +83,12 @@ _OWN_RUN = (
 
 
 def latest_summary(s: Session, conversation_id: str) -> Message | None:
-    """The compaction summary (daily summaries, marked `daily_summary` in meta, are records, not memory)."""
+    """The latest compaction summary."""
     return s.exec(_SUMMARY, params={"cid": conversation_id}).first()
 
 
 def covered(summary: Message | None) -> int:
-    return int(summary.meta.get("covers_until_seq", 0)) if summary else 0
+    return int(summary.meta.get(COVERS, 0)) if summary else 0
 
 
 def window(s: Session, conversation_id: str, size: int, after_seq: int = 0) -> list[Message]:
