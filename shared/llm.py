@@ -178,13 +178,15 @@ class LLMClient:
 
     def warm(self) -> None:
         """Pay litellm's lazy imports before the first real call (a call with tools pulls in the MCP
-        SDK: about 0.5 s): a mock answer from litellm itself, no network."""
+        SDK: about 0.5 s) with a mock answer from litellm itself, no network; and load the tokenizer
+        every real call and prompt fit uses (about 0.15 s)."""
         tool = {"type": "function", "function": {"name": "warm_up", "parameters": {"type": "object"}}}
+        messages = [{"role": "user", "content": "warm-up"}]
         try:
-            litellm.completion(model=self.settings.model, messages=[{"role": "user", "content": "warm-up"}],
-                               tools=[tool], mock_response="ok")
+            litellm.completion(model=self.settings.model, messages=messages, tools=[tool], mock_response="ok")
         except Exception as err:  # a model string litellm cannot map fails later, with a reply
             log.debug("LLM warm-up skipped: %s", err)
+        self.count_tokens(messages)
 
     def count_tokens(self, messages: list[dict[str, Any]], model: str | None = None) -> int:
         """Prompt tokens for these messages (tool calls included), as the model would count."""

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Task
 from celery.signals import setup_logging, task_postrun, task_prerun, worker_init
+from sqlalchemy import text
 
 from shared.constants import REQUEST_ID_HEADER
 from shared.logs import configure_logging, request_id_var
 from shared.settings import get_settings
+
+log = logging.getLogger(__name__)
 
 
 def _setup_logging(**_: Any) -> None:
@@ -27,10 +31,21 @@ def _postrun(**_: Any) -> None:
 
 
 def _warm(**_: Any) -> None:
-    """Before this worker takes its first task, so a restart does not slow the first turn by a second."""
+    """Before this worker takes its first task, so a restart does not slow the first turn by a
+    second: litellm, and the database driver (about 0.15 s on first use). The connection is closed
+    again, so a prefork pool forks none (each child opens its own)."""
+    from shared.db import get_engine
     from shared.llm import LLMClient
 
-    LLMClient(get_settings().llm).warm()
+    settings = get_settings()
+    LLMClient(settings.llm).warm()
+    engine = get_engine(settings.database_url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("select 1"))
+    except Exception as err:  # the first task reports a database that is down, and is retried
+        log.warning("database warm-up failed: %s", err)
+    engine.dispose()
 
 
 def connect() -> None:
