@@ -1,4 +1,5 @@
-"""The outbox: one row per outbound chunk with a unique key, delivered by the outbound queue."""
+"""The outbox: one row per outbound chunk with a unique key, delivered by the outbound queue; and
+the "typing..." loop a turn starts there."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from sqlmodel import Session, col, select
 
 from shared.agent.runtime import Next
 from shared.channels import get_channel
-from shared.channels.base import default_chunks
-from shared.constants import T_OUTBOUND_DELIVER
+from shared.channels.base import Channel, default_chunks
+from shared.constants import T_OUTBOUND_DELIVER, T_OUTBOUND_TYPING
 from shared.models import Outbox, OutboxStatus, new_id, utcnow
 from shared.settings import Settings
 
@@ -36,3 +37,12 @@ def add_reply(
     keys = [f"{key}:{i}" for i in range(total)]
     rows = s.exec(select(Outbox).where(col(Outbox.key).in_(keys), Outbox.status == OutboxStatus.PENDING)).all()
     return [Next(T_OUTBOUND_DELIVER, (row.id,)) for row in sorted(rows, key=lambda r: int(r.meta.get("chunk", 0)))]
+
+
+def typing_loop(ch: Channel | None, origin: dict[str, Any], run_id: str) -> list[Next]:
+    """The "typing..." loop (shared.channels.delivery.typing) for a turn that starts now in a chat
+    whose platform shows one: from a webhook, or from the mailbox when the turn before it ends."""
+    if ch is None or not ch.typing_indicator:
+        return []
+    meta = origin.get("reply_meta") or {}
+    return [Next(T_OUTBOUND_TYPING, (ch.name, str(origin.get("chat_id", "")), run_id, meta, 0))]

@@ -16,11 +16,10 @@ from shared.agent import conversations
 from shared.agent.runtime import Next, Runtime
 from shared.agent.service import Submitted, after_commit, submit
 from shared.channels.base import Channel
-from shared.constants import T_OUTBOUND_TYPING
 from shared.contracts import InboundMessage
 from shared.db import table_of
 from shared.models import InboundEvent, utcnow
-from shared.outbox import add_reply
+from shared.outbox import add_reply, typing_loop
 
 log = logging.getLogger(__name__)
 
@@ -79,5 +78,5 @@ def _one(rt: Runtime, s: Session, ch: Channel, msg: InboundMessage, out: Ingeste
     if sub.reply is not None:  # an in-chat command (/help, /stop, /new) answers at once
         out.nexts += add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel,
                                chat_id=msg.chat_id, text=sub.reply, meta=msg.reply_meta)
-    elif sub.run_id and ch.typing_indicator:
-        out.nexts.append(Next(T_OUTBOUND_TYPING, (msg.channel, msg.chat_id, sub.run_id, msg.reply_meta, 0)))
+    elif sub.run_id:
+        out.nexts += typing_loop(ch, origin, sub.run_id)

@@ -15,6 +15,7 @@ import pytest
 from shared.agent.service import HELP
 from tests.fakes.llm import FakeLLM
 from tests.support.platforms import DRIVERS, ChannelStack, llm_requests_with
+from tests.support.processes import wait_until
 
 PLATFORMS = list(DRIVERS)
 
@@ -192,6 +193,22 @@ def test_telegram_group_mentions_typing_and_commands(channels: ChannelStack, fak
     channels.settled(chat)
     assert d.replies(chat) == [HELP.replace("<", "&lt;").replace(">", "&gt;")]
     assert llm_requests_with(fake_llm, "/help") == 0
+
+
+def test_telegram_typing_for_a_turn_started_from_the_mailbox(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    """A message that waits behind a running turn starts its own turn when that one ends, from the
+    worker: it shows "typing..." too, once, as the first did."""
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    chat, first, second = d.new_chat(), marker(), marker()
+    assert channels.post("telegram", d.request(chat=chat, text=f"sleep:1.0 {first}")).status_code == 200
+    wait_until(lambda: llm_requests_with(fake_llm, first) == 1, timeout=30, message="the first turn's LLM call")
+    assert channels.post("telegram", d.request(chat=chat, text=f"sleep:1.0 {second}")).status_code == 200
+    channels.settled(chat, rows=2)
+    assert d.replies(chat) == [f"echo: sleep:1.0 {first}", f"echo: sleep:1.0 {second}"]
+    assert channels.scalar("select count(*) from runs r join conversations c on c.id = r.conversation_id "
+                           "where c.chat_id = :c", c=chat) == 2  # the second turn came from the mailbox
+    typing = [c for c in tg.calls if c.op == "sendChatAction" and c.body["chat_id"] == chat]
+    assert len(typing) == 2  # one per turn: each lasts ~1 s, and the loop renews every 4.5 s
 
 
 def test_bodies_too_big_malformed_or_unknown(channels: ChannelStack) -> None:
