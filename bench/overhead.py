@@ -175,7 +175,7 @@ def _report(ctx: Ctx, rest: Series, tg: Series | None) -> None:
              "(same host). The REST client reads the conversation's event stream in Redis directly, not "
              "through SSE; with no SSE reader the LLM is called without streaming, as for every "
              "conversation nobody watches (a watched one streams its deltas: in-process against the same "
-             "fake on 2026-11-22, a plain call took 6.3 ms p50 and a streamed one 25.6 ms).", "",
+             "fake on 2026-11-22, a plain call took about 6 ms p50 and a streamed one about 14 ms).", "",
              "| hop | " + " | ".join(f"{s.label} p50 ms | {s.label} p99 ms" for s in (rest, tg) if s) + " |",
              "|---|" + "---|---|" * (2 if tg else 1)]
     for hop in HOPS:

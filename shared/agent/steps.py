@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -83,22 +82,19 @@ def _call(rt: Runtime, run: Run, seq: int, messages: list[dict[str, Any]], trimm
         rt.events.publish(run.conversation_id, events.RUN_STARTED, {"run_id": run.id, "kind": run.kind})
     rt.events.publish(run.conversation_id, events.STEP_STARTED, {"run_id": run.id, "seq": seq, "kind": "llm"})
     started = time.perf_counter()
+    deltas = events.Deltas(rt.events, run.conversation_id, run.id) if rt.events.watched(run.conversation_id) else None
     try:
-        response = rt.llm.complete(messages, tools=tools or None, model=run.model, on_delta=_delta_sink(rt, run))
+        response = rt.llm.complete(messages, tools=tools or None, model=run.model, on_delta=deltas)
     except LLMError as err:
         log.warning("run %s: LLM failed after retries: %s", run.id, err)
         return _finish_if_current(rt, run.id, seq, status=RunStatus.FAILED, text=err.user_message,
                                   store=False, error=str(err))
+    finally:
+        if deltas is not None:
+            deltas.flush()
     elapsed = (time.perf_counter() - started) * 1000
     compact = trimmed and rt.settings.memory.context_strategy == "summarize"
     return _record(rt, run.id, seq, response, elapsed) + ([Next(T_COMPACT, (run.conversation_id,))] if compact else [])
-
-
-def _delta_sink(rt: Runtime, run: Run) -> Callable[[str], None] | None:
-    """Where streamed text goes while an SSE client watches the conversation; None: don't stream."""
-    if not rt.events.watched(run.conversation_id):
-        return None
-    return lambda d: rt.events.publish(run.conversation_id, events.TEXT_DELTA, {"run_id": run.id, "text": d})
 
 
 def _finish_if_current(rt: Runtime, run_id: str, seq: int, **kw: Any) -> list[Next]:

@@ -159,8 +159,12 @@ async def _stream(body: dict[str, Any], reply: Reply):  # type: ignore[no-untype
     yield chunk({"role": "assistant", "content": ""})
     for i in range(0, len(reply.text), 16):
         yield chunk({"content": reply.text[i:i + 16]})
-    for i, call in enumerate(_tool_calls(reply)):
-        yield chunk({"tool_calls": [{"index": i, **call}]})
+    for i, call in enumerate(_tool_calls(reply)):  # as OpenAI streams them: id and name, then the arguments in pieces
+        args = call["function"]["arguments"]
+        yield chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                     "function": {"name": call["function"]["name"], "arguments": ""}}]})
+        for j in range(0, len(args), 8):
+            yield chunk({"tool_calls": [{"index": i, "function": {"arguments": args[j:j + 8]}}]})
     yield chunk({}, "tool_calls" if reply.tool_calls else "stop")
     yield "data: " + json.dumps({**base, "choices": [], "usage": _usage(body, reply)}) + "\n\n"
     yield "data: [DONE]\n\n"

@@ -3,6 +3,7 @@ errors it maps, on both of litellm's paths (its own httpx handler, the default; 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -57,3 +58,20 @@ def test_an_answer_the_client_cannot_read_is_a_reply_not_a_crash(client: LLMClie
     with pytest.raises(LLMError) as err:
         client.complete(USER)
     assert "something went wrong" in err.value.user_message and fake_llm.calls() == 1
+
+
+def test_a_streamed_answer_is_the_same_answer(client: LLMClient, fake_llm: FakeLLM) -> None:
+    """Text deltas as they come, then the same content, tool calls (arguments streamed in pieces)
+    and usage as the answer without streaming; cost from litellm's price map for a priced model."""
+    calls = [("time", {}), ("record", {"tag": "a longer argument, streamed in several pieces", "n": 3})]
+    fake_llm.handler = lambda body: Reply(text="Let me look that up for you, in two calls.", tool_calls=calls)
+    priced = LLMClient(client.settings.model_copy(update={"model": "openai/gpt-4o-mini"}))
+    plain = priced.complete(USER)
+    deltas: list[str] = []
+    streamed = priced.complete(USER, on_delta=deltas.append)
+    with fake_llm.lock:
+        assert [bool(b.get("stream")) for b in fake_llm.requests] == [False, True]
+    assert len(deltas) > 1 and "".join(deltas) == streamed.content == plain.content
+    assert [(c.name, json.loads(c.arguments)) for c in streamed.tool_calls] == calls
+    assert all(c.id.startswith("call_") for c in streamed.tool_calls)
+    assert streamed.usage == plain.usage and streamed.usage.cost > 0
