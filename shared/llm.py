@@ -170,9 +170,14 @@ class LLMClient:
         if profile.max_tokens is not None:
             kwargs["max_tokens"] = profile.max_tokens
         if on_delta is None:
-            return _parse(litellm.completion(**kwargs), profile.model)
-        kwargs.update(stream=True, stream_options={"include_usage": True})
-        return _streamed(litellm.completion(**kwargs), on_delta, profile.model)
+            answer = _parse(litellm.completion(**kwargs), profile.model)
+        else:
+            kwargs.update(stream=True, stream_options={"include_usage": True})
+            answer = _streamed(litellm.completion(**kwargs), on_delta, profile.model)
+        price_in, price_out = profile.input_cost_per_token, profile.output_cost_per_token
+        if price_in is not None and price_out is not None:  # wins over litellm's map, kept out of its globals
+            answer.usage.cost = answer.usage.prompt_tokens * price_in + answer.usage.completion_tokens * price_out
+        return answer
 
     def warm(self) -> None:
         """Pay litellm's lazy imports before the first real call (a call with tools pulls in the MCP

@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -44,11 +44,21 @@ class LLMProfile(BaseModel):
     temperature: float | None = None
     max_tokens: int | None = None
     context_window: int = 128_000
+    # USD per token, for a model litellm's price map does not know (self-hosted, or newer than the
+    # map; such a model's usage is otherwise recorded at no cost), or to override it. Both or neither.
+    input_cost_per_token: float | None = Field(default=None, ge=0)
+    output_cost_per_token: float | None = Field(default=None, ge=0)
 
     @field_validator("api_key")
     @classmethod
     def _check_key(cls, v: SecretStr | None) -> SecretStr | None:
         return _not_placeholder(v)
+
+    @model_validator(mode="after")
+    def _both_prices(self) -> LLMProfile:
+        if (self.input_cost_per_token is None) != (self.output_cost_per_token is None):
+            raise ValueError("set input_cost_per_token and output_cost_per_token together, or neither")
+        return self
 
 
 class LLMSettings(LLMProfile):

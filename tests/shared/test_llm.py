@@ -75,3 +75,13 @@ def test_a_streamed_answer_is_the_same_answer(client: LLMClient, fake_llm: FakeL
     assert [(c.name, json.loads(c.arguments)) for c in streamed.tool_calls] == calls
     assert all(c.id.startswith("call_") for c in streamed.tool_calls)
     assert streamed.usage == plain.usage and streamed.usage.cost > 0
+
+
+def test_a_profile_prices_a_model_the_price_map_does_not_know(client: LLMClient, fake_llm: FakeLLM) -> None:
+    """A self-hosted model costs nothing by litellm's map; its profile's prices count, streamed or not."""
+    assert client.complete(USER).usage.cost == 0.0
+    priced = LLMClient(client.settings.model_copy(update={"input_cost_per_token": 1e-6, "output_cost_per_token": 4e-6}))
+    for answer in (priced.complete(USER), priced.complete(USER, on_delta=lambda _: None)):
+        u = answer.usage
+        assert u.prompt_tokens > 0 and u.completion_tokens > 0
+        assert u.cost == pytest.approx(u.prompt_tokens * 1e-6 + u.completion_tokens * 4e-6)

@@ -74,3 +74,13 @@ def test_secrets_are_collected_for_redaction(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("NANOFLEET_CHANNELS__TELEGRAM__TOKEN", "123456:telegram-secret")
     monkeypatch.setenv("NANOFLEET_API_KEYS", '["api-key-secret"]')
     assert {"123456:telegram-secret", "api-key-secret"} <= set(load_settings().secrets())
+
+
+def test_a_price_needs_both_halves(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NANOFLEET_LLM__INPUT_COST_PER_TOKEN", "0.000001")
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert "NANOFLEET_LLM" in str(err.value) and "output_cost_per_token" in str(err.value)
+    monkeypatch.setenv("NANOFLEET_LLM__OUTPUT_COST_PER_TOKEN", "0.000004")
+    llm = load_settings().llm
+    assert (llm.input_cost_per_token, llm.output_cost_per_token) == (1e-6, 4e-6)
