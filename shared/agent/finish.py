@@ -19,7 +19,8 @@ def finish(
     rt: Runtime, s: Session, run: Run, *, status: RunStatus, text: str, store: bool = True, error: str | None = None
 ) -> list[Next]:
     """End `run` (locked by the caller) and return what to enqueue after the commit."""
-    conv = s.get_one(Conversation, run.conversation_id, with_for_update=True)
+    with s.no_autoflush:  # the run's row is written once, below, with its end
+        conv = s.get_one(Conversation, run.conversation_id, with_for_update=True)
     if store and text:
         s.add(Message(conversation_id=run.conversation_id, run_id=run.id, role=Role.ASSISTANT, content=text))
     run.status, run.final_text, run.error = status, text, error

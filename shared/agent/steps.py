@@ -132,9 +132,6 @@ def _add_usage(s: Session, run: Run, response: LLMResponse, seq: int, elapsed_ms
         run_id=run.id, seq=seq, kind=Phase.LLM, model=response.model, prompt_tokens=u.prompt_tokens,
         completion_tokens=u.completion_tokens, cost=u.cost, elapsed_ms=elapsed_ms,
         started_at=now - timedelta(milliseconds=elapsed_ms), finished_at=now))
-    run.prompt_tokens += u.prompt_tokens
-    run.completion_tokens += u.completion_tokens
-    run.cost += u.cost
     s.execute(
         update(Conversation)
         .where(col(Conversation.id) == run.conversation_id)
@@ -143,6 +140,11 @@ def _add_usage(s: Session, run: Run, response: LLMResponse, seq: int, elapsed_ms
                 cost=Conversation.cost + u.cost, last_active_at=func.now())
         .execution_options(synchronize_session=False)
     )
+    # After the statements above (each would flush the run first): the run's row is written once,
+    # with the rest of what this step changes in it.
+    run.prompt_tokens += u.prompt_tokens
+    run.completion_tokens += u.completion_tokens
+    run.cost += u.cost
 
 
 def _parse_arguments(raw: str) -> dict[str, Any]:
