@@ -40,8 +40,8 @@ def add_reply(
 
 
 def typing_loop(ch: Channel | None, origin: dict[str, Any], run_id: str) -> list[Next]:
-    """The "typing..." loop (shared.channels.delivery.typing) for a turn that starts now in a chat
-    whose platform shows one: from a webhook, or from the mailbox when the turn before it ends."""
+    """The "typing..." loop (shared.channels.delivery.typing) for a turn whose first step starts
+    now, in a chat whose platform shows one; the turn came from a webhook or from the mailbox."""
     if ch is None or not ch.typing_indicator:
         return []
     meta = origin.get("reply_meta") or {}

@@ -18,6 +18,7 @@ def runtime() -> Runtime:
     settings = get_settings()
     client = redis.Redis.from_url(settings.redis_url, max_connections=100, health_check_interval=30)
     rt = Runtime.build(settings, events=RedisEvents(client))
+    rt.send_now = dispatch
     from workers.hooks import install
 
     install(rt)

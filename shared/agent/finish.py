@@ -9,10 +9,9 @@ from sqlmodel import Session, col, select
 
 from shared.agent import conversations, events, memory
 from shared.agent.runtime import Next, Runtime
-from shared.channels import get_channel
 from shared.constants import T_AGENT_STEP, T_COMPACT
 from shared.models import ACTIVE, TERMINAL, Conversation, Message, Phase, Role, Run, RunStatus, utcnow
-from shared.outbox import add_reply, typing_loop
+from shared.outbox import add_reply
 
 
 def finish(
@@ -60,10 +59,7 @@ def release_turn(rt: Runtime, s: Session, conv: Conversation, run: Run) -> list[
         s, conv.id, origin=origin, lease_seconds=rt.settings.runtime.lease_seconds,
         model=waiting[0].meta.get("model"), max_iterations=rt.settings.agent.max_iterations,
     )
-    if nxt is None:
-        return []
-    return [Next(T_AGENT_STEP, (nxt.id, 0)), *typing_loop(get_channel(str(origin.get("channel")), rt.settings),
-                                                          origin, nxt.id)]
+    return [Next(T_AGENT_STEP, (nxt.id, 0))] if nxt else []
 
 
 def publish_final(rt: Runtime, run: Run) -> None:

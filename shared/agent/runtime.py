@@ -40,6 +40,9 @@ class Runtime:
     events: EventSink = field(default_factory=NullEvents)
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}")
     finish_hooks: dict[str, FinishHook] = field(default_factory=dict)
+    # Enqueues best-effort tasks that must not wait for the step to end (a typing indicator);
+    # without a broker (`nanofleet agent`) they are dropped.
+    send_now: Callable[[list[Next]], None] = field(default=lambda nexts: None)
 
     @classmethod
     def build(cls, settings: Settings, *, events: EventSink | None = None) -> Runtime:

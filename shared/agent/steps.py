@@ -16,6 +16,7 @@ from shared.agent import conversations, events, lease, memory, prompt
 from shared.agent.finish import finish, publish_final
 from shared.agent.runtime import Next, Runtime
 from shared.aio import run_sync
+from shared.channels import get_channel
 from shared.constants import T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EXECUTE
 from shared.db import table_of, update_returning
 from shared.llm import LLMError, LLMResponse
@@ -33,6 +34,7 @@ from shared.models import (
     ToolStatus,
     utcnow,
 )
+from shared.outbox import typing_loop
 from shared.tools.base import ErrorCode, ToolContext, ToolResult
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,9 @@ def llm_step(rt: Runtime, run_id: str, seq: int) -> list[Next]:
     if bounded is not None:
         publish_final(rt, run)
         return bounded
+    if seq == 0 and run.kind == RunKind.TURN and run.recoveries == 0:  # a recovered step's loop still runs
+        origin = run.origin or {}
+        rt.send_now(typing_loop(get_channel(str(origin.get("channel")), rt.settings), origin, run.id))
     with lease.keeper(rt.settings.database_url, rt.settings.runtime.lease_seconds).hold(run_id, owner):
         return _call(rt, run, seq, messages, trimmed)
 

@@ -19,7 +19,7 @@ from shared.channels.base import Channel
 from shared.contracts import InboundMessage
 from shared.db import table_of
 from shared.models import InboundEvent, utcnow
-from shared.outbox import add_reply, typing_loop
+from shared.outbox import add_reply
 
 log = logging.getLogger(__name__)
 
@@ -78,5 +78,3 @@ def _one(rt: Runtime, s: Session, ch: Channel, msg: InboundMessage, out: Ingeste
     if sub.reply is not None:  # an in-chat command (/help, /stop, /new) answers at once
         out.nexts += add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel,
                                chat_id=msg.chat_id, text=sub.reply, meta=msg.reply_meta)
-    elif sub.run_id:
-        out.nexts += typing_loop(ch, origin, sub.run_id)
