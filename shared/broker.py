@@ -23,7 +23,8 @@ SCHEMES = ("redis", "rediss")  # other schemes (sentinel, socket) keep kombu's o
 
 
 class Channel(kombu_redis.Channel):
-    _short_client: Any = None
+    _short_client: Any = None  # see _create_client
+
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         if self.connection.client is None:
             raise RedisConnectionError("the broker connection is already closed")
