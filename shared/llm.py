@@ -116,8 +116,9 @@ class LLMClient:
         """A named profile, a raw litellm model string on the default endpoint, or the default."""
         if model and model in self.settings.profiles:
             return self.settings.profiles[model]
-        if model:
-            return self.settings.model_copy(update={"model": model})
+        if model:  # the default endpoint and limits; its prices are the default model's, not this one's
+            return self.settings.model_copy(update={"model": model, "input_cost_per_token": None,
+                                                    "output_cost_per_token": None})
         return self.settings
 
     def complete(

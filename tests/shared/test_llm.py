@@ -85,3 +85,4 @@ def test_a_profile_prices_a_model_the_price_map_does_not_know(client: LLMClient,
         u = answer.usage
         assert u.prompt_tokens > 0 and u.completion_tokens > 0
         assert u.cost == pytest.approx(u.prompt_tokens * 1e-6 + u.completion_tokens * 4e-6)
+    assert priced.complete(USER, model="openai/another-model").usage.cost == 0.0  # not the default's prices
