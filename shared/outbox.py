@@ -10,7 +10,7 @@ from sqlmodel import Session, col, select
 
 from shared.agent.runtime import Next
 from shared.channels import get_channel
-from shared.channels.base import Channel, default_chunks
+from shared.channels.base import default_chunks
 from shared.constants import T_OUTBOUND_DELIVER, T_OUTBOUND_TYPING
 from shared.models import Outbox, OutboxStatus, new_id, utcnow
 from shared.settings import Settings
@@ -39,9 +39,10 @@ def add_reply(
     return [Next(T_OUTBOUND_DELIVER, (row.id,)) for row in sorted(rows, key=lambda r: int(r.meta.get("chunk", 0)))]
 
 
-def typing_loop(ch: Channel | None, origin: dict[str, Any], run_id: str) -> list[Next]:
+def typing_loop(settings: Settings, origin: dict[str, Any], run_id: str) -> list[Next]:
     """The "typing..." loop (shared.channels.delivery.typing) for a turn whose first step starts
     now, in a chat whose platform shows one; the turn came from a webhook or from the mailbox."""
+    ch = get_channel(str(origin.get("channel")), settings)
     if ch is None or not ch.typing_indicator:
         return []
     meta = origin.get("reply_meta") or {}

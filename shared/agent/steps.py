@@ -16,7 +16,6 @@ from shared.agent import conversations, events, lease, memory, prompt
 from shared.agent.finish import finish, publish_final
 from shared.agent.runtime import Next, Runtime
 from shared.aio import run_sync
-from shared.channels import get_channel
 from shared.constants import T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EXECUTE
 from shared.db import table_of, update_returning
 from shared.llm import LLMError, LLMResponse
@@ -75,8 +74,7 @@ def llm_step(rt: Runtime, run_id: str, seq: int) -> list[Next]:
         publish_final(rt, run)
         return bounded
     if seq == 0 and run.kind == RunKind.TURN and run.recoveries == 0:  # a recovered step's loop still runs
-        origin = run.origin or {}
-        rt.send_now(typing_loop(get_channel(str(origin.get("channel")), rt.settings), origin, run.id))
+        rt.send_now(typing_loop(rt.settings, run.origin or {}, run.id))
     with lease.keeper(rt.settings.database_url, rt.settings.runtime.lease_seconds).hold(run_id, owner):
         return _call(rt, run, seq, messages, trimmed)
 

@@ -55,4 +55,3 @@ def daily_summary(until: str, conversation_id: str = "") -> None:
         summary.summarise(runtime(), conversation_id, when)
     else:
         dispatch(summary.plan(runtime(), when))
-

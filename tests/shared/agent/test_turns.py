@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tests.fakes.llm import FakeLLM
+from shared.agent.steps import EMPTY_ANSWER
+from tests.fakes.llm import FakeLLM, Reply
 from tests.support.stack import Stack
 
 
@@ -150,9 +151,6 @@ def test_help_command_answers_without_the_llm(stack: Stack, api: Any, fake_llm: 
 
 
 def test_an_empty_answer_still_gets_a_reply(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
-    from shared.agent.steps import EMPTY_ANSWER
-    from tests.fakes.llm import Reply
-
     fake_llm.handler = lambda body: Reply(text="")
     cid = new_conversation(api)
     body = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "hello"}).json()
