@@ -207,8 +207,9 @@ def _parse(response: Any, model: str) -> LLMResponse:
         for c in (message.tool_calls or [])
     ]
     usage = getattr(response, "usage", None)
-    cost = (getattr(response, "_hidden_params", None) or {}).get("response_cost")  # litellm priced it already
-    if cost is None:
+    hidden = getattr(response, "_hidden_params", None) or {}
+    cost = hidden.get("response_cost")  # litellm priced it already, or found no price (None): no second try
+    if cost is None and "response_cost" not in hidden:
         try:
             cost = litellm.completion_cost(completion_response=response, model=model)
         except Exception:  # models without a price in the map
@@ -219,7 +220,7 @@ def _parse(response: Any, model: str) -> LLMResponse:
         usage=Usage(
             prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
             completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
-            cost=float(cost),
+            cost=float(cost or 0.0),
         ),
         model=model,
     )
