@@ -2,6 +2,7 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 UV ?= $(shell command -v uv 2>/dev/null || echo "$(HOME)/.local/bin/uv")
+UV_PIN := uv==0.13.9
 PY := .venv/bin/python
 COMPOSE := docker compose --env-file .env -f docker/compose.yml
 export LITELLM_LOCAL_MODEL_COST_MAP := True
@@ -11,11 +12,15 @@ export LITELLM_LOCAL_MODEL_COST_MAP := True
 help: ## Show this help
 	@grep -hE '^[a-z-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
 
-uv:
-	@command -v uv >/dev/null 2>&1 || [ -x "$(UV)" ] || python3 -m pip install --quiet uv==0.13.9
+uv: # from PyPI with pip: for this user, also where the system Python is externally managed (PEP 668)
+	@command -v uv >/dev/null 2>&1 || [ -x "$(UV)" ] \
+	  || python3 -m pip install --quiet --user $(UV_PIN) 2>/dev/null \
+	  || python3 -m pip install --quiet --user --break-system-packages $(UV_PIN) 2>/dev/null \
+	  || python3 -m pip install --quiet $(UV_PIN) \
+	  || { echo "make: could not install uv with pip; install it (pipx install $(UV_PIN)) and run make again" >&2; exit 1; }
 
-install: uv ## Install nanofleet and its dev tools into .venv (uv, from the lock file)
-	@$(UV) sync --frozen --quiet
+install: uv ## Install nanofleet, its embedded servers (x86-64 Linux) and dev tools into .venv (uv, from the lock file)
+	@$(UV) sync --frozen --extra embedded --quiet
 
 run: install ## Run the whole system on this machine (embedded Redis/Postgres if none is configured)
 	@.venv/bin/nanofleet up

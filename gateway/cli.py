@@ -13,6 +13,8 @@ from gateway.cli_cron import app as cron_app
 from shared.constants import QUEUES
 from shared.settings import Settings, SettingsError, get_settings
 
+POOLS = ("threads", "prefork", "solo")  # Celery pools the workers are built and tested for
+
 app = typer.Typer(help="nanofleet: a self-hosted AI agent runtime.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
 app.add_typer(channels_app, name="channels")
@@ -42,7 +44,7 @@ def gateway(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None
 def worker(
     queues: Annotated[str, typer.Option(help="comma-separated queues")] = ",".join(QUEUES),
     concurrency: int = 32,
-    pool: Annotated[str, typer.Option(help="threads, prefork, gevent or solo")] = "threads",
+    pool: Annotated[str, typer.Option(help="threads, prefork or solo")] = "threads",
     hostname: str | None = None,
 ) -> None:
     """Run a Celery worker for some or all queues."""
@@ -50,6 +52,9 @@ def worker(
     unknown = set(queues.split(",")) - set(QUEUES)
     if unknown:
         typer.echo(f"nanofleet: unknown queue(s) {', '.join(sorted(unknown))}; known: {', '.join(QUEUES)}", err=True)
+        raise typer.Exit(2)
+    if pool not in POOLS:
+        typer.echo(f"nanofleet: unknown pool {pool!r}; known: {', '.join(POOLS)}", err=True)
         raise typer.Exit(2)
     name = hostname or f"nanofleet-{queues.replace(',', '-')}@%h"
     argv = [sys.executable, "-m", "celery", "-A", "workers.app:app", "worker", "-Q", queues,

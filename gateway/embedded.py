@@ -104,7 +104,9 @@ def _package_file(package: str, *parts: str) -> Path:
     """An executable shipped inside an installed package, found without importing it."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"package {package!r} is not installed")
+        raise RuntimeError(f"package {package!r} is not installed: embedded servers come with the `embedded` extra "
+                           "(x86-64 Linux, Python 3.11-3.12: `uv sync --extra embedded`, `make install`); elsewhere "
+                           "set NANOFLEET_REDIS_URL and NANOFLEET_DATABASE_URL to running servers")
     path = Path(next(iter(spec.submodule_search_locations)), *parts)
     if not os.access(path, os.X_OK):
         raise RuntimeError(f"{path} (from package {package!r}) is missing or not executable")

@@ -24,6 +24,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, SecretStr
 
+from gateway.cli import POOLS
 from shared.settings import CONFIG_FILE_ENV, Settings, SettingsError, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -243,12 +244,7 @@ def test_workers_cover_every_queue_and_stop_gracefully(compose: dict[str, Any]) 
         argv = service["command"]
         assert argv[0] == "worker", name
         served |= set(argv[argv.index("--queues") + 1].split(","))
-        assert argv[argv.index("--pool") + 1] in {
-            "threads",
-            "prefork",
-            "gevent",
-            "solo",
-        }, name
+        assert argv[argv.index("--pool") + 1] in POOLS, name
         assert int(argv[argv.index("--concurrency") + 1]) > 0, name
         assert service.get("stop_grace_period"), f"{name} has no stop_grace_period"
         assert service.get("stop_signal") == "SIGTERM", name
@@ -313,13 +309,13 @@ def _entry(fake_bin: Path, *args: str, **env: str) -> subprocess.CompletedProces
 
 
 def test_entrypoint_dispatches_roles(fake_bin: Path) -> None:
-    assert _entry(fake_bin).stdout.strip() == "nanofleet gateway"
+    assert _entry(fake_bin).stdout.strip() == "nanofleet gateway --host 0.0.0.0"
     out = _entry(fake_bin, "worker", "--queues", "agent", "--pool", "threads")
     assert out.stdout.strip() == "nanofleet worker --queues agent --pool threads"
     out = _entry(fake_bin, "flower", "--url_prefix=flower", FLOWER_BASIC_AUTH="u:p")
     assert (
         out.stdout.strip()
-        == "celery -A workers.app:app flower --port=5555 --url_prefix=flower"
+        == "celery -A workers.flower:app flower --port=5555 --url_prefix=flower"
     )
 
 
@@ -339,7 +335,7 @@ def test_dockerfile_contract() -> None:
     )
     assert "uv sync --frozen --no-dev --no-install-project" in text
     assert 'ENTRYPOINT ["/app/docker/entrypoint.sh"]' in text
-    assert 'CMD ["gateway"]' in text
+    assert 'CMD ["gateway", "--host", "0.0.0.0"]' in text
     assert re.search(r"^USER nanofleet", text, re.MULTILINE)
     assert "10001" in text
     for env in (
