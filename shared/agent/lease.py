@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -49,21 +50,26 @@ class LeaseKeeper:
     def __init__(self, database_url: str, seconds: float) -> None:
         self.database_url = database_url
         self.seconds = seconds
-        self._held: dict[str, str | None] = {}  # run id -> owner (None: tool work, any owner)
+        # (run id, owner) -> how many steps hold it: tool calls of one run may run side by side.
+        # Owner None: tool work, whoever owns the run.
+        self._held: Counter[tuple[str, str | None]] = Counter()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     @contextmanager
     def hold(self, run_id: str, owner: str | None = None) -> Iterator[None]:
+        key = (run_id, owner)
         with self._lock:
-            self._held[run_id] = owner
+            self._held[key] += 1
             self._start()
         try:
             yield
         finally:
             with self._lock:
-                self._held.pop(run_id, None)
+                self._held[key] -= 1
+                if not self._held[key]:
+                    del self._held[key]
 
     def _start(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -73,16 +79,16 @@ class LeaseKeeper:
     def _loop(self) -> None:
         while not self._wake.wait(self.seconds / 3):
             with self._lock:
-                held = dict(self._held)
+                held = list(self._held)
             if held:
                 try:
                     self.renew(held)
                 except Exception as err:  # the sweeper takes over if renewals keep failing
                     log.warning("lease renewal failed: %s", err)
 
-    def renew(self, held: dict[str, str | None]) -> None:
-        owned = [rid for rid, owner in held.items() if owner is not None]
-        shared_ = [rid for rid, owner in held.items() if owner is None]
+    def renew(self, held: list[tuple[str, str | None]]) -> None:
+        owned = [(rid, owner) for rid, owner in held if owner is not None]
+        shared_ = [rid for rid, owner in held if owner is None]
         with get_engine(self.database_url).begin() as conn:
             if owned:
                 conn.execute(
@@ -90,7 +96,7 @@ class LeaseKeeper:
                         f"update runs set lease_until = {RENEWED} where (id, lease_owner) in "
                         "(select * from unnest(cast(:ids as varchar[]), cast(:owners as varchar[])))"
                     ).bindparams(bindparam("ids"), bindparam("owners")),
-                    {"s": self.seconds, "ids": owned, "owners": [held[r] for r in owned]},
+                    {"s": self.seconds, "ids": [r for r, _ in owned], "owners": [o for _, o in owned]},
                 )
             if shared_:
                 conn.execute(

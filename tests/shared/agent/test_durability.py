@@ -171,6 +171,20 @@ def test_a_long_llm_call_keeps_its_lease(make_stack: Callable[..., Stack], fake_
         assert fake_llm.calls() == 1
 
 
+def test_a_slow_tool_keeps_its_lease_when_a_sibling_finishes(make_stack: Callable[..., Stack]) -> None:
+    """Two tool calls of one step in one worker: the quick one ending must not stop the renewal of
+    the slow one's lease, or the sweeper would report it interrupted while it still runs."""
+    s = make_stack()  # lease 2 s, sweeper every 0.5 s
+    s.worker()
+    s.beat()
+    for api in api_client(s.settings):
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        message = 'call:record {"tag": "slow", "seconds": 6}\ncall:record {"tag": "quick", "seconds": 0.5}'
+        body = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": message}).json()
+        assert [c["status"] for c in body["toolCalls"]] == ["SUCCESS", "SUCCESS"], body["toolCalls"]
+        assert sorted(line.split()[-1] for line in s.executions()) == ["quick", "slow"]
+
+
 def test_followup_mode_runs_waiting_messages_as_the_next_turn(make_stack: Callable[..., Stack],
                                                                fake_llm: FakeLLM) -> None:
     s = make_stack(AGENT__MAILBOX_MODE="followup")
