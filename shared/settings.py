@@ -141,7 +141,7 @@ class AgentSettings(BaseModel):
     """The agent loop."""
 
     name: str = "nanofleet"
-    max_iterations: int = 20
+    max_iterations: int = Field(default=20, ge=1)
     mailbox_mode: Literal["steer", "followup"] = "steer"
     chat_timeout: float = 120.0
 
@@ -149,7 +149,7 @@ class AgentSettings(BaseModel):
 class SubagentSettings(BaseModel):
     """Background subagents."""
 
-    max_iterations: int = 15
+    max_iterations: int = Field(default=15, ge=1)
     max_concurrent: int = 3
 
 

@@ -63,12 +63,12 @@ def llm_step(rt: Runtime, run_id: str, seq: int) -> list[Next]:
                             seconds=rt.settings.runtime.lease_seconds)
         if run is None:
             return []
-        if rt.settings.agent.mailbox_mode == "steer" or run.iteration == 0:
-            conversations.fold_mailbox(s, run.conversation_id, run.id)
-        if run.iteration >= run.max_iterations:
+        if run.iteration >= run.max_iterations:  # messages that came meanwhile stay for the next turn
             bounded = finish(rt, s, run, status=RunStatus.SUCCEEDED, text=bound_message(run.max_iterations))
         else:
             bounded = None
+            if rt.settings.agent.mailbox_mode == "steer" or run.iteration == 0:
+                conversations.fold_mailbox(s, run.conversation_id, run.id)
             messages, trimmed = memory.fit(rt, prompt.build(s, rt.settings, run), run.model)
     if bounded is not None:
         publish_final(rt, run)

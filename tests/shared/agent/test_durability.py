@@ -34,6 +34,28 @@ def test_iteration_bound_gives_a_clear_message(make_stack: Callable[..., Stack],
         assert len(body["toolCalls"]) == 3 and fake_llm.calls() == 3
 
 
+def test_a_message_sent_during_the_last_allowed_step_gets_its_own_turn(make_stack: Callable[..., Stack],
+                                                                       fake_llm: FakeLLM) -> None:
+    s = make_stack(AGENT__MAX_ITERATIONS="1")
+    s.worker()
+    for api in api_client(s.settings):
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        first = api.post(f"/api/v1/conversations/{cid}/messages",
+                         json={"message": 'call:record {"tag": "t", "seconds": 2}'}).json()["runId"]
+
+        def tool_running() -> bool:
+            with Session(get_engine(s.settings.database_url)) as db:
+                return any(c.status == "RUNNING" for c in db.exec(select(ToolCall)).all())
+
+        wait_until(tool_running, timeout=30, message="the tool to start")
+        api.post(f"/api/v1/conversations/{cid}/messages", json={"message": "late one"})
+        wait_until(lambda: len([r for r in _runs(s) if r.status == "succeeded"]) == 2, timeout=30,
+                   message="the bounded turn and a turn for the late message")
+        assert "stopped after 1 steps" in api.get(f"/api/v1/runs/{first}").json()["result"]
+        contents = [m["content"] for m in api.get(f"/api/v1/conversations/{cid}/messages").json()]
+        assert contents[-2:] == ["late one", "echo: late one"]
+
+
 def test_stop_cancels_the_running_turn(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
     cid = api.post("/api/v1/conversations").json()["conversationId"]
     run_id = api.post(f"/api/v1/conversations/{cid}/messages", json={"message": "sleep:3 slow"}).json()["runId"]
