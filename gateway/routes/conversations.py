@@ -114,8 +114,10 @@ async def events(
     last_event: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> EventSourceResponse:
     """Server-Sent Events: run started, step started, text deltas, tools, run finished or failed.
-    Text deltas are produced only while at least one client reads this stream."""
-    since = last_event or "$"
+    Text deltas are produced only while at least one client reads this stream. `Last-Event-ID`
+    resumes after that event (`0` replays what the stream still holds); without it, the stream
+    starts at the newest event now, and every read goes on from the last id seen."""
+    since = last_event or await last_event_id(state, conversation_id)  # never "$": a gap between reads
     await watch(state.aredis, conversation_id)  # before the response starts: the next LLM call streams
 
     async def stream() -> AsyncIterator[dict[str, str]]:

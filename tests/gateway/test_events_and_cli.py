@@ -40,7 +40,7 @@ def test_events_stream_a_tool_using_turn(stack: Stack, api: Any, fake_llm: FakeL
     listener = threading.Thread(target=listen, daemon=True)
     listener.start()
     assert opened.wait(10)
-    # events are read from the stream's end ("$"): start the run once the listener is reading
+    # the stream starts at the newest event when the listener connected: everything after is seen
     wait_until(lambda: api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "call:time {}"}), timeout=30)
     listener.join(30)
     kinds = [e for e, _ in seen]
@@ -52,6 +52,19 @@ def test_events_stream_a_tool_using_turn(stack: Stack, api: Any, fake_llm: FakeL
     assert text.startswith("done: ")
     with fake_llm.lock:
         assert all(b.get("stream") for b in fake_llm.requests if "call:time" in json.dumps(b))
+
+
+def test_last_event_id_zero_replays_a_finished_run(stack: Stack, api: Any) -> None:
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    assert api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "hi"}).json()["assistantMessage"]
+    events: list[str] = []
+    with api.stream("GET", f"/api/v1/conversations/{cid}/events", headers={"Last-Event-ID": "0"}) as r:
+        for line in r.iter_lines():
+            if line.startswith("event:"):
+                events.append(line.split(":", 1)[1].strip())
+                if events[-1] == "run.finished":
+                    break
+    assert events[0] == "run.started" and events[-1] == "run.finished"
 
 
 def test_unwatched_conversations_are_not_streamed(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
