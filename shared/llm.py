@@ -42,8 +42,14 @@ RETRYABLE = (
     litellm.ServiceUnavailableError,
     litellm.BadGatewayError,
 )
-REFUSED: tuple[type[Exception], ...] = tuple(  # the provider answered, and would answer the same again
-    t for t in litellm.LITELLM_EXCEPTION_TYPES if issubclass(t, Exception) and not issubclass(t, RETRYABLE))
+LITELLM_ERRORS: tuple[type[Exception], ...] = (*RETRYABLE, *(
+    t for t in litellm.LITELLM_EXCEPTION_TYPES if issubclass(t, Exception) and not issubclass(t, RETRYABLE)))
+
+
+def retryable(err: Exception) -> bool:
+    """A fault that may pass: rate limits, timeouts, connection errors and any 5xx (a 520 or 529
+    from a proxy arrives as a plain APIError). Anything else the provider would answer the same again."""
+    return isinstance(err, RETRYABLE) or (getattr(err, "status_code", None) or 0) >= 500
 
 
 @dataclass
@@ -105,6 +111,17 @@ def _pool(max_connections: int) -> None:
     litellm.sync_transport = transport
 
 
+class _Relay:
+    """Passes streamed text on, and remembers whether any was."""
+
+    def __init__(self, to: Callable[[str], None]) -> None:
+        self.to, self.sent = to, False
+
+    def __call__(self, text: str) -> None:
+        self.sent = True
+        self.to(text)
+
+
 class LLMClient:
     """Chat completions through litellm with nanofleet's retry and usage rules."""
 
@@ -130,20 +147,21 @@ class LLMClient:
         on_delta: Callable[[str], None] | None = None,
     ) -> LLMResponse:
         profile = self.profile(model)
+        relay = _Relay(on_delta) if on_delta else None
         attempt = 0
         while True:
             try:
-                return self._call(profile, messages, tools, on_delta)
-            except RETRYABLE as err:
+                return self._call(profile, messages, tools, relay)
+            except LITELLM_ERRORS as err:
                 attempt += 1
-                if attempt > self.settings.max_retries:
-                    raise LLMError(str(err), user_message=_user_message(err)) from err
-                delay = retry_after(err) or random.uniform(0, self.settings.retry_base_delay * 2**attempt)
-                delay = min(delay, self.settings.retry_max_delay)
+                wait = retry_after(err)
+                if not retryable(err) or attempt > self.settings.max_retries or (relay and relay.sent) \
+                        or (wait or 0) > self.settings.retry_max_delay:  # streamed text would show twice
+                    raise LLMError(str(err), user_message=_user_message(err, wait)) from err
+                delay = wait or min(random.uniform(0, self.settings.retry_base_delay * 2**attempt),
+                                    self.settings.retry_max_delay)
                 log.warning("LLM call failed (%s); retry %d in %.1fs", type(err).__name__, attempt, delay)
                 time.sleep(delay)
-            except REFUSED as err:
-                raise LLMError(str(err), user_message=_user_message(err)) from err
             except Exception as err:  # a fault in the client itself: the turn ends with a reply, not a hang
                 log.exception("LLM call failed unexpectedly")
                 raise LLMError(f"{type(err).__name__}: {err}", user_message=_user_message(err)) from err
@@ -269,12 +287,12 @@ HINTS = {
 }
 
 
-def _user_message(err: Exception) -> str:
+def _user_message(err: Exception, wait: float | None = None) -> str:
     kind = type(err).__name__
-    if isinstance(err, RETRYABLE):
-        return ("Sorry, I couldn't get an answer from the language model right now "
-                f"({kind}). Please try again in a moment.")
-    if not isinstance(err, REFUSED):
+    if retryable(err):
+        when = f"in {wait:.0f} seconds" if wait else "in a moment"
+        return f"Sorry, I couldn't get an answer from the language model right now ({kind}). Please try again {when}."
+    if not isinstance(err, LITELLM_ERRORS):
         return f"Sorry, something went wrong calling the language model ({kind}); the logs say more."
     hint = HINTS.get(kind, "the request was refused; trying again will not help")
     return f"Sorry, the language model refused the request ({kind}): {hint}."

@@ -4,12 +4,13 @@ errors it maps, on both of litellm's paths (its own httpx handler, the default; 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import litellm
 import pytest
 
-from shared.llm import LLMClient, LLMError
+from shared.llm import LLMClient, LLMError, LLMResponse
 from shared.settings import LLMSettings
 from tests.fakes.llm import FakeLLM, Reply, default_handler
 from tests.support.processes import wait_until
@@ -42,14 +43,40 @@ def test_a_refused_request_is_not_retried(client: LLMClient, fake_llm: FakeLLM, 
     assert hint in err.value.user_message and fake_llm.calls() == 1
 
 
-def test_server_errors_are_retried_then_reported(client: LLMClient, fake_llm: FakeLLM) -> None:
-    answers = iter([Reply(status=503)])
+@pytest.mark.parametrize("status", [503, 520, 529])  # 520/529: a proxy's or an overloaded provider's
+def test_server_errors_are_retried_then_reported(client: LLMClient, fake_llm: FakeLLM, status: int) -> None:
+    answers = iter([Reply(status=status)])
     fake_llm.handler = lambda body: next(answers, None) or default_handler(body)
     assert client.complete(USER).content == "echo: hi" and fake_llm.calls() == 2
     fake_llm.handler = lambda body: Reply(status=500)
     with pytest.raises(LLMError) as err:
         client.complete(USER)
     assert "try again in a moment" in err.value.user_message
+
+
+def test_a_retry_after_beyond_the_longest_wait_is_reported_not_cut_short(client: LLMClient,
+                                                                         fake_llm: FakeLLM) -> None:
+    fake_llm.handler = lambda body: Reply(status=429, headers={"retry-after": "60"})
+    with pytest.raises(LLMError) as err:
+        client.complete(USER)
+    assert "try again in 60 seconds" in err.value.user_message and fake_llm.calls() == 1
+
+
+def test_a_stream_that_breaks_after_text_went_out_is_not_retried(client: LLMClient,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A retry would stream the same text again to every SSE reader."""
+    calls: list[str] = []
+
+    def broken(profile: object, messages: object, tools: object, on_delta: Callable[[str], None]) -> LLMResponse:
+        calls.append("call")
+        on_delta("Hello")
+        raise litellm.APIConnectionError("connection reset", llm_provider="openai", model="fake")
+
+    monkeypatch.setattr(client, "_call", broken)
+    shown: list[str] = []
+    with pytest.raises(LLMError):
+        client.complete(USER, on_delta=shown.append)
+    assert calls == ["call"] and shown == ["Hello"]
 
 
 def test_an_answer_the_client_cannot_read_is_a_reply_not_a_crash(client: LLMClient, fake_llm: FakeLLM) -> None:
