@@ -60,5 +60,5 @@ def configure_logging(*, level: str = "INFO", json: bool = True, secrets: Iterab
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("httpx", "httpcore", "LiteLLM", "litellm"):
+    for noisy in ("httpx", "httpx2", "httpcore", "LiteLLM", "litellm"):  # httpx2: the MCP SDK's client
         logging.getLogger(noisy).setLevel(logging.WARNING)

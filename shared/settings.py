@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from enum import StrEnum
 from functools import lru_cache
@@ -102,11 +104,23 @@ class MCPServer(BaseModel):
 
     command: str | None = None
     args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, SecretStr] = Field(default_factory=dict)  # tokens, mostly: kept out of logs and reprs
     cwd: str | None = None
-    url: str | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
+    url: SecretStr | None = None  # may carry a token in its query
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
     timeout: float = 30.0
+
+    def plain_env(self) -> dict[str, str] | None:
+        return {k: v.get_secret_value() for k, v in self.env.items()} or None
+
+    def plain_headers(self) -> dict[str, str] | None:
+        return {k: v.get_secret_value() for k, v in self.headers.items()} or None
+
+    def fingerprint(self) -> str:
+        """The whole configuration, secrets included, as a digest: equal for equal configurations."""
+        plain = {**self.model_dump(mode="json"), "env": self.plain_env(), "headers": self.plain_headers(),
+                 "url": self.url.get_secret_value() if self.url else None}
+        return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()
 
 
 class ToolsSettings(BaseModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,19 @@ def test_secrets_are_collected_for_redaction(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("NANOFLEET_CHANNELS__TELEGRAM__TOKEN", "123456:telegram-secret")
     monkeypatch.setenv("NANOFLEET_API_KEYS", '["api-key-secret"]')
     assert {"123456:telegram-secret", "api-key-secret"} <= set(load_settings().secrets())
+
+
+def test_mcp_server_tokens_are_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NANOFLEET_TOOLS__MCP_SERVERS", json.dumps({
+        "gh": {"command": "gh-mcp", "env": {"GITHUB_TOKEN": "ghp-env-secret"}},
+        "web": {"url": "https://mcp.example/mcp?access_token=url-secret",
+                "headers": {"Authorization": "Bearer hdr-secret"}},
+    }))
+    s = load_settings()
+    secrets = set(s.secrets())
+    assert {"ghp-env-secret", "Bearer hdr-secret", "https://mcp.example/mcp?access_token=url-secret"} <= secrets
+    assert not any(x in repr(s) for x in ("ghp-env-secret", "hdr-secret", "url-secret"))
+    assert s.tools.mcp_servers["gh"].plain_env() == {"GITHUB_TOKEN": "ghp-env-secret"}
 
 
 def test_a_price_needs_both_halves(monkeypatch: pytest.MonkeyPatch) -> None:

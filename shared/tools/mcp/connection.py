@@ -130,12 +130,12 @@ class MCPConnection:
     async def _open(self) -> AsyncIterator[Client]:
         cfg = self.config
         if cfg.command:
-            params = StdioServerParameters(command=cfg.command, args=cfg.args, env=cfg.env or None, cwd=cfg.cwd)
+            params = StdioServerParameters(command=cfg.command, args=cfg.args, env=cfg.plain_env(), cwd=cfg.cwd)
             async with Client(params) as client:
                 yield client
         elif cfg.url:
-            async with create_mcp_http_client(headers=cfg.headers or None) as http, \
-                    Client(streamable_http_client(cfg.url, http_client=http)) as client:
+            async with create_mcp_http_client(headers=cfg.plain_headers()) as http, \
+                    Client(streamable_http_client(cfg.url.get_secret_value(), http_client=http)) as client:
                 yield client
         else:
             raise ValueError(f"NANOFLEET_TOOLS__MCP_SERVERS__{self.name.upper()}: set command (stdio) or url (HTTP)")

@@ -26,7 +26,7 @@ def _connection(name: str, settings: Settings) -> MCPConnection:
     """This process's connection for server `name` as configured (a changed config is a new one)."""
     global _pid
     cfg = settings.tools.mcp_servers[name]
-    key = f"{name}:{cfg.model_dump_json()}:{settings.tools.mcp_connect_timeout}:{settings.tools.mcp_health_interval}"
+    key = f"{name}:{cfg.fingerprint()}:{settings.tools.mcp_connect_timeout}:{settings.tools.mcp_health_interval}"
     with _lock:
         if _pid != os.getpid():  # a forked child starts with no sessions of its own
             _connections.clear()
