@@ -210,12 +210,13 @@ class LLMClient:
             log.debug("LLM warm-up skipped: %s", err)
         self.count_tokens(messages)
 
-    def count_tokens(self, messages: list[dict[str, Any]], model: str | None = None) -> int:
-        """Prompt tokens for these messages (tool calls included), as the model would count."""
+    def count_tokens(self, messages: list[dict[str, Any]], model: str | None = None,
+                     tools: list[dict[str, Any]] | None = None) -> int:
+        """Prompt tokens for these messages (tool calls included) and tool schemas, as the model would count."""
         try:
-            return int(litellm.token_counter(model=self.profile(model).model, messages=messages))
+            return int(litellm.token_counter(model=self.profile(model).model, messages=messages, tools=tools or None))
         except Exception:  # unknown tokenizer: a safe over-estimate
-            return sum(len(json.dumps(m, default=str)) for m in messages) // 3
+            return sum(len(json.dumps(m, default=str)) for m in [*messages, *(tools or [])]) // 3
 
 
 def _parse(response: Any, model: str) -> LLMResponse:

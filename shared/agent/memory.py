@@ -76,18 +76,20 @@ def compact(rt: Runtime, conversation_id: str, *, everything: bool = False) -> b
         return True
 
 
-def fit(rt: Runtime, messages: list[dict[str, Any]], model: str | None) -> tuple[list[dict[str, Any]], bool]:
-    """Trim the history so the prompt fits the model's context window, tool calls counted.
-    Returns the messages and whether anything was cut (the `summarize` strategy then compacts)."""
+def fit(rt: Runtime, messages: list[dict[str, Any]], model: str | None,
+        tools: list[dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], bool]:
+    """Trim the history so the prompt fits the model's context window, tool calls and the tools'
+    schemas (sent with every call) counted. Returns the messages and whether anything was cut (the
+    `summarize` strategy then compacts)."""
     profile = rt.llm.profile(model)
     budget = profile.context_window - (profile.max_tokens or RESERVE_TOKENS)
-    if _bytes(messages) <= budget or rt.llm.count_tokens(messages, model) <= budget:
+    if _bytes(messages) + _bytes(tools or []) <= budget or rt.llm.count_tokens(messages, model, tools) <= budget:
         return messages, False
     head = [m for m in messages[:2] if m["role"] == "system"]
     body, tail = messages[len(head):-1], messages[-1:]
     if rt.settings.memory.context_strategy == "hard_trim":
         body = [_shorten(m) for m in body]
-    while len(body) > 1 and rt.llm.count_tokens(head + body + tail, model) > budget:
+    while len(body) > 1 and rt.llm.count_tokens(head + body + tail, model, tools) > budget:
         body.pop(0)
         while body and body[0]["role"] == "tool":  # never start with an orphan tool result
             body.pop(0)

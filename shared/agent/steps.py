@@ -69,18 +69,19 @@ def llm_step(rt: Runtime, run_id: str, seq: int) -> list[Next]:
             bounded = None
             if rt.settings.agent.mailbox_mode == "steer" or run.iteration == 0:
                 conversations.fold_mailbox(s, run.conversation_id, run.id)
-            messages, trimmed = memory.fit(rt, prompt.build(s, rt.settings, run), run.model)
+            tools = rt.tools.specs(exclude=SUBAGENT_EXCLUDED if run.kind == RunKind.SUBAGENT else ())
+            messages, trimmed = memory.fit(rt, prompt.build(s, rt.settings, run), run.model, tools)
     if bounded is not None:
         publish_final(rt, run)
         return bounded
     if seq == 0 and run.kind == RunKind.TURN and run.recoveries == 0:  # a recovered step's loop still runs
         rt.send_now(typing_loop(rt.settings, run.origin or {}, run.id))
     with lease.keeper(rt.settings.database_url, rt.settings.runtime.lease_seconds).hold(run_id, owner):
-        return _call(rt, run, seq, messages, trimmed)
+        return _call(rt, run, seq, messages, tools, trimmed)
 
 
-def _call(rt: Runtime, run: Run, seq: int, messages: list[dict[str, Any]], trimmed: bool) -> list[Next]:
-    tools = rt.tools.specs(exclude=SUBAGENT_EXCLUDED if run.kind == RunKind.SUBAGENT else ())
+def _call(rt: Runtime, run: Run, seq: int, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+          trimmed: bool) -> list[Next]:
     if seq == 0:
         rt.events.publish(run.conversation_id, events.RUN_STARTED, {"run_id": run.id, "kind": run.kind})
     rt.events.publish(run.conversation_id, events.STEP_STARTED, {"run_id": run.id, "seq": seq, "kind": "llm"})

@@ -39,6 +39,20 @@ def test_fit_trims_to_the_budget_without_orphans(strategy: str) -> None:
     assert fitted[-2]["content"] == "answer 19"  # the newest history survives
 
 
+def test_fit_counts_the_tool_schemas_sent_with_the_prompt() -> None:
+    """Tool definitions go with every call: a prompt that fits alone may not fit with them."""
+    rt = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini", "context_window": 6000, "max_tokens": 500}))
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": "does things " * 200,
+                                               "parameters": {"type": "object", "properties": {}}}}
+             for i in range(10)]
+    msgs = conversation(4)
+    alone = rt.llm.count_tokens(msgs)
+    assert alone <= 5500 < rt.llm.count_tokens(msgs, None, tools)
+    assert memory.fit(rt, msgs, None) == (msgs, False)
+    fitted, trimmed = memory.fit(rt, msgs, None, tools)
+    assert trimmed and rt.llm.count_tokens(fitted, None, tools) <= 5500
+
+
 def test_fit_leaves_a_small_prompt_alone() -> None:
     rt = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini", "context_window": 128_000}))
     msgs = conversation(2)
