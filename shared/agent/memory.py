@@ -10,6 +10,8 @@ from sqlalchemy import BigInteger, cast, func, text
 from sqlmodel import Session, col, select
 
 from shared.agent import prompt
+from shared.errors import Retryable
+from shared.llm import LLMError
 from shared.models import Message, MessageType, Role
 from shared.settings import MemorySettings
 
@@ -54,6 +56,8 @@ def compact(rt: Runtime, conversation_id: str, *, everything: bool = False) -> b
     """Summarise what the window no longer shows (or everything, for /new); True if it wrote one."""
     with rt.session() as s:
         if not s.execute(text("select pg_try_advisory_xact_lock(hashtext(:c))"), {"c": conversation_id}).scalar():
+            if everything:  # /new was promised: it runs after the automatic compaction holding the lock
+                raise Retryable("another compaction of this conversation is running", delay=2, max_retries=60)
             return False
         summary = prompt.latest_summary(s, conversation_id)
         rows = list(s.exec(_normal_after(s, conversation_id, prompt.covered(summary)).order_by(col(Message.seq))))
@@ -63,9 +67,15 @@ def compact(rt: Runtime, conversation_id: str, *, everything: bool = False) -> b
             return False
         transcript = "\n".join(f"{m.role.value}: {m.content[:TRIM_CHARS]}" for m in old if m.content)
         previous = f"Previous summary:\n{summary.content}\n" if summary else ""
-        response = rt.llm.complete(
-            [{"role": "user", "content": SUMMARY_PROMPT.format(previous=previous, transcript=transcript)}]
-        )
+        try:
+            response = rt.llm.complete(
+                [{"role": "user", "content": SUMMARY_PROMPT.format(previous=previous, transcript=transcript)}]
+            )
+        except LLMError as err:  # an automatic compaction comes again with the next turn; /new is retried
+            if everything:
+                raise Retryable(f"summary for /new: {err}", max_retries=5) from err
+            log.warning("compaction of %s failed: %s", conversation_id, err)
+            return False
         covers = old[-1].seq or 0
         if summary is None:
             summary = Message(conversation_id=conversation_id, role=Role.SYSTEM, type=MessageType.SUMMARY)

@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 import redis
+from sqlalchemy import text
 from sqlmodel import Session, select
 
 from shared.agent.events import stream_key
@@ -96,6 +97,28 @@ def test_new_summarises_and_starts_fresh(stack: Stack, api: Any, fake_llm: FakeL
     sent = fake_llm.requests[-1]["messages"]
     assert not any(m["content"] == "my name is Ada" for m in sent)  # a fresh session...
     assert any("Summary of the earlier conversation" in str(m["content"]) for m in sent)  # ...that remembers
+
+
+def test_new_waits_for_a_compaction_already_running(stack: Stack, api: Any) -> None:
+    """/new arriving while an automatic compaction holds the conversation's lock still resets it."""
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "my name is Ada"})
+    with get_engine(stack.settings.database_url).connect() as other:  # the running compaction
+        other.execute(text("select pg_advisory_xact_lock(hashtext(:c))"), {"c": cid})
+        api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "/new"})
+        wait_until(lambda: _retried(stack), timeout=30, message="the /new compaction to find the lock taken")
+        other.rollback()
+
+    def reset() -> Message | None:
+        with Session(get_engine(stack.settings.database_url)) as s:
+            found = s.exec(select(Message).where(Message.type == MessageType.SUMMARY)).first()
+            return found if found is not None and found.meta.get("reset") else None
+
+    wait_until(reset, timeout=30, message="the /new summary")
+
+
+def _retried(stack: Stack) -> bool:
+    return any("compaction of this conversation is running" in p.log() for p in stack.procs)
 
 
 def test_agent_command_runs_one_turn_in_process(stack: Stack) -> None:
