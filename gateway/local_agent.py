@@ -2,24 +2,36 @@
 
 from __future__ import annotations
 
+from sqlmodel import col, select
+
 from shared.agent import conversations
 from shared.agent.local import drain
+from shared.agent.recovery import sweep
 from shared.agent.runtime import Runtime
 from shared.agent.service import submit
 from shared.migrate import upgrade
-from shared.models import Run
+from shared.models import Run, RunKind
+from shared.scheduling import subagents
 from shared.settings import Settings
 
 
 def one_turn(settings: Settings, *, message: str, session: str, model: str | None = None) -> str:
+    """The answer to `message`, and the reports of any subagents it started (they run inline too)."""
     upgrade(settings.database_url)
     rt = Runtime.build(settings)
+    rt.finish_hooks["subagent"] = subagents.announce  # a subagent's report starts a turn, as in workers
     with rt.session() as s:
         conv = conversations.get_or_create(s, session_key=session, channel="cli", chat_id=session)
+    drain(rt, sweep(rt, conv.id))  # a turn an earlier `nanofleet agent` left behind when it died
+    with rt.session() as s:
         out = submit(rt, s, conv.id, message, origin={"channel": "api", "chat_id": session}, model=model)
     if out.reply is not None:
         return out.reply
     drain(rt, out.nexts)
     with rt.session() as s:
-        run = s.get(Run, out.run_id) if out.run_id else None
-        return (run.final_text or "") if run else "(your message is queued behind a running turn)"
+        first = s.get(Run, out.run_id) if out.run_id else None
+        if first is None:
+            return "(your message is queued behind a running turn)"
+        turns = s.exec(select(Run).where(Run.conversation_id == conv.id, Run.kind == RunKind.TURN,
+                                         col(Run.created_at) >= first.created_at).order_by(col(Run.created_at)))
+        return "\n\n".join(run.final_text or "" for run in turns)

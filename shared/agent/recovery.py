@@ -26,35 +26,31 @@ GAVE_UP = ("Sorry, I had to stop: the worker handling this request kept crashing
 EXTRA_SWEEPS: list[Callable[[Runtime], list[Next]]] = []
 
 
-def sweep(rt: Runtime) -> list[Next]:
-    """One pass; returns the tasks to enqueue."""
+def sweep(rt: Runtime, conversation_id: str | None = None) -> list[Next]:
+    """One pass (over one conversation only: `nanofleet agent` after a crash); returns the tasks to enqueue."""
     nexts: list[Next] = []
     ready: list[tuple[str, int]] = []  # tools phases whose calls all have results
     failed: list[Run] = []  # runs given up on: their step kept killing workers
     with rt.session() as s:
-        for run in _expired(s):
+        for run in _expired(s, conversation_id):
             nexts += _recover(rt, s, run, ready, failed)
     for run in failed:
         publish_final(rt, run)
     for run_id, step_seq in ready:
         nexts += steps.advance(rt, run_id, step_seq)
     with rt.session() as s:
-        nexts += _orphan_mailboxes(rt, s)
-    for extra in EXTRA_SWEEPS:
+        nexts += _orphan_mailboxes(rt, s, conversation_id)
+    for extra in EXTRA_SWEEPS if conversation_id is None else ():
         nexts += extra(rt)
     return nexts
 
 
-def _expired(s: Session) -> list[Run]:
-    return list(
-        s.exec(
-            select(Run)
-            .where(col(Run.status).in_((RunStatus.QUEUED, RunStatus.RUNNING)), col(Run.lease_until) < func.now())
-            .order_by(col(Run.lease_until))
-            .limit(BATCH)
-            .with_for_update(skip_locked=True)
-        )
-    )
+def _expired(s: Session, conversation_id: str | None) -> list[Run]:
+    query = select(Run).where(col(Run.status).in_((RunStatus.QUEUED, RunStatus.RUNNING)),
+                              col(Run.lease_until) < func.now())
+    if conversation_id is not None:
+        query = query.where(Run.conversation_id == conversation_id)
+    return list(s.exec(query.order_by(col(Run.lease_until)).limit(BATCH).with_for_update(skip_locked=True)))
 
 
 def _recover(rt: Runtime, s: Session, run: Run, ready: list[tuple[str, int]], failed: list[Run]) -> list[Next]:
@@ -110,14 +106,14 @@ def _interrupted(rt: Runtime, s: Session, call: ToolCall) -> None:
     s.add(call)
 
 
-def _orphan_mailboxes(rt: Runtime, s: Session) -> list[Next]:
+def _orphan_mailboxes(rt: Runtime, s: Session, conversation_id: str | None) -> list[Next]:
     """Messages waiting in a conversation with no active turn (a lost race or a crash) get one."""
-    ids = s.exec(
-        select(Conversation.id)
-        .where(col(Conversation.active_run_id).is_(None))
-        .where(col(Conversation.id).in_(select(Message.conversation_id).where(col(Message.pending).is_(True))))
-        .limit(BATCH)
-    ).all()
+    query = (select(Conversation.id)
+             .where(col(Conversation.active_run_id).is_(None))
+             .where(col(Conversation.id).in_(select(Message.conversation_id).where(col(Message.pending).is_(True)))))
+    if conversation_id is not None:
+        query = query.where(Conversation.id == conversation_id)
+    ids = s.exec(query.limit(BATCH)).all()
     nexts = []
     for cid in ids:
         first = conversations.pending_messages(s, cid)[0]

@@ -1,0 +1,53 @@
+"""`nanofleet agent` in-process: it finishes what a crashed earlier call left, and reports subagents."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from sqlmodel import select
+
+from gateway.local_agent import one_turn
+from shared.agent import conversations
+from shared.agent.runtime import Runtime
+from shared.agent.service import submit
+from shared.models import Run, RunKind, RunStatus, utcnow
+from shared.settings import Settings, load_settings
+from tests.fakes.llm import FakeLLM
+from tests.support.stack import clean_db
+
+
+def _settings(database_url: str, fake_llm: FakeLLM, workspace: Path) -> Settings:
+    return load_settings(database_url=database_url, workspace=workspace,
+                         llm={"model": "openai/fake-model", "api_base": fake_llm.url, "api_key": "sk-x"},
+                         tools={"allowed": ["time", "spawn"]})
+
+
+def test_a_turn_left_by_a_crashed_call_is_finished_first(database_url: str, fake_llm: FakeLLM,
+                                                         tmp_path: Path) -> None:
+    clean_db(database_url)
+    fake_llm.reset()
+    settings = _settings(database_url, fake_llm, tmp_path)
+    rt = Runtime.build(settings)
+    with rt.session() as s:  # an earlier call stored its message and run, then died before any step
+        conv = conversations.get_or_create(s, session_key="cli:t", channel="cli", chat_id="cli:t")
+        stale = submit(rt, s, conv.id, "first", origin={"channel": "api", "chat_id": "cli:t"})
+    with rt.session() as s:
+        run = s.get_one(Run, stale.run_id)
+        run.lease_until = utcnow() - timedelta(seconds=1)
+        s.add(run)
+    assert one_turn(settings, message="second", session="cli:t") == "echo: second"
+    with rt.session() as s:
+        assert s.get_one(Run, stale.run_id).final_text == "echo: first"
+
+
+def test_a_subagent_reports_before_the_call_returns(database_url: str, fake_llm: FakeLLM, tmp_path: Path) -> None:
+    clean_db(database_url)
+    fake_llm.reset()
+    settings = _settings(database_url, fake_llm, tmp_path)
+    answer = one_turn(settings, message='call:spawn {"task": "count the stars"}', session="cli:s")
+    # inline, the subagent ends before the turn's next step, which takes its report in (steer)
+    assert "subagent report" in answer and "echo: count the stars" in answer
+    with Runtime.build(settings).session() as s:
+        [child] = s.exec(select(Run).where(Run.kind == RunKind.SUBAGENT)).all()
+        assert child.status == RunStatus.SUCCEEDED and child.announced
