@@ -52,14 +52,15 @@ def list_outbox(
 
 
 @router.post("/{outbox_id}/retry", status_code=202, response_model=OutboxOut,
-             responses={404: {"description": "no such row"}, 409: {"description": "already delivered"}})
+             responses={404: {"description": "no such row"},
+                        409: {"description": "not a dead letter: delivered, or pending (maybe being sent)"}})
 def retry(outbox_id: str, s: SessionDep, state: StateDep) -> OutboxOut:
-    """Send a row again (and the later chunks of its reply): attempts start from zero."""
+    """Send a dead-lettered reply again from its first failed chunk: attempts start from zero."""
     row = s.get(Outbox, outbox_id, with_for_update=True)
     if row is None:
         raise HTTPException(404, f"no outbox row {outbox_id}")
-    if row.status == OutboxStatus.DELIVERED:
-        raise HTTPException(409, f"outbox row {outbox_id} was delivered")
+    if row.status != OutboxStatus.FAILED:  # resending a pending row could send it twice
+        raise HTTPException(409, f"outbox row {outbox_id} is {row.status.value}: only a failed row can be retried")
     nexts = delivery.retry(s, row)
     s.commit()
     state.dispatch(nexts)

@@ -7,7 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from shared.channels.text import format_chunks, plain_text
+from shared.channels.markdown import plain_text
+from shared.channels.text import format_chunks
 from shared.contracts import InboundMessage
 from shared.settings import ChannelBase, Settings
 

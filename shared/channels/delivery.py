@@ -3,12 +3,15 @@ backoff, dead letters, in-order chunks, redelivery of rows whose task was lost, 
 
 A row is claimed by a conditional UPDATE that pushes its next_attempt_at past the send (no other
 worker may take it until then), sent, and marked delivered with its platform message id in one
-UPDATE. Chunks of one reply go out in order: a chunk waits while the one before it is pending, and
-delivering chunk i enqueues chunk i+1. The only window that can duplicate a message is a worker
-dying between the platform's 200 and the mark-delivered UPDATE, or a send that timed out after the
-platform had accepted it; see docs/channels.md. A database that fails at that moment does not
-duplicate: the mark is retried while the claim lasts, and if it still fails a marker in Redis tells
-the next claimant the row went out.
+UPDATE. Chunks of one reply go out in order: a chunk waits while the one before it is pending (and
+is dead-lettered if that one failed), and delivering chunk i enqueues chunk i+1. A platform's 429
+is waited out without counting an attempt, up to THROTTLES_PER_ATTEMPT times MAX_ATTEMPTS throttles.
+
+The only window that can duplicate a message is a worker dying between the platform's 200 and the
+mark-delivered UPDATE, or a send that timed out after the platform had accepted it; see
+docs/channels.md. A database that fails at that moment does not duplicate: the mark is retried
+while the claim lasts, and if it still fails a marker in Redis tells the next claimant the row went
+out.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import func, text, update
+from sqlalchemy import func, text, type_coerce, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, col, select
 from tenacity import Retrying, retry_if_exception_type, stop_before_delay, wait_exponential
@@ -43,6 +47,8 @@ TYPING_ROUNDS = 40
 BATCH = 200
 SENT_TTL = 7 * 24 * 3600  # a "sent" marker outlives any retry or redelivery of its row
 CLAIM_MARGIN = 2.0  # stop retrying the mark this long before the claim lapses
+THROTTLES_PER_ATTEMPT = 10  # a platform may throttle a row ten times as often as it may fail it
+EARLIER_FAILED = "an earlier chunk of this reply failed"
 _channels: dict[tuple[str, int], Channel] = {}
 
 
@@ -72,10 +78,9 @@ def chunk_key(row: Outbox, offset: int) -> str:
 def deliver(rt: Runtime, outbox_id: str) -> list[Next]:
     """Send one row once; returns the delivery of the reply's next chunk. Raises Retryable to be
     run again later (rate limited, or a failure with attempts left)."""
-    with rt.session() as s:
-        row = s.get(Outbox, outbox_id)
-        if row is None or row.status != OutboxStatus.PENDING or _waits_for_previous(s, row):
-            return []
+    row = _due(rt, outbox_id)
+    if row is None:
+        return []
     claimed_at, claimed_before = time.monotonic(), row.next_attempt_at is not None
     if not _claim(rt, outbox_id):
         return _not_claimed(rt, outbox_id)
@@ -97,7 +102,7 @@ def deliver(rt: Runtime, outbox_id: str) -> list[Next]:
     except RateLimited as err:
         if buckets:
             limiter(rt.settings).penalize(buckets[0], err.retry_after)
-        return _failed(rt, row, f"rate limited by the platform: {err}", delay=err.retry_after)
+        return _throttled(rt, row, err)
     except Rejected as err:
         _dead(rt, row, str(err))
         return []
@@ -107,12 +112,20 @@ def deliver(rt: Runtime, outbox_id: str) -> list[Next]:
     return _next_chunk(rt, row)
 
 
-def _waits_for_previous(s: Session, row: Outbox) -> bool:
-    """Chunk i goes out only after chunk i-1; the delivery of i-1 enqueues i."""
-    if not int(row.meta.get("chunk", 0)):
-        return False
-    previous = s.exec(select(Outbox.status).where(Outbox.key == chunk_key(row, -1))).first()
-    return previous == OutboxStatus.PENDING
+def _due(rt: Runtime, outbox_id: str) -> Outbox | None:
+    """The row, if it is pending and its turn has come: chunk i goes out only after chunk i-1 was
+    delivered (whose delivery enqueues i). After a failed chunk i-1, sending i would show the reply
+    out of order, so i is dead-lettered too; a retry restarts the reply from its first failed chunk."""
+    with rt.session() as s:
+        row = s.get(Outbox, outbox_id)
+        if row is None or row.status != OutboxStatus.PENDING:
+            return None
+        previous = None
+        if int(row.meta.get("chunk", 0)):
+            previous = s.exec(select(Outbox.status).where(Outbox.key == chunk_key(row, -1))).first()
+    if previous == OutboxStatus.FAILED:
+        _dead(rt, row, EARLIER_FAILED)
+    return row if previous in (None, OutboxStatus.DELIVERED) else None
 
 
 def _claim(rt: Runtime, outbox_id: str) -> bool:
@@ -141,10 +154,15 @@ def _not_claimed(rt: Runtime, outbox_id: str) -> list[Next]:
     return []
 
 
-def _schedule(rt: Runtime, row: Outbox, delay: float, *, error: str | None = None, count: bool = False) -> None:
+def _schedule(rt: Runtime, row: Outbox, delay: float, *, error: str | None = None, count: bool = False,
+              meta: dict[str, Any] | None = None) -> None:
     values: dict[str, Any] = {"next_attempt_at": func.now() + timedelta(seconds=delay)}
+    if error is not None:
+        values["last_error"] = error
     if count:
-        values.update(attempts=col(Outbox.attempts) + 1, last_error=error)
+        values["attempts"] = col(Outbox.attempts) + 1
+    if meta is not None:
+        values["meta"] = meta
     with rt.session() as s:
         s.execute(update(Outbox).where(col(Outbox.id) == row.id).values(**values))
 
@@ -164,6 +182,19 @@ def _failed(rt: Runtime, row: Outbox, error: str, *, delay: float | None) -> lis
     raise Retryable(error, delay=delay, max_retries=UNBOUNDED)
 
 
+def _throttled(rt: Runtime, row: Outbox, err: RateLimited) -> list[Next]:
+    """The platform said 429: wait as it asks, without counting an attempt (ten throttles are not
+    ten failures). Throttles are counted apart, in the row's meta, so a platform that never stops
+    throttling still dead-letters the row after THROTTLES_PER_ATTEMPT times MAX_ATTEMPTS."""
+    throttles = int(row.meta.get("throttled", 0)) + 1
+    error = f"rate limited by the platform {throttles} times: {err}"
+    if throttles >= THROTTLES_PER_ATTEMPT * rt.settings.channels.delivery.max_attempts:
+        _dead(rt, row, error)
+        return []
+    _schedule(rt, row, err.retry_after, error=error, meta={**row.meta, "throttled": throttles})
+    raise Retryable(error, delay=err.retry_after, max_retries=UNBOUNDED)
+
+
 def _dead(rt: Runtime, row: Outbox, error: str, *, attempts: int | None = None) -> None:
     """Dead-letter the row, and the rest of its reply so nothing arrives out of order."""
     log.error("outbox %s (%s %s): giving up: %s", row.id, row.channel, row.chat_id, error)
@@ -175,7 +206,7 @@ def _dead(rt: Runtime, row: Outbox, error: str, *, attempts: int | None = None) 
         if later:
             s.execute(update(Outbox)
                       .where(col(Outbox.key).in_(later), col(Outbox.status) == OutboxStatus.PENDING)
-                      .values(status=OutboxStatus.FAILED, last_error="an earlier chunk of this reply failed"))
+                      .values(status=OutboxStatus.FAILED, last_error=EARLIER_FAILED))
 
 
 def _delivered(rt: Runtime, row: Outbox, result: SendResult, claimed_at: float) -> None:
@@ -217,14 +248,20 @@ def _next_chunk(rt: Runtime, row: Outbox) -> list[Next]:
 
 
 def retry(s: Session, row: Outbox) -> list[Next]:
-    """Send a dead-lettered row again, with the later chunks of its reply (in the caller's transaction)."""
-    later = [chunk_key(row, i) for i in range(1, int(row.meta.get("chunks", 1)) - int(row.meta.get("chunk", 0)))]
-    reset = {"status": OutboxStatus.PENDING, "attempts": 0, "next_attempt_at": None, "last_error": None}
-    s.execute(update(Outbox).where(col(Outbox.id) == row.id).values(**reset))
-    if later:
-        s.execute(update(Outbox).where(col(Outbox.key).in_(later), col(Outbox.status) == OutboxStatus.FAILED)
-                  .values(**reset))
-    return [Next(T_OUTBOUND_DELIVER, (row.id,))]
+    """Send a dead-lettered reply again from its first failed chunk, whichever chunk was asked for
+    (the list is newest first): its failed chunks go back to pending in the caller's transaction and
+    the first is enqueued; each delivery enqueues the next, so every chunk arrives once, in order.
+    Only failed rows change: a pending one may be in a worker's hands right now."""
+    keys = [f"{reply_prefix(row)}:{i}" for i in range(int(row.meta.get("chunks", 1)))]
+    reset = (update(Outbox).where(col(Outbox.key).in_(keys), col(Outbox.status) == OutboxStatus.FAILED)
+             .values(status=OutboxStatus.PENDING, attempts=0, next_attempt_at=None, last_error=None,
+                     meta=type_coerce(col(Outbox.meta), JSONB).delete_path(["throttled"]))
+             .returning(col(Outbox.id), col(Outbox.key)))
+    failed = s.execute(reset).all()
+    if not failed:
+        return []
+    first = min(failed, key=lambda r: int(r.key.rsplit(":", 1)[1]))
+    return [Next(T_OUTBOUND_DELIVER, (first.id,))]
 
 
 # Pending rows nobody touched for a while (their task was lost), whose previous chunk is not

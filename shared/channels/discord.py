@@ -1,6 +1,7 @@
 """Discord: interactions endpoint in (Ed25519 signature, PING -> PONG, a slash command such as /ask
-answered at once with a deferred response), the run's reply out by editing the original response
-(later chunks as follow-ups; a bot message in the channel once the interaction token expired)."""
+answered at once with a deferred response), replies out: the interaction's first reply edits the
+deferred response, everything else for it follows as follow-up messages (a bot message in the channel
+once the interaction token expired)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from nacl.exceptions import CryptoError
 from nacl.signing import VerifyKey
 
 from shared.channels.base import BaseChannel, Bucket, Parsed, Rejected, SendResult, WebhookError, json_object
-from shared.channels.clients import body, check, http
+from shared.channels.clients import body, check, http, redis_client
+from shared.channels.markdown import identity
 from shared.channels.signing import fresh
-from shared.channels.text import identity
+from shared.constants import KEY_CACHE
 from shared.contracts import InboundMessage
 from shared.settings import Settings
 
@@ -20,6 +22,7 @@ PING, APPLICATION_COMMAND = 1, 2
 PONG, CHANNEL_MESSAGE, DEFERRED = 1, 4, 5
 EPHEMERAL = 64
 NO_MENTIONS: dict[str, list[str]] = {"parse": []}  # a reply never pings @everyone or anyone else
+TOKEN_LIFETIME = 15 * 60  # an interaction token, and with it its @original and follow-ups
 
 
 def _ephemeral(text: str) -> dict[str, Any]:
@@ -95,16 +98,30 @@ class DiscordChannel(BaseChannel):
             return self._channel_message(chat_id, text, meta)
 
     def _interaction_reply(self, token: str, text: str, meta: dict[str, Any]) -> SendResult:
-        """Chunk 0 edits the deferred "thinking..." response; later chunks are follow-ups."""
+        """The interaction's first reply edits the deferred "thinking..." response; anything else
+        sent with its token (later chunks, a subagent's report, a cron firing or another `message`
+        that inherited the reply_meta) is a follow-up, so nothing overwrites an answer already read."""
         app = meta.get("application_id") or self.cfg.application_id
         url = f"{self.cfg.api_base.rstrip('/')}/webhooks/{app}/{token}"
         payload = {"content": text, "allowed_mentions": NO_MENTIONS}
         client = http(self.settings.channels.delivery.send_timeout)
-        if meta.get("chunk"):
-            response = client.post(url, params={"wait": "true"}, json=payload)
-        else:
+        if self._owns_original(token, meta):
             response = client.patch(f"{url}/messages/@original", json=payload)
+        else:
+            response = client.post(url, params={"wait": "true"}, json=payload)
         return self._result(response, "interaction response")
+
+    def _owns_original(self, token: str, meta: dict[str, Any]) -> bool:
+        """Whether this row is the interaction's first reply. The first chunk 0 to ask takes the
+        interaction (atomically, in Redis, for all workers); a resend of that same row still edits."""
+        if meta.get("chunk"):
+            return False
+        cache, row = redis_client(self.settings.redis_url), str(meta.get("outbox_id", ""))
+        key = f"{KEY_CACHE}discord:original:{token}"
+        if cache.set(key, row, nx=True, ex=TOKEN_LIFETIME):
+            return True
+        owner = cache.get(key)
+        return isinstance(owner, bytes) and owner.decode() == row
 
     def _channel_message(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
         """A bot message; the nonce makes Discord drop a repeat of the same outbox row."""

@@ -9,10 +9,11 @@ import hashlib
 import json
 from typing import Any, ClassVar
 
+import httpx
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from shared.channels.base import BaseChannel, Bucket, Parsed, SendResult, WebhookError, json_object
+from shared.channels.base import BaseChannel, Bucket, Parsed, RateLimited, SendResult, WebhookError, json_object
 from shared.channels.clients import PlatformError, body, check, http, redis_client, retry_after
 from shared.channels.signing import fresh, same
 from shared.constants import KEY_CACHE
@@ -22,6 +23,7 @@ from shared.settings import Settings
 MESSAGE_EVENT = "im.message.receive_v1"
 TOKEN_INVALID = {99991661, 99991663, 99991668}  # missing, invalid or expired tenant access token
 TOKEN_MARGIN = 300  # seconds before expiry a cached token is replaced
+THROTTLED = 99991400  # "request trigger frequency limit", answered with HTTP 400 rather than 429
 
 
 def decrypt(encrypted: str, key: str) -> bytes:
@@ -142,8 +144,7 @@ class FeishuChannel(BaseChannel):
         data = body(response)
         if _code(data) in TOKEN_INVALID:
             return data
-        reset = response.headers.get("x-ogw-ratelimit-reset")
-        check(response, what="feishu im/v1/messages", wait=float(reset) if reset and reset.isdigit() else None)
+        _check(response, data, what="feishu im/v1/messages")
         return data
 
     def tenant_token(self, *, fresh: bool = False) -> str:
@@ -157,8 +158,8 @@ class FeishuChannel(BaseChannel):
             f"{self.cfg.api_base.rstrip('/')}/auth/v3/tenant_access_token/internal",
             json={"app_id": self.cfg.app_id, "app_secret": self.secret("app_secret")},
         )
-        check(response, what="feishu tenant_access_token", wait=retry_after(response))
         data = body(response)
+        _check(response, data, what="feishu tenant_access_token")
         token = data.get("tenant_access_token")
         if _code(data) != 0 or not isinstance(token, str):
             raise PlatformError(f"feishu tenant_access_token: {data.get('code')} {data.get('msg')}")
@@ -174,6 +175,16 @@ def _text(content: object) -> str | None:
         return None
     text = data.get("text") if isinstance(data, dict) else None
     return text if isinstance(text, str) else None
+
+
+def _check(response: httpx.Response, data: dict[str, Any], *, what: str) -> None:
+    """check(), but Feishu's throttling (code 99991400, whatever the HTTP status) is RateLimited,
+    for as long as x-ogw-ratelimit-reset says."""
+    reset = response.headers.get("x-ogw-ratelimit-reset", "")
+    wait = float(reset) if reset.isdigit() else None
+    if _code(data) == THROTTLED:
+        raise RateLimited(wait if wait is not None else retry_after(response))
+    check(response, what=what, wait=wait)
 
 
 def _code(data: dict[str, Any]) -> int | None:

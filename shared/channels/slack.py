@@ -10,10 +10,13 @@ from slack_sdk.signature import SignatureVerifier
 
 from shared.channels.base import BaseChannel, Bucket, Parsed, Rejected, SendResult, WebhookError, json_object
 from shared.channels.clients import PlatformError, body, check, http
-from shared.channels.text import slack_mrkdwn
+from shared.channels.markdown import slack_mrkdwn
 from shared.contracts import InboundMessage
 from shared.settings import Settings
 
+# Message subtypes a person sends with text for us: a message with a file, a thread reply also sent to
+# the channel, /me. Every other subtype is an edit, a deletion, a join, a topic change, a bot's post...
+USER_SUBTYPES = {"file_share", "thread_broadcast", "me_message"}
 # Errors Slack reports with HTTP 200 and ok=false that go away on their own.
 TRANSIENT = {"internal_error", "fatal_error", "service_unavailable", "request_timeout", "ratelimited"}
 
@@ -57,14 +60,17 @@ class SlackChannel(BaseChannel):
         return Parsed(messages=[inbound] if inbound else [], event_id=event_id)
 
     def _inbound(self, event_id: str, event: dict[str, Any], bot_user: str | None) -> InboundMessage | None:
-        if event.get("bot_id") or event.get("subtype"):
-            return None  # our own posts (no loops), edits, joins
+        subtype = event.get("subtype")
+        if event.get("bot_id") or (subtype is not None and subtype not in USER_SUBTYPES):
+            return None  # bots' posts (ours too: no loops), edits, deletions, joins
         dm = event.get("type") == "message" and event.get("channel_type") == "im"
         if not (dm or event.get("type") == "app_mention"):
             return None  # channel messages also arrive as app_mention when they concern us
         text, channel, user, ts = event.get("text"), event.get("channel"), event.get("user"), event.get("ts")
         if not (isinstance(text, str) and isinstance(channel, str) and isinstance(user, str) and isinstance(ts, str)):
             raise WebhookError(400, "message event without text, channel, user or ts")
+        if not text.strip():
+            return None  # a file shared without a word: nothing to answer
         thread = event.get("thread_ts")
         if dm and not thread:  # a plain DM: the conversation is the DM itself
             session_key, reply_meta = f"slack:{channel}", {}

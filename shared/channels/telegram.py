@@ -9,14 +9,15 @@ from typing import Any, ClassVar
 
 from shared.channels.base import BaseChannel, Bucket, Parsed, Rejected, SendResult, WebhookError, json_object
 from shared.channels.clients import PlatformError, body, check, http
+from shared.channels.markdown import telegram_html
 from shared.channels.signing import same
-from shared.channels.text import telegram_html
 from shared.contracts import InboundMessage
 from shared.settings import Settings
 
 SECRET_HEADER = "x-telegram-bot-api-secret-token"
 GROUPS = ("group", "supergroup")
 QUOTE_CHARS = 500
+COMMAND = re.compile(r"/\w+(?:@(\w+))?(?![\w@])")  # /cmd or /cmd@bot_username
 
 
 class TelegramChannel(BaseChannel):
@@ -70,13 +71,17 @@ class TelegramChannel(BaseChannel):
         )
 
     def _addressed(self, msg: dict[str, Any], text: str) -> bool:
-        """In groups: a mention of the bot, a reply to it, or a command. With no bot_username set,
-        Telegram's privacy mode already sends the bot only those."""
+        """In groups: a mention of the bot, a reply to it, or a command for it (`/cmd`, or
+        `/cmd@<our username>`: `/start@otherbot` is another bot's and would cost a turn). With no
+        bot_username set, Telegram's privacy mode already sends the bot only those."""
         username = (self.cfg.bot_username or "").lstrip("@").lower()
         if not username:
             return True
         replied = ((msg.get("reply_to_message") or {}).get("from") or {}).get("username") or ""
-        return f"@{username}" in text.lower() or replied.lower() == username or text.startswith("/")
+        command = COMMAND.match(text)
+        ours = command is not None and (command.group(1) or username).lower() == username
+        mentioned = re.search(rf"@{re.escape(username)}\b", text, flags=re.IGNORECASE) is not None
+        return mentioned or replied.lower() == username or ours
 
     def _strip_mention(self, text: str) -> str:
         username = (self.cfg.bot_username or "").lstrip("@")

@@ -1,10 +1,10 @@
-"""Formatting and chunking shared by the platform modules: split markdown under a limit at
-paragraph, line, sentence boundaries (closing and reopening a code fence cut in two), and convert
-markdown to Telegram HTML, Slack mrkdwn or plain text."""
+"""Chunking shared by the platform modules: split markdown under a limit at paragraph, line,
+sentence boundaries, closing and reopening a code block cut in two. Fences follow CommonMark:
+``` or ~~~ (three or more), closed only by the same character, at least as long, with no info
+string. Conversion to each platform's markup lives in shared/channels/markdown.py."""
 
 from __future__ import annotations
 
-import html
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,22 +12,61 @@ from dataclasses import dataclass
 Formatter = Callable[[str], str]
 
 FENCE = "```"
-CLOSE_LEN = len("\n" + FENCE)  # the most a fence closer added at a cut takes
 MIN_LIMIT = 16
+# A longer run of ` or ~ is not taken as a fence: closing and reopening one must fit in MIN_LIMIT
+# with room for content (nobody writes a seven-backtick fence).
+MAX_FENCE = 6
 _SENTENCE = re.compile("[.!?][\"')\\]]*[ \t]+|[\u3002\uff01\uff1f]")  # ". " and CJK full stops
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A fence line: its character (` or ~), its length, its info string (language) and the line."""
+
+    char: str
+    size: int
+    info: str
+    line: str
+
+    @property
+    def marker(self) -> str:
+        return self.char * self.size
+
+    def closed_by(self, line: str) -> bool:
+        """The same character, at least as long, nothing after it but spaces."""
+        other = fence_of(line)
+        return other is not None and other.char == self.char and other.size >= self.size and not other.info
+
+
+def fence_of(line: str) -> Fence | None:
+    """The fence `line` is, or None (a backtick fence's info string holds no backtick)."""
+    stripped = line.strip()
+    char = stripped[:1]
+    if char not in ("`", "~"):
+        return None
+    size = len(stripped) - len(stripped.lstrip(char))
+    info = stripped[size:].strip()
+    if not 3 <= size <= MAX_FENCE or (char == "`" and "`" in info):
+        return None
+    return Fence(char, size, info, stripped)
 
 
 def is_fence(line: str) -> bool:
     """A line that opens or closes a code block."""
-    return line.lstrip().startswith(FENCE)
+    return fence_of(line) is not None
 
 
-def open_fence(text: str) -> str | None:
-    """The opening line of the code block still open at the end of `text`, or None."""
-    opener: str | None = None
+def step(opener: Fence | None, line: str) -> Fence | None:
+    """The block open after `line`, given the one open before it."""
+    if opener is None:
+        return fence_of(line)
+    return None if opener.closed_by(line) else opener
+
+
+def open_fence(text: str, opener: Fence | None = None) -> Fence | None:
+    """The opener of the code block still open at the end of `text`, or None."""
     for line in text.split("\n"):
-        if is_fence(line):
-            opener = None if opener is not None else line.strip()
+        opener = step(opener, line)
     return opener
 
 
@@ -53,32 +92,41 @@ def split_text(text: str, limit: int) -> list[Piece]:
         reopen = _reopen(opener, limit)
         rest = text[pos:]
         room = limit - len(reopen)
-        fits = len(rest) <= room - CLOSE_LEN or (len(rest) <= room and open_fence(reopen + rest) is None)
-        body = rest if fits else rest[: _cut(rest[: room - CLOSE_LEN], inside=opener is not None)]
+        closing = _closing_room(opener, rest[:room])
+        fits = len(rest) <= room - closing or (len(rest) <= room and open_fence(reopen + rest) is None)
+        body = rest if fits else rest[: _cut(rest[: room - closing], opener)]
         opener = open_fence(reopen + body)
-        close = ("" if body.endswith("\n") else "\n") + FENCE if opener is not None else ""
+        close = ("" if body.endswith("\n") else "\n") + opener.marker if opener is not None else ""
         pieces.append(Piece(body, reopen, close))
         pos += len(body)
     return pieces
 
 
-def _reopen(opener: str | None, limit: int) -> str:
+def _reopen(opener: Fence | None, limit: int) -> str:
     if opener is None:
         return ""
-    return opener + "\n" if len(opener) < limit // 4 else FENCE + "\n"
+    return opener.line + "\n" if len(opener.line) < limit // 4 else opener.marker + "\n"
 
 
-def _cut(window: str, *, inside: bool) -> int:
+def _closing_room(opener: Fence | None, window: str) -> int:
+    """The most a closer added at a cut in `window` can take: a newline and the longest fence that
+    can be open there (the one open now, or one a line of the window opens)."""
+    sizes = [len(FENCE), opener.size if opener else 0]
+    for line in window.split("\n"):
+        stripped = line.lstrip()
+        if stripped[:1] in ("`", "~"):
+            sizes.append(min(MAX_FENCE, len(stripped) - len(stripped.lstrip(stripped[0]))))
+    return 1 + max(sizes)
+
+
+def _cut(window: str, opener: Fence | None) -> int:
     """Where to end a piece within `window`: paragraph, then line, sentence, word, hard."""
-    para = line = 0
-    outside = not inside
-    offset = 0
+    para = line = offset = 0
     for raw in window.split("\n")[:-1]:
         offset += len(raw) + 1
-        if is_fence(raw):
-            outside = not outside
+        opener = step(opener, raw)
         line = offset
-        if outside and (not raw.strip() or is_fence(raw)):
+        if opener is None and (not raw.strip() or is_fence(raw)):
             para = offset
     sentence = max((m.end() for m in _SENTENCE.finditer(window)), default=0)
     word = window.rfind(" ") + 1
@@ -124,148 +172,3 @@ def _fit(markdown: str, limit: int, split_at: int, fmt: Formatter) -> list[str]:
 
 def _visible(markdown: str) -> bool:
     return any(line.strip() and not is_fence(line) for line in markdown.split("\n"))
-
-
-# --------------------------------------------------------------------------- markdown conversion
-
-
-@dataclass(frozen=True)
-class Segment:
-    """Prose, or a fenced code block (`lang` from its opener)."""
-
-    text: str
-    code: bool = False
-    lang: str = ""
-
-
-def segments(markdown: str) -> list[Segment]:
-    out: list[Segment] = []
-    buf: list[str] = []
-    lang: str | None = None
-    for line in markdown.split("\n"):
-        if not is_fence(line):
-            buf.append(line)
-            continue
-        if lang is None:
-            if buf:
-                out.append(Segment("\n".join(buf)))
-            lang = re.sub(r"[^\w+#.-]", "", line.strip()[3:])[:20]
-        else:
-            out.append(Segment("\n".join(buf), code=True, lang=lang))
-            lang = None
-        buf = []
-    if lang is not None:
-        out.append(Segment("\n".join(buf), code=True, lang=lang))
-    elif buf:
-        out.append(Segment("\n".join(buf)))
-    return out
-
-
-_INLINE_CODE = re.compile(r"(`[^`\n]+`)")
-_HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
-_BULLET = re.compile(r"^([ \t]*)[-*+][ \t]+", re.M)
-_BOLD = re.compile(r"\*\*(?=\S)([^<>\n]+?)(?<=\S)\*\*|__(?=\S)([^<>\n]+?)(?<=\S)__")
-_ITALIC = re.compile(
-    r"(?<![\w*])\*(?=[^\s*])([^*<>\n]+?)(?<=\S)\*(?![\w*])"  # *italic*, not **bold** nor 2*3*4
-    r"|(?<![\w_])_(?=\S)([^_<>\n]+?)(?<=\S)_(?!\w)"  # _italic_, not snake_case
-)
-_STRIKE = re.compile(r"~~(?=\S)([^~<>\n]+?)(?<=\S)~~")
-_LINK = re.compile(r"\[([^\]\n]+)\]\((https?://[^)\s\"]+)\)")
-_TAG = re.compile(r"<(/?)(b|i|s|code|pre|a)\b[^>]*>")
-
-
-def _either(m: re.Match[str]) -> str:
-    return m.group(1) if m.group(1) is not None else m.group(2)
-
-
-def _prose(text: str, code: Callable[[str], str], rest: Callable[[str], str]) -> str:
-    """Apply `rest` to everything but inline code spans, which get `code`."""
-    parts = _INLINE_CODE.split(text)
-    return "".join(code(p[1:-1]) if i % 2 else rest(p) for i, p in enumerate(parts))
-
-
-def _no_new_fences(text: str, convert: Callable[[str], str], keep: Callable[[str], str]) -> str:
-    """Convert line by line; a line that conversion would turn into a fence (`**```**` -> ```` ``` ````)
-    keeps its source form instead, so fences stay balanced."""
-    out = []
-    for line in text.split("\n"):
-        new = convert(line)
-        out.append(keep(line) if is_fence(new) else new)
-    return "\n".join(out)
-
-
-def _escape(text: str) -> str:
-    return html.escape(text, quote=False)
-
-
-def _html_inline(text: str) -> str:
-    text = _HEADING.sub(r"<b>\1</b>", _BULLET.sub(r"\1• ", _escape(text)))
-    text = _BOLD.sub(lambda m: f"<b>{_either(m)}</b>", text)
-    text = _ITALIC.sub(lambda m: f"<i>{_either(m)}</i>", text)
-    text = _STRIKE.sub(r"<s>\1</s>", text)
-    return _LINK.sub(r'<a href="\2">\1</a>', text)
-
-
-def _balanced(markup: str) -> bool:
-    stack: list[str] = []
-    for m in _TAG.finditer(markup):
-        if not m.group(1):
-            stack.append(m.group(2))
-        elif not stack or stack.pop() != m.group(2):
-            return False
-    return not stack
-
-
-def telegram_html(markdown: str) -> str:
-    """Markdown as Telegram's HTML parse mode: escaped, tags always properly nested."""
-
-    def block(seg: Segment, inline: Callable[[str], str]) -> str:
-        if not seg.code:
-            return _prose(seg.text, lambda c: f"<code>{_escape(c)}</code>", inline)
-        attr = f' class="language-{seg.lang}"' if seg.lang else ""
-        return f"<pre><code{attr}>{_escape(seg.text)}</code></pre>"
-
-    parts = segments(markdown)
-    rich = "\n".join(block(seg, _html_inline) for seg in parts)
-    return rich if _balanced(rich) else "\n".join(block(seg, _escape) for seg in parts)
-
-
-def _slack_inline(text: str) -> str:
-    text = _BULLET.sub(r"\1• ", _escape(text))
-    text = _ITALIC.sub(lambda m: f"_{_either(m)}_", text)
-    text = _BOLD.sub(lambda m: f"*{_either(m)}*", text)
-    text = _HEADING.sub(r"*\1*", text)
-    text = _STRIKE.sub(r"~\1~", text)
-    return _LINK.sub(r"<\2|\1>", text)
-
-
-def slack_mrkdwn(markdown: str) -> str:
-    """Markdown as Slack mrkdwn: *bold*, _italic_, ~strike~, <url|text>, &, < and > escaped."""
-    return "\n".join(
-        f"{FENCE}\n{_escape(seg.text)}\n{FENCE}" if seg.code
-        else _no_new_fences(seg.text, lambda s: _prose(s, lambda c: f"`{_escape(c)}`", _slack_inline), _escape)
-        for seg in segments(markdown)
-    )
-
-
-def _plain_inline(text: str) -> str:
-    text = _HEADING.sub(r"\1", _BULLET.sub(r"\1• ", text))
-    text = _BOLD.sub(_either, text)
-    text = _ITALIC.sub(_either, text)
-    text = _STRIKE.sub(r"\1", text)
-    return _LINK.sub(r"\1 (\2)", text)
-
-
-def plain_text(markdown: str) -> str:
-    """Markdown without its markup (headings, emphasis, links as "text (url)"); code blocks keep
-    their fences, which WhatsApp shows as monospace."""
-    return "\n".join(
-        f"{FENCE}\n{seg.text}\n{FENCE}" if seg.code
-        else _no_new_fences(seg.text, lambda s: _prose(s, lambda c: f"`{c}`", _plain_inline), lambda s: s)
-        for seg in segments(markdown)
-    )
-
-
-def identity(markdown: str) -> str:
-    """For platforms that render markdown themselves (Discord)."""
-    return markdown

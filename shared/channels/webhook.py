@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 
 from shared.channels.base import BaseChannel, Parsed, SendResult, WebhookError, json_object
 from shared.channels.clients import body, check, http
+from shared.channels.markdown import identity
 from shared.channels.signing import fresh, hmac_hex, same
-from shared.channels.text import identity
 from shared.contracts import InboundMessage
 from shared.settings import Settings
 

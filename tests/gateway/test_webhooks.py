@@ -99,7 +99,7 @@ def test_a_429_is_retried_and_the_reply_delivered_once(channels: ChannelStack, n
     channels.settled(chat)
     assert d.replies(chat) == [f"echo: {text}"]
     assert [c.status for c in channels.fakes[name].arrived(chat)] == [429, 200]
-    assert channels.scalar("select attempts from outbox where chat_id = :c", c=chat) == 1
+    assert channels.scalar("select attempts from outbox where chat_id = :c", c=chat) == 0  # throttled, not failed
 
 
 # --------------------------------------------------------------------------- platform specifics
@@ -158,6 +158,19 @@ def test_feishu_encrypted_url_verification_and_a_cached_refreshed_tenant_token(c
     channels.settled(chat, rows=3)
     assert d.replies(chat) == ["echo: one", "echo: two", "echo: three"]
     assert feishu.token_calls() == 2
+
+
+def test_feishu_throttling_answered_as_http_400_is_retried(channels: ChannelStack) -> None:
+    """Feishu says "too many requests" with HTTP 400 and code 99991400, not with a 429."""
+    feishu, d = channels.fakes["feishu"], channels.driver("feishu")
+    feishu.script("im.message.create", 400, {"code": 99991400, "msg": "request trigger frequency limit"},
+                  headers={"x-ogw-ratelimit-reset": "0"}, times=2)
+    chat, text = d.new_chat(), marker()
+    channels.post("feishu", d.request(chat=chat, text=text))
+    channels.settled(chat)
+    assert d.replies(chat) == [f"echo: {text}"]
+    assert [c.status for c in feishu.arrived(chat)] == [400, 400, 200]
+    assert channels.scalar("select attempts from outbox where chat_id = :c", c=chat) == 0
 
 
 def test_discord_ping_and_the_deferred_flow(channels: ChannelStack) -> None:

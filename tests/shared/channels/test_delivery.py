@@ -20,7 +20,7 @@ from shared.channels.discord import DiscordChannel
 from shared.channels.telegram import TelegramChannel
 from shared.constants import KEY_SENT, T_OUTBOUND_DELIVER
 from shared.db import get_engine
-from shared.models import Outbox
+from shared.models import Outbox, OutboxStatus
 from shared.queueing import Producer, make_celery
 from tests.fakes.llm import FakeLLM, Reply
 from tests.support.platforms import ChannelStack
@@ -43,9 +43,10 @@ def reply_with(fake_llm: FakeLLM, text: str) -> None:
     fake_llm.handler = lambda body: Reply(text=text)
 
 
-def insert_row(channels: ChannelStack, *, channel: str, chat: str, content: str, **fields: Any) -> str:
-    row = Outbox(key=f"test:{uuid.uuid4().hex}:0", channel=channel, chat_id=chat, content=content,
-                 meta={"chunk": 0, "chunks": 1}, **fields)
+def insert_row(channels: ChannelStack, *, channel: str, chat: str, content: str, key: str | None = None,
+               meta: dict[str, Any] | None = None, **fields: Any) -> str:
+    row = Outbox(key=key or f"test:{uuid.uuid4().hex}:0", channel=channel, chat_id=chat, content=content,
+                 meta={"chunk": 0, "chunks": 1, **(meta or {})}, **fields)
     with Session(get_engine(channels.database_url)) as s:
         s.add(row)
         s.commit()
@@ -87,6 +88,115 @@ def test_a_dead_letter_is_listed_and_resent_in_order(channels: ChannelStack, fak
     assert channels.api.get("/api/v1/outbox", params={"status": "failed"}).json() == []
     assert channels.api.post(f"/api/v1/outbox/{first['id']}/retry").status_code == 409
     assert channels.api.post("/api/v1/outbox/nope/retry").status_code == 404
+
+
+def test_dead_letters_resent_in_the_listed_order_arrive_in_order(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    """The list is newest first, so an operator retrying down it asks for the last chunk first:
+    the reply restarts from its first failed chunk, and each chunk still arrives once, in order."""
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    text = "\n\n".join(f"Part {n}. " + " ".join(f"w{n}x{i}" for i in range(500)) for n in range(3))
+    expected = TelegramChannel(channels.stack.settings).chunks(text)
+    assert len(expected) == 3
+    reply_with(fake_llm, text)
+    tg.script("sendMessage", 200, {"ok": True, "result": {"message_id": 1}})
+    tg.script("sendMessage", 403, {"ok": False, "error_code": 403, "description": "Forbidden: bot was blocked"})
+    chat = d.new_chat()
+    channels.post("telegram", d.request(chat=chat, text="go"))
+    channels.settled(chat, rows=3)
+    failed = channels.api.get("/api/v1/outbox", params={"status": "failed"}).json()
+    assert [r["meta"]["chunk"] for r in failed] == [2, 1]
+    codes = []
+    for row in failed:
+        codes.append(channels.api.post(f"/api/v1/outbox/{row['id']}/retry").status_code)
+        channels.settled(chat, rows=3)
+    assert codes == [202, 409]  # the first retry took the whole rest of the reply
+    assert d.replies(chat) == expected
+
+
+def test_a_chunk_whose_previous_chunk_failed_is_not_sent(channels: ChannelStack) -> None:
+    chat, prefix = f"room-{uuid.uuid4().hex[:8]}", f"test:{uuid.uuid4().hex}"
+    first = insert_row(channels, channel="webhook", chat=chat, content="one", key=f"{prefix}:0",
+                       meta={"chunks": 2}, status=OutboxStatus.FAILED)
+    second = insert_row(channels, channel="webhook", chat=chat, content="two", key=f"{prefix}:1",
+                        meta={"chunk": 1, "chunks": 2})
+    Producer(make_celery(channels.stack.settings)).send(T_OUTBOUND_DELIVER, second)
+    channels.settled(chat, rows=2)
+    assert channels.driver("webhook").replies(chat) == []
+    assert channels.scalar("select status from outbox where id = :i", i=second) == "failed"
+    assert channels.api.post(f"/api/v1/outbox/{second}/retry").status_code == 202
+    channels.settled(chat, rows=2)
+    assert channels.driver("webhook").replies(chat) == ["one", "two"]
+    assert channels.scalar("select status from outbox where id = :i", i=first) == "delivered"
+
+
+def test_retrying_a_row_that_is_being_sent_is_refused(channels: ChannelStack) -> None:
+    slack = channels.fakes["slack"]
+    slack.delay = 1.0
+    chat = f"C{uuid.uuid4().hex[:8]}"
+    row = insert_row(channels, channel="slack", chat=chat, content="only once")
+    Producer(make_celery(channels.stack.settings)).send(T_OUTBOUND_DELIVER, row)
+    wait_until(lambda: slack.arrived(chat), message="the send to reach Slack")
+    r = channels.api.post(f"/api/v1/outbox/{row}/retry")
+    assert r.status_code == 409 and "pending" in r.json()["detail"]
+    channels.settled(chat)
+    assert [c.body["text"] for c in slack.arrived(chat)] == ["only once"]
+
+
+def test_a_discord_interaction_shows_its_first_reply_and_later_ones_follow(channels: ChannelStack) -> None:
+    """The /ask reply replaces "thinking..."; a report that inherited the interaction's reply_meta
+    (a subagent's, a cron job's, another `message` call's) follows it instead of overwriting it, and
+    once the token is gone goes to the channel as a bot message."""
+    discord, d = channels.fakes["discord"], channels.driver("discord")
+    producer = Producer(make_celery(channels.stack.settings))
+    chat = d.new_chat()
+    payload = discord.command(channel=chat, user=d.allowed, text="question", interaction_id=uuid.uuid4().hex)
+    channels.post("discord", discord.signed(payload))
+    channels.settled(chat)
+    meta = {"interaction_token": payload["token"], "application_id": discord.application_id}
+    producer.send(T_OUTBOUND_DELIVER, insert_row(channels, channel="discord", chat=chat, content="report", meta=meta))
+    channels.settled(chat, rows=2)
+    del discord.interactions[payload["token"]]  # the token expired
+    producer.send(T_OUTBOUND_DELIVER, insert_row(channels, channel="discord", chat=chat, content="later", meta=meta))
+    channels.settled(chat, rows=3)
+    assert [(c.op, c.body["content"]) for c in discord.sent()] == [  # sent(chat) maps calls by live tokens
+        ("edit_original", "echo: question"), ("followup", "report"), ("channel_message", "later")]
+
+
+def test_of_two_replies_sent_at_once_for_an_interaction_one_replaces_thinking(channels: ChannelStack) -> None:
+    discord, d = channels.fakes["discord"], channels.driver("discord")
+    producer = Producer(make_celery(channels.stack.settings))
+    chat = d.new_chat()
+    token = discord.command(channel=chat, user=d.allowed, text="q", interaction_id=uuid.uuid4().hex)["token"]
+    meta = {"interaction_token": token, "application_id": discord.application_id}
+    rows = [insert_row(channels, channel="discord", chat=chat, content=f"note {n}", meta=meta) for n in range(4)]
+    for row in rows:
+        producer.send(T_OUTBOUND_DELIVER, row)
+    channels.settled(chat, rows=4)
+    assert sorted(c.op for c in discord.sent(chat)) == ["edit_original"] + ["followup"] * 3
+
+
+def test_throttling_is_not_a_failed_attempt_but_is_bounded(channels: ChannelStack) -> None:
+    """MAX_ATTEMPTS is 3 here: five 429s in a row still deliver; a platform that never stops
+    throttling dead-letters the row after ten times as many."""
+    receiver = channels.fakes["webhook"]
+
+    def throttle(times: int) -> None:
+        receiver.script("callback", 429, {"error": "slow down"}, headers={"Retry-After": "0"}, times=times)
+
+    producer = Producer(make_celery(channels.stack.settings))
+    chat, stuck = f"room-{uuid.uuid4().hex[:8]}", f"room-{uuid.uuid4().hex[:8]}"
+    throttle(5)
+    producer.send(T_OUTBOUND_DELIVER, insert_row(channels, channel="webhook", chat=chat, content="patience"))
+    channels.settled(chat)
+    assert [c.status for c in receiver.arrived(chat)] == [429] * 5 + [200]
+    assert channels.scalar("select attempts from outbox where chat_id = :c", c=chat) == 0
+    throttle(100)
+    row = insert_row(channels, channel="webhook", chat=stuck, content="never")
+    producer.send(T_OUTBOUND_DELIVER, row)
+    channels.settled(stuck)
+    assert len(receiver.arrived(stuck)) == 30 and receiver.sent(stuck) == []
+    failed = channels.api.get("/api/v1/outbox", params={"status": "failed"}).json()
+    assert [(r["id"], r["attempts"]) for r in failed] == [(row, 0)] and "30 times" in failed[0]["lastError"]
 
 
 def test_a_refusal_is_dead_lettered_at_once(channels: ChannelStack) -> None:

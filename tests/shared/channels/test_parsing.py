@@ -153,3 +153,37 @@ def test_channel_secrets_that_look_like_placeholders_are_refused(monkeypatch: py
 def test_a_channel_is_on_only_with_its_secrets() -> None:
     ch = TelegramChannel(Settings(channels={"telegram": {"token": "1:t"}}))
     assert not ch.enabled() and ch.missing() == ["NANOFLEET_CHANNELS__TELEGRAM__WEBHOOK_SECRET"]
+
+
+def test_telegram_groups_take_only_commands_for_this_bot() -> None:
+    tg, ch = FakeTelegram("1:t", "s"), TelegramChannel(S)
+
+    def taken(text: str) -> list[str]:
+        update = tg.update(chat=-7, sender=1, text=text, chat_type="supergroup")
+        return [m.content for m in ch.parse({}, body(update)).messages]
+
+    assert taken("/start@otherbot") == [] and taken("/help@other_bot please") == []
+    assert taken("/start@nanofleet_botx") == [] and taken("hello @nanofleet_bot2") == []
+    assert taken("/help") == ["/help"] and taken("/new@NanoFleet_Bot") == ["/new"] and taken("/help.") == ["/help."]
+    assert taken("/ask@nanofleet_bot why?") == ["/ask why?"]
+    assert taken("/start@otherbot and you too @nanofleet_bot") == ["/start@otherbot and you too"]
+
+
+def test_slack_keeps_user_messages_with_a_subtype_and_drops_the_rest() -> None:
+    sl, ch = FakeSlack("x", "s"), SlackChannel(S)
+    dm_file = sl.event(channel="D1", user="U1", text="what is in this file?", event_id="Ev1", kind="message",
+                       subtype="file_share", files=[{"id": "F1", "name": "report.pdf"}])
+    assert [m.content for m in ch.parse({}, body(dm_file)).messages] == ["what is in this file?"]
+    broadcast = sl.event(channel="D1", user="U1", text="also in the channel", event_id="Ev2", kind="message",
+                         subtype="thread_broadcast", thread_ts="1.5")
+    [msg] = ch.parse({}, body(broadcast)).messages
+    assert (msg.content, msg.reply_meta) == ("also in the channel", {"thread_ts": "1.5"})
+    for subtype in ("bot_message", "message_changed", "message_deleted", "channel_join", "channel_leave",
+                    "channel_topic", "pinned_item"):
+        dropped = sl.event(channel="D1", user="U1", text="x", event_id="Ev3", kind="message", subtype=subtype)
+        assert ch.parse({}, body(dropped)).messages == [], subtype
+    only_a_file = sl.event(channel="D1", user="U1", text="", event_id="Ev4", kind="message", subtype="file_share")
+    assert ch.parse({}, body(only_a_file)).messages == []  # nothing to answer
+    own = sl.event(channel="D1", user="U1", text="x", event_id="Ev5", kind="message", subtype="file_share",
+                   bot_id="B1")
+    assert ch.parse({}, body(own)).messages == []

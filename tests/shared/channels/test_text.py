@@ -3,6 +3,7 @@ the limit, fences balanced in every piece; Telegram HTML always parses) and exam
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -11,19 +12,10 @@ from hypothesis import strategies as st
 
 from shared.channels.discord import DiscordChannel
 from shared.channels.feishu import FeishuChannel
+from shared.channels.markdown import identity, plain_text, slack_mrkdwn, telegram_html
 from shared.channels.slack import SlackChannel
 from shared.channels.telegram import TelegramChannel
-from shared.channels.text import (
-    FENCE,
-    format_chunks,
-    identity,
-    is_fence,
-    open_fence,
-    plain_text,
-    slack_mrkdwn,
-    split_text,
-    telegram_html,
-)
+from shared.channels.text import fence_of, format_chunks, is_fence, open_fence, split_text
 from shared.channels.webhook import WebhookChannel
 from shared.channels.whatsapp import WhatsAppChannel
 from shared.settings import Settings
@@ -31,7 +23,8 @@ from tests.fakes.telegram import parse_entities
 
 FRAGMENTS = ["\n", "\n\n", ". ", "! ", " ", "```python\n", "```\n", "```", "``", "**", "*", "_", "__", "~~", "`",
              "<", ">", "&", "&amp;", "# ", "- ", "* ", "[link](https://example.com/a?b=1&c=2)", "。", "é", "😀",
-             "```" + "x" * 40 + "\n"]
+             "```" + "x" * 40 + "\n", "~~~\n", "~~~", "~~~~python\n", "````\n", "````", "~~~~~~~~\n",
+             "https://x.io/__init__.py", "[w](https://w.org/A_(b))", "https://x.io/a_b_."]
 markdown = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=40)), max_size=60).map("".join)
 FORMATS = {"telegram": telegram_html, "slack": slack_mrkdwn, "plain": plain_text, "identity": identity}
 
@@ -49,7 +42,8 @@ def test_pieces_rejoin_fit_and_keep_fences_balanced(text: str, limit: int) -> No
         assert p.body and len(str(p)) <= limit
         assert balanced(str(p))
         assert p.reopen == "" or (is_fence(p.reopen) and p.reopen.endswith("\n") and p.reopen.count("\n") == 1)
-        assert p.close in ("", FENCE, "\n" + FENCE)
+        closer = fence_of(p.close.lstrip("\n"))
+        assert p.close == "" or (closer is not None and not closer.info and p.close.count("\n") <= 1)
 
 
 @settings(max_examples=300, deadline=None)
@@ -126,3 +120,83 @@ def test_whitespace_only_pieces_are_dropped() -> None:
     for text in ("hi" + " " * 60 + "there", "a\n\n\n\n\n\n\n\nb" * 10):
         chunks = format_chunks(text, 16, identity)
         assert chunks and not any(re.fullmatch(r"\s*", c) for c in chunks)
+
+
+# --------------------------------------------------------------------------- links and bare URLs
+
+URL_CHARS = st.sampled_from(["_", "__", "*", "**", "~~", "a", "b1", "-", ".", "/", "?x=1&y=2", "#frag", "(c)"])
+urls = st.lists(URL_CHARS, min_size=1, max_size=12).map(lambda parts: "https://ex.io/" + "".join(parts) + "z")
+
+
+@settings(max_examples=200, deadline=None)
+@given(url=urls, around=st.sampled_from(["{}", "see {} now", "**see {}**", "_{}_", "({})", "- {}", "# {}"]))
+def test_bare_urls_survive_every_format(url: str, around: str) -> None:
+    text = around.format(url)
+    assert url in plain_text(text)
+    assert url.replace("&", "&amp;") in slack_mrkdwn(text)
+    assert url.replace("&", "&amp;") in telegram_html(text)
+    assert parse_entities(telegram_html(text))[1] is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(url=urls, label=st.sampled_from(["docs", "the **spec**", "a_b_c"]))
+def test_link_targets_are_never_rewritten(url: str, label: str) -> None:
+    text = f"read [{label}]({url}) and **this**"
+    assert f'href="{url.replace("&", "&amp;")}"' in telegram_html(text)
+    assert f"<{url.replace('&', '&amp;')}|" in slack_mrkdwn(text)
+    assert f"({url})" in plain_text(text)
+    assert "<b>this</b>" in telegram_html(text)
+
+
+def test_urls_keep_their_underscores_and_parentheses() -> None:
+    text = "see https://x.io/pkg/__init__.py and [Foo](https://en.wikipedia.org/wiki/Foo_(bar)), **ok**"
+    assert telegram_html(text) == ('see https://x.io/pkg/__init__.py and '
+                                   '<a href="https://en.wikipedia.org/wiki/Foo_(bar)">Foo</a>, <b>ok</b>')
+    assert slack_mrkdwn(text) == ("see https://x.io/pkg/__init__.py and "
+                                  "<https://en.wikipedia.org/wiki/Foo_(bar)|Foo>, *ok*")
+    assert plain_text(text) == "see https://x.io/pkg/__init__.py and Foo (https://en.wikipedia.org/wiki/Foo_(bar)), ok"
+    assert telegram_html("(at https://x.io/a_b_.)") == "(at https://x.io/a_b_.)"  # trailing punctuation is prose
+
+
+def test_a_url_with_emphasis_marks_does_not_cost_the_line_its_formatting() -> None:
+    assert telegram_html("[x](https://x.io/a**b**c) is **bold**\n*it*") == (
+        '<a href="https://x.io/a**b**c">x</a> is <b>bold</b>\n<i>it</i>')
+
+
+# --------------------------------------------------------------------------- ~~~ and longer fences
+
+
+def test_tilde_and_long_fences_are_code_blocks() -> None:
+    assert telegram_html("~~~\n**x** _y_\n~~~") == "<pre><code>**x** _y_</code></pre>"
+    nested = "````md\n```python\nx = 1\n```\n**not bold**\n````\n**bold**"
+    assert telegram_html(nested) == ('<pre><code class="language-md">```python\nx = 1\n```\n**not bold**</code></pre>'
+                                     "\n<b>bold</b>")
+    assert telegram_html("~~~\n```\n**x**\n~~~") == "<pre><code>```\n**x**</code></pre>"  # ``` does not close ~~~
+    assert telegram_html("```\n~~~\n**x**\n```") == "<pre><code>~~~\n**x**</code></pre>"
+    assert telegram_html("```\n``\n```python\n**x**\n```") == "<pre><code>``\n```python\n**x**</code></pre>"
+    assert plain_text("~~~sh\nls *.py\n~~~") == "```\nls *.py\n```"  # WhatsApp knows ``` only
+    assert slack_mrkdwn("~~~\n```\nx\n~~~") == "~~~\n```\nx\n~~~"  # ``` would end it early: keep its own fence
+    assert open_fence("~~~\nx\n```") is not None and open_fence("````\nx\n```\n````") is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(code=markdown, fence=st.sampled_from(["```", "~~~", "````", "~~~~~"]), lang=st.sampled_from(["", "python"]))
+def test_code_inside_any_fence_is_never_converted(code: str, fence: str, lang: str) -> None:
+    code = "\n".join(line for line in code.split("\n") if not is_fence(line))  # a fence line would end it
+    block = f"{fence}{lang}\n{code}\n{fence}"
+    attr = f' class="language-{lang}"' if lang else ""
+    assert telegram_html(block) == f"<pre><code{attr}>{html.escape(code, quote=False)}</code></pre>"
+    assert "\n".join(plain_text(block).split("\n")[1:-1]) == code
+
+
+def test_a_long_tilde_block_is_closed_and_reopened_and_never_converted() -> None:
+    code = "\n".join(f"**line {i}** _x_ ~~y~~" for i in range(40))
+    text = f"Intro\n\n~~~python\n{code}\n~~~\nAfter **b**"
+    pieces = [str(p) for p in split_text(text, 120)]
+    assert len(pieces) > 3
+    assert pieces[0].startswith("Intro\n\n~~~python\n") and pieces[0].endswith("\n~~~")
+    assert all(p.startswith("~~~python\n") for p in pieces[1:])
+    assert all(balanced(p) for p in pieces)
+    html_chunks = format_chunks(text, 300, telegram_html)
+    assert "".join(html_chunks).count("<b>") == 1  # only "After **b**": nothing inside the block
+    assert all(c.startswith("<pre>") for c in html_chunks[1:-1])

@@ -1,0 +1,218 @@
+"""Markdown converted to what each platform renders: Telegram HTML, Slack mrkdwn, plain text.
+
+Code blocks are found with the chunker's fence rules (shared/channels/text.py). On a line of prose,
+inline code, [text](url) links and bare URLs are set aside behind placeholders before any emphasis
+pass runs, so `https://x/pkg/__init__.py` keeps its underscores and a link target is never rewritten.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shared.channels.text import FENCE, Fence, fence_of, is_fence
+
+Convert = Callable[[str], str]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Prose, or a fenced code block (`fence` is its opener)."""
+
+    text: str
+    fence: Fence | None = None
+
+    @property
+    def lang(self) -> str:
+        words = self.fence.info.split() if self.fence else []
+        return re.sub(r"[^\w+#.-]", "", words[0])[:20] if words else ""
+
+
+def segments(markdown: str) -> list[Segment]:
+    out: list[Segment] = []
+    buf: list[str] = []
+    opener: Fence | None = None
+    for line in markdown.split("\n"):
+        if opener is None and (fence := fence_of(line)) is not None:
+            if buf:
+                out.append(Segment("\n".join(buf)))
+            opener, buf = fence, []
+        elif opener is not None and opener.closed_by(line):
+            out.append(Segment("\n".join(buf), opener))
+            opener, buf = None, []
+        else:
+            buf.append(line)
+    if opener is not None or buf:
+        out.append(Segment("\n".join(buf), opener))
+    return out
+
+
+def _code_fence(seg: Segment) -> str:
+    """``` (all Slack and WhatsApp know) unless a line of the block would end it early; then the
+    block's own fence, which no line inside it closes."""
+    plain = Fence("`", 3, "", FENCE)
+    if seg.fence is None or not any(plain.closed_by(line) for line in seg.text.split("\n")):
+        return FENCE
+    return seg.fence.marker
+
+
+# --------------------------------------------------------------------------- spans kept whole
+
+_URL = r"https?://(?:[^\s()<>\"`]|\([^\s()<>\"`]*\))+"  # parentheses only in balanced pairs
+_SPAN = re.compile(rf"(?P<code>`[^`\n]+`)|\[(?P<label>[^\]\n]+)\]\((?P<target>{_URL})\)|(?P<url>{_URL})")
+_TRAILING = ".,:;!?*_~'"  # ends a sentence or emphasis, not the URL (as GitHub's autolinks)
+_PRIVATE_USE = range(0xE000, 0xF900)
+
+
+@dataclass(frozen=True)
+class Spans:
+    """How a platform writes inline code, a link and a bare URL."""
+
+    code: Convert
+    link: Callable[[str, str], str]  # (label, url)
+    url: Convert
+
+
+def _inline(line: str, spans: Spans, prose: Convert) -> str:
+    """Convert a line of prose: spans go behind placeholders, `prose` runs on the rest, spans come back."""
+    mark = next(chr(c) for c in _PRIVATE_USE if chr(c) not in line)  # a character the line lacks
+    kept: list[str] = []
+
+    def hide(m: re.Match[str]) -> str:
+        tail = ""
+        if m["code"]:
+            kept.append(spans.code(m["code"][1:-1]))
+        elif m["target"]:
+            kept.append(spans.link(m["label"], m["target"]))
+        else:
+            url = m["url"].rstrip(_TRAILING)
+            kept.append(spans.url(url))
+            tail = m["url"][len(url) :]
+        return f"{mark}{len(kept) - 1}{mark}{tail}"
+
+    converted = prose(_SPAN.sub(hide, line))
+    return re.sub(f"{mark}([0-9]+){mark}", lambda m: kept[int(m[1])], converted)
+
+
+def _lines(text: str, convert: Convert, keep: Convert) -> str:
+    """Convert line by line; a line that conversion would turn into a fence (`**```**` -> ```` ``` ````)
+    keeps its source form instead, so fences stay balanced."""
+    out = []
+    for line in text.split("\n"):
+        new = convert(line)
+        out.append(keep(line) if is_fence(new) else new)
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- emphasis
+
+_HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
+_BULLET = re.compile(r"^([ \t]*)[-*+][ \t]+", re.M)
+_BOLD = re.compile(r"\*\*(?=\S)([^<>\n]+?)(?<=\S)\*\*|__(?=\S)([^<>\n]+?)(?<=\S)__")
+_ITALIC = re.compile(
+    r"(?<![\w*])\*(?=[^\s*])([^*<>\n]+?)(?<=\S)\*(?![\w*])"  # *italic*, not **bold** nor 2*3*4
+    r"|(?<![\w_])_(?=\S)([^_<>\n]+?)(?<=\S)_(?!\w)"  # _italic_, not snake_case
+)
+_STRIKE = re.compile(r"~~(?=\S)([^~<>\n]+?)(?<=\S)~~")
+_TAG = re.compile(r"<(/?)(b|i|s|code|pre|a)\b[^>]*>")
+
+
+def _either(m: re.Match[str]) -> str:
+    return m.group(1) if m.group(1) is not None else m.group(2)
+
+
+def _escape(text: str) -> str:
+    return html.escape(text, quote=False)
+
+
+# --------------------------------------------------------------------------- Telegram
+
+_TELEGRAM = Spans(code=lambda c: f"<code>{_escape(c)}</code>",
+                  link=lambda label, url: f'<a href="{html.escape(url)}">{_escape(label)}</a>', url=_escape)
+
+
+def _html_emphasis(text: str) -> str:
+    text = _HEADING.sub(r"<b>\1</b>", _BULLET.sub(r"\1• ", _escape(text)))
+    text = _BOLD.sub(lambda m: f"<b>{_either(m)}</b>", text)
+    text = _ITALIC.sub(lambda m: f"<i>{_either(m)}</i>", text)
+    return _STRIKE.sub(r"<s>\1</s>", text)
+
+
+def _balanced(markup: str) -> bool:
+    stack: list[str] = []
+    for m in _TAG.finditer(markup):
+        if not m.group(1):
+            stack.append(m.group(2))
+        elif not stack or stack.pop() != m.group(2):
+            return False
+    return not stack
+
+
+def _telegram_line(line: str) -> str:
+    """A line of prose as HTML; if its emphasis would not nest, that line alone goes without it."""
+    rich = _inline(line, _TELEGRAM, _html_emphasis)
+    return rich if _balanced(rich) else _inline(line, _TELEGRAM, _escape)
+
+
+def telegram_html(markdown: str) -> str:
+    """Markdown as Telegram's HTML parse mode: escaped, tags always properly nested."""
+    out = []
+    for seg in segments(markdown):
+        if seg.fence is None:
+            out.append("\n".join(_telegram_line(line) for line in seg.text.split("\n")))
+        else:
+            attr = f' class="language-{seg.lang}"' if seg.lang else ""
+            out.append(f"<pre><code{attr}>{_escape(seg.text)}</code></pre>")
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- Slack
+
+_SLACK = Spans(code=lambda c: f"`{_escape(c)}`", link=lambda label, url: f"<{_escape(url)}|{_escape(label)}>",
+               url=_escape)
+
+
+def _slack_emphasis(text: str) -> str:
+    text = _BULLET.sub(r"\1• ", _escape(text))
+    text = _ITALIC.sub(lambda m: f"_{_either(m)}_", text)
+    text = _BOLD.sub(lambda m: f"*{_either(m)}*", text)
+    text = _HEADING.sub(r"*\1*", text)
+    return _STRIKE.sub(r"~\1~", text)
+
+
+def slack_mrkdwn(markdown: str) -> str:
+    """Markdown as Slack mrkdwn: *bold*, _italic_, ~strike~, <url|text>, &, < and > escaped."""
+    return "\n".join(
+        f"{_code_fence(seg)}\n{_escape(seg.text)}\n{_code_fence(seg)}" if seg.fence
+        else _lines(seg.text, lambda s: _inline(s, _SLACK, _slack_emphasis), _escape)
+        for seg in segments(markdown)
+    )
+
+
+# --------------------------------------------------------------------------- plain text
+
+_PLAIN = Spans(code=lambda c: f"`{c}`", link=lambda label, url: f"{label} ({url})", url=lambda url: url)
+
+
+def _plain_emphasis(text: str) -> str:
+    text = _HEADING.sub(r"\1", _BULLET.sub(r"\1• ", text))
+    text = _BOLD.sub(_either, text)
+    text = _ITALIC.sub(_either, text)
+    return _STRIKE.sub(r"\1", text)
+
+
+def plain_text(markdown: str) -> str:
+    """Markdown without its markup (headings, emphasis, links as "text (url)"); code blocks keep
+    their fences, which WhatsApp shows as monospace."""
+    return "\n".join(
+        f"{_code_fence(seg)}\n{seg.text}\n{_code_fence(seg)}" if seg.fence
+        else _lines(seg.text, lambda s: _inline(s, _PLAIN, _plain_emphasis), lambda s: s)
+        for seg in segments(markdown)
+    )
+
+
+def identity(markdown: str) -> str:
+    """For platforms that render markdown themselves (Discord)."""
+    return markdown
