@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -12,6 +11,7 @@ from sqlmodel import Session
 
 from gateway.state import AppState
 from shared.agent.runtime import Runtime
+from shared.channels.signing import same
 from shared.db import get_engine
 from shared.settings import Settings
 
@@ -43,7 +43,8 @@ def require_key(
     """Bearer API keys; with none configured the API is closed."""
     keys = [k.get_secret_value() for k in state.settings.api_keys]
     given = creds.credentials if creds else ""
-    if not keys or not any(hmac.compare_digest(given, k) for k in keys):
+    # `same` compares UTF-8 bytes: compare_digest on str raises for non-ASCII, a 500 instead of a 401
+    if not keys or not any(same(given, k) for k in keys):
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             "missing or invalid API key" if keys else "no API keys configured (set NANOFLEET_API_KEYS)",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,10 +20,29 @@ import yaml
 
 from shared.settings import Settings
 
+log = logging.getLogger(__name__)
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 SKILL_FILE = "SKILL.md"
 META_KEYS = ("nanobot", "openclaw", "clawdbot")  # where nanobot-family tools nest their metadata
 MAX_SKILL_CHARS = 20_000
+MAX_FILE_BYTES = 256_000  # read no more of a SKILL.md: the body is cut at MAX_SKILL_CHARS anyway
+MAX_FRONT_MATTER_CHARS = 16_000
+MAX_NAME_CHARS = 100
+MAX_DESCRIPTION_CHARS = 500  # every LLM step carries it in the system prompt
+
+
+class BadSkill(ValueError):
+    """A SKILL.md that is not used: oversized or hostile front matter, a name or description that is
+    not text."""
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """safe_load without aliases: a few hundred bytes of nested aliases expand to gigabytes."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            raise BadSkill("front matter uses a YAML alias (*name), which skills do not allow")
+        return super().compose_node(parent, index)
 
 
 @dataclass
@@ -47,7 +67,7 @@ class Skill:
 
     def body(self) -> str:
         """The instructions without the front matter."""
-        return split_front_matter(self.file.read_text(errors="replace"))[1][:MAX_SKILL_CHARS].strip()
+        return _split(_read(self.file))[1][:MAX_SKILL_CHARS].strip()
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "source": self.source, "path": self.location,
@@ -55,18 +75,42 @@ class Skill:
                 "reason": f"missing {', '.join(self.missing)}" if self.missing else None}
 
 
-def split_front_matter(text: str) -> tuple[dict[str, Any], str]:
-    """(front matter, body); no or unreadable front matter gives an empty mapping."""
+def _read(file: Path) -> str:
+    with file.open("rb") as fh:
+        return fh.read(MAX_FILE_BYTES).decode(errors="replace")
+
+
+def _split(text: str) -> tuple[str | None, str]:
+    """(raw front matter, body); no front matter gives None and the whole text."""
     if not text.startswith("---"):
-        return {}, text
+        return None, text
     head, sep, body = text[3:].partition("\n---")
     if not sep:
-        return {}, text
+        return None, text
+    return head, body.partition("\n")[2]
+
+
+def parse_front_matter(head: str) -> dict[str, Any]:
+    """The front matter as a mapping ({} when it is not valid YAML or not a mapping); BadSkill when it
+    is too long or uses aliases."""
+    if len(head) > MAX_FRONT_MATTER_CHARS:
+        raise BadSkill(f"front matter is longer than {MAX_FRONT_MATTER_CHARS} characters")
     try:
-        data = yaml.safe_load(head)
+        data = yaml.load(head, Loader=_NoAliasLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError:
-        return {}, body.partition("\n")[2]
-    return (data if isinstance(data, dict) else {}), body.partition("\n")[2]
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def split_front_matter(text: str) -> tuple[dict[str, Any], str]:
+    """(front matter, body); no, unreadable or refused front matter gives an empty mapping."""
+    head, body = _split(text)
+    if head is None:
+        return {}, body
+    try:
+        return parse_front_matter(head), body
+    except BadSkill:
+        return {}, body
 
 
 def _as_mapping(value: Any) -> dict[str, Any]:
@@ -102,12 +146,24 @@ def missing_requirements(meta: dict[str, Any], settings: Settings) -> list[str]:
     return missing
 
 
+def _text(front: dict[str, Any], key: str, limit: int) -> str:
+    """A front matter string, whitespace folded and cut at `limit`; BadSkill for anything but text."""
+    value = front.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BadSkill(f"'{key}' must be text, not {type(value).__name__}")
+    return " ".join(value[:limit * 2].split())[:limit]
+
+
 def read_skill(file: Path, source: str, settings: Settings) -> Skill:
-    front, _ = split_front_matter(file.read_text(errors="replace"))
+    """The skill in `file`; raises BadSkill or OSError for one that cannot be used."""
+    head, _ = _split(_read(file))
+    front = parse_front_matter(head) if head is not None else {}
     meta = skill_metadata(front)
     return Skill(
-        name=str(front.get("name") or file.parent.name),
-        description=" ".join(str(front.get("description") or "").split()),
+        name=_text(front, "name", MAX_NAME_CHARS) or file.parent.name,
+        description=_text(front, "description", MAX_DESCRIPTION_CHARS),
         file=file,
         source=source,
         always=bool(meta.get("always") or front.get("always")),
@@ -116,9 +172,17 @@ def read_skill(file: Path, source: str, settings: Settings) -> Skill:
 
 
 def _scan(root: Path, source: str, settings: Settings) -> list[Skill]:
+    """The usable skills under `root`; a bad one is left out with a warning, never failing the list."""
     if not root.is_dir():
         return []
-    return [read_skill(f, source, settings) for f in sorted(root.glob(f"*/{SKILL_FILE}")) if f.is_file()]
+    skills = []
+    for file in sorted(root.glob(f"*/{SKILL_FILE}")):
+        try:
+            if file.is_file():
+                skills.append(read_skill(file, source, settings))
+        except (BadSkill, OSError) as err:
+            log.warning("skill %s skipped: %s", file, err)
+    return skills
 
 
 def load_skills(settings: Settings) -> list[Skill]:
@@ -142,8 +206,14 @@ _sections: dict[tuple[object, ...], str] = {}
 
 def _identities(root: Path) -> tuple[tuple[str, int, int], ...]:
     """(path, mtime, size) of every skill file under `root`."""
-    files = sorted(root.glob(f"*/{SKILL_FILE}")) if root.is_dir() else []
-    return tuple((str(f), (st := f.stat()).st_mtime_ns, st.st_size) for f in files)
+    found = []
+    for file in sorted(root.glob(f"*/{SKILL_FILE}")) if root.is_dir() else []:
+        try:
+            st = file.stat()
+        except OSError:  # a dangling link, or removed since the glob: _scan skips it too
+            continue
+        found.append((str(file), st.st_mtime_ns, st.st_size))
+    return tuple(found)
 
 
 @functools.cache

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import time
 from difflib import SequenceMatcher
 
 from pydantic import BaseModel, Field
 
 from shared.settings import Permission
 from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
-from shared.tools.workspace import OutsideWorkspace, display, resolve
+from shared.tools.workspace import NotAFile, OutsideWorkspace, display, open_file, resolve
 
 MAX_HINT_LINES = 20_000  # a longer file gets no closest-match hint, only the error
+MAX_HINT_NEEDLE = 1_000  # characters: ratio() grows faster than quadratically with the needle
+HINT_SECONDS = 2.0  # the search for a hint stops here and offers the best window found so far
 MAX_FILE_BYTES = 5_000_000
 
 
@@ -22,13 +27,20 @@ class EditFileArgs(BaseModel):
 
 
 def closest_match(text: str, needle: str) -> tuple[int, str] | None:
-    """(1-based line, snippet) of the window of lines most like `needle`, if anything is similar."""
+    """(1-based line, snippet) of the window of lines most like `needle`, if anything is similar.
+
+    Bounded (needle size, file lines, a deadline) because a near-miss on a big file is otherwise
+    minutes of CPU, and the caller cannot cancel the thread it runs in.
+    """
     lines = text.splitlines()
-    if not lines or len(lines) > MAX_HINT_LINES:
+    if not lines or len(lines) > MAX_HINT_LINES or len(needle) > MAX_HINT_NEEDLE:
         return None
     width = max(1, len(needle.splitlines()))
     best: tuple[float, int] = (0.0, 0)
+    deadline = time.monotonic() + HINT_SECONDS
     for i in range(max(1, len(lines) - width + 1)):
+        if time.monotonic() > deadline:
+            break
         window = "\n".join(lines[i:i + width])
         matcher = SequenceMatcher(None, window, needle, autojunk=False)
         if matcher.real_quick_ratio() <= best[0] or matcher.quick_ratio() <= best[0]:
@@ -41,8 +53,8 @@ def closest_match(text: str, needle: str) -> tuple[int, str] | None:
     return best[1] + 1, "\n".join(lines[best[1]:best[1] + width])
 
 
-def _miss(path: str, text: str, needle: str) -> ToolResult:
-    hint = closest_match(text, needle)
+async def _miss(path: str, text: str, needle: str) -> ToolResult:
+    hint = await asyncio.to_thread(closest_match, text, needle)  # CPU-bound: keep the tool loop free
     message = f"old_text was not found in {path}"
     if hint:
         message += f"; the closest match starts at line {hint[0]}:\n{hint[1]}"
@@ -62,19 +74,26 @@ class EditFileTool(Tool):
     async def run(self, args: EditFileArgs, ctx: ToolContext) -> ToolResult:
         try:
             target = resolve(ctx.workspace, args.path)
+            with open_file(ctx.workspace, target, "r+b") as fh:
+                if os.fstat(fh.fileno()).st_size > MAX_FILE_BYTES:
+                    return ToolResult.fail(ErrorCode.TOO_LARGE,
+                                           f"{args.path} is larger than {MAX_FILE_BYTES} bytes")
+                text = fh.read().decode("utf-8", errors="replace")
+                count = text.count(args.old_text)
+                if count == 1 or (count > 1 and args.replace_all):
+                    fh.seek(0)  # the same fd that was read: no second open to race against
+                    fh.write(text.replace(args.old_text, args.new_text).encode())
+                    fh.truncate()
         except OutsideWorkspace as err:
             return err.result()
-        if not target.is_file():
+        except (FileNotFoundError, NotADirectoryError, NotAFile):
             return ToolResult.fail(ErrorCode.NOT_FOUND, f"no such file: {args.path}")
-        if target.stat().st_size > MAX_FILE_BYTES:
-            return ToolResult.fail(ErrorCode.TOO_LARGE, f"{args.path} is larger than {MAX_FILE_BYTES} bytes")
-        text = target.read_text(encoding="utf-8", errors="replace")
-        count = text.count(args.old_text)
+        except OSError as err:
+            return ToolResult.fail(ErrorCode.FAILED, f"cannot edit {args.path}: {err.strerror or err}")
         if count == 0:
-            return _miss(args.path, text, args.old_text)
+            return await _miss(args.path, text, args.old_text)
         if count > 1 and not args.replace_all:
             return ToolResult.fail(ErrorCode.INVALID_ARGS, f"old_text occurs {count} times in {args.path}; "
                                    "add surrounding text to make it unique, or set replace_all")
-        target.write_text(text.replace(args.old_text, args.new_text), encoding="utf-8")
         return ToolResult.success(f"replaced {count} occurrence{'s' if count > 1 else ''} in "
                                   f"{display(ctx.workspace, target)}")

@@ -1,16 +1,23 @@
 """`exec`: a shell command in the workspace, in its own process group, with a timeout that kills
-the whole group, capped output, a minimal environment and, under root, an unprivileged user."""
+the whole group, capped output, a minimal environment and, under root, an unprivileged user.
+While calls run the worker is a child subreaper (Linux), so what a command leaves behind, even
+through `setsid`, is reparented to the worker, then found, killed and reaped when the call ends."""
 
 from __future__ import annotations
 
 import asyncio
 import codecs
 import contextlib
+import ctypes
+import functools
 import logging
 import os
 import pwd
+import secrets
 import signal
 import stat
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +38,9 @@ READ_GRACE = 2.0  # seconds to drain the pipe after the group is killed
 PROGRESS_INTERVAL = 0.5  # at most one progress event per this many seconds
 PROGRESS_LINES = 50
 PROGRESS_LINE_CHARS = 500
+MARKER = "EXEC_CALL_ID"  # a token per call in the command's environment (not NANOFLEET_*: those are settings)
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+KILL_ROUNDS = 20  # rescans for processes forked while the others were being stopped
 
 
 class ExecArgs(BaseModel):
@@ -117,7 +127,8 @@ class Progress:
         self.last = time.monotonic()
 
     def add(self, text: str) -> None:
-        *lines, self.partial = (self.partial + text).split("\n")
+        *lines, partial = (self.partial + text).split("\n")
+        self.partial = partial[:PROGRESS_LINE_CHARS]  # only this much is shown: do not hold (or re-join) more
         self.pending = (self.pending + [line[:PROGRESS_LINE_CHARS] for line in lines])[-PROGRESS_LINES:]
         if self.pending and time.monotonic() - self.last >= PROGRESS_INTERVAL:
             self.flush()
@@ -140,17 +151,119 @@ async def _pump(stream: asyncio.StreamReader, output: Output, progress: Progress
     output.add(decoder.decode(b"", final=True))
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL the command's process group and every descendant still reachable from it."""
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
     try:
-        descendants = psutil.Process(pid).children(recursive=True)
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _set_subreaper(on: bool) -> bool:
+    libc = _libc()
+    if libc is None or libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+        if on:
+            log.warning("exec: cannot make the worker a child subreaper; processes that leave a command's "
+                        "session are looked for among all processes by their marker")
+        return False
+    return True
+
+
+class Calls:
+    """The exec calls running in this process: their markers and shells, and the subreaper switch.
+
+    The worker is a subreaper only while a call runs, so that at other times orphans of other
+    children (an MCP server's, say) still go to init, which reaps them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.shells: dict[str, int] = {}  # marker token -> shell pid (0 until started)
+        self.subreaper = False
+
+    def start(self, token: str) -> bool:
+        """Register a call; whether the worker is now a subreaper (its orphans come to us)."""
+        with self.lock:
+            if not self.shells:
+                self.subreaper = _set_subreaper(True)
+            self.shells[token] = 0
+            return self.subreaper
+
+    def started(self, token: str, pid: int) -> None:
+        with self.lock:
+            self.shells[token] = pid
+
+    def end(self, token: str) -> None:
+        with self.lock:
+            self.shells.pop(token, None)
+            if not self.shells and self.subreaper:
+                self.subreaper = not _set_subreaper(False)
+
+    def others(self) -> tuple[set[str], set[int]]:
+        """The tokens and shell pids of every running call."""
+        with self.lock:
+            return set(self.shells), set(self.shells.values())
+
+
+CALLS = Calls()
+
+
+@dataclass(frozen=True)
+class Leftovers:
+    """How to recognise one call's processes."""
+
+    shell: int
+    token: str
+    exec_uid: int | None  # the unprivileged user's uid when it is not the worker's own
+    in_tree: bool  # the worker is a subreaper: everything of the call is among its descendants
+
+    def owns(self, proc: psutil.Process) -> bool:
+        """In the shell's session or group, carrying this call's marker, or (among the worker's own
+        descendants) running as the exec user without a running call's marker."""
+        try:
+            if self.shell in (proc.pid, os.getsid(proc.pid), os.getpgid(proc.pid)):
+                return True
+            uid = proc.uids().real
+        except (OSError, psutil.Error):
+            return False
+        try:
+            marker = proc.environ().get(MARKER)
+        except psutil.Error:  # a zombie has no environment left
+            marker = None
+        if marker == self.token:
+            return True
+        tokens, shells = CALLS.others()
+        return self.in_tree and uid == self.exec_uid and marker not in tokens and proc.pid not in shells
+
+
+def _candidates(in_tree: bool) -> list[psutil.Process]:
+    if not in_tree:
+        return list(psutil.process_iter())
+    try:
+        return psutil.Process().children(recursive=True)
     except psutil.Error:
-        descendants = []
+        return []
+
+
+def kill_call(leftovers: Leftovers) -> list[psutil.Process]:
+    """SIGKILL every process of the call: stopped first, round by round, so that none can fork a
+    new one meanwhile. Returns those to reap (all but the shell, which asyncio waits for)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    for child in descendants:  # those that left the group with setsid
+        os.killpg(leftovers.shell, signal.SIGKILL)
+    stopped: set[psutil.Process] = set()
+    for _ in range(KILL_ROUNDS):
+        found = {p for p in _candidates(leftovers.in_tree) if p not in stopped and leftovers.owns(p)}
+        if not found:
+            break
+        for proc in found:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGSTOP)
+        stopped |= found
+    for proc in stopped:
         with contextlib.suppress(psutil.Error):
-            child.kill()
+            proc.kill()
+    return [p for p in stopped if p.pid != leftovers.shell]
 
 
 async def _exited(proc: asyncio.subprocess.Process, timeout: float) -> bool:
@@ -162,24 +275,41 @@ async def _exited(proc: asyncio.subprocess.Process, timeout: float) -> bool:
     return True
 
 
+def _reap(orphans: list[psutil.Process]) -> threading.Thread:
+    """Wait for the killed processes in a thread: reparented to the worker, they are its children
+    now, and stay zombies until it waits for them."""
+    thread = threading.Thread(target=psutil.wait_procs, args=(orphans,), kwargs={"timeout": READ_GRACE},
+                              name="exec-reaper", daemon=True)
+    thread.start()
+    return thread
+
+
 async def run_command(argv: list[str], *, cwd: Path, env: dict[str, str], who: RunAs | None, timeout: float,
                       output: Output, progress: Progress) -> tuple[int | None, bool]:
     """Run to completion or timeout; (exit code, timed out). Nothing of the command outlives this."""
     ids: dict[str, Any] = {"user": who.uid, "group": who.gid, "extra_groups": []} if who else {}
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        cwd=cwd, env=env, start_new_session=True, **ids)
-    assert proc.stdout is not None
-    pump = asyncio.create_task(_pump(proc.stdout, output, progress))
+    token = secrets.token_hex(16)
+    in_tree = CALLS.start(token)
     try:
-        finished = await _exited(proc, timeout)
-    finally:  # also when the call itself is cancelled
-        kill_tree(proc.pid)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.shield(pump), READ_GRACE)
-    pump.cancel()
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(proc.wait(), READ_GRACE)
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, cwd=cwd, env={**env, MARKER: token}, start_new_session=True, **ids)
+        CALLS.started(token, proc.pid)
+        assert proc.stdout is not None
+        pump = asyncio.create_task(_pump(proc.stdout, output, progress))
+        try:
+            finished = await _exited(proc, timeout)
+        finally:  # also when the call itself is cancelled
+            exec_uid = who.uid if who and who.uid != os.geteuid() else None
+            reaper = _reap(kill_call(Leftovers(proc.pid, token, exec_uid, in_tree)))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(pump), READ_GRACE)
+        pump.cancel()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), READ_GRACE)
+        await asyncio.to_thread(reaper.join)
+    finally:
+        CALLS.end(token)
     progress.flush(final=True)
     return proc.returncode, not finished
 

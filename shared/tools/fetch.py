@@ -1,9 +1,12 @@
 """Outbound GET for the web tools: SSRF-checked and pinned per hop, redirects followed by hand and
-re-checked (at most 5), one deadline for the whole fetch, and a cap on the bytes read."""
+re-checked (at most 5), one deadline for the whole fetch, and a cap on the bytes read (after
+decompression, which is done here, a bounded piece at a time)."""
 
 from __future__ import annotations
 
 import asyncio
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -15,7 +18,10 @@ from shared.tools.ssrf import Blocked, Target, Unresolvable, check_url, pinned_r
 MAX_REDIRECTS = 5
 REDIRECTS = {301, 302, 303, 307, 308}
 HEADERS = {"User-Agent": "Mozilla/5.0 (compatible; nanofleet/0.1; +https://github.com/nanofleet)",
-           "Accept": "text/html,application/xhtml+xml,application/json,text/plain;q=0.9,*/*;q=0.5"}
+           "Accept": "text/html,application/xhtml+xml,application/json,text/plain;q=0.9,*/*;q=0.5",
+           "Accept-Encoding": "gzip, deflate"}
+# zlib wbits per content-encoding we can decompress with a bound on the output
+WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 KEPT_HEADERS = ("content-type", "content-length", "last-modified", "etag", "location")
 
 
@@ -45,11 +51,37 @@ class Fetched:
             return self.body.decode("utf-8", errors="replace")
 
 
+Decode = Callable[[bytes, int], bytes]  # (raw chunk, most bytes wanted) -> decoded bytes
+
+
+def decoder(content_encoding: str) -> Decode:
+    """A bounded decoder for the response's content-encoding: identity, gzip or deflate, and only
+    one of them; stacked or other encodings raise httpx.DecodingError. A few KB of stacked gzip
+    expand to gigabytes, so httpx's own decoding (a whole chunk at once) is not used."""
+    codings = [c.strip().lower() for c in content_encoding.split(",") if c.strip()]
+    codings = [c for c in codings if c != "identity"]
+    if not codings:
+        return lambda chunk, room: chunk
+    if len(codings) > 1 or codings[0] not in WBITS:
+        raise httpx.DecodingError(f"content-encoding '{content_encoding}' is not supported: "
+                                  f"at most one of {', '.join(WBITS)}")
+    inflater = zlib.decompressobj(WBITS[codings[0]])
+
+    def decode(chunk: bytes, room: int) -> bytes:
+        try:  # max_length: what does not fit stays compressed (the read stops there anyway)
+            return inflater.decompress(chunk, max(room, 1))
+        except zlib.error as err:
+            raise httpx.DecodingError(f"bad {codings[0]} body: {err}") from err
+
+    return decode
+
+
 async def read_capped(response: httpx.Response, cap: int) -> tuple[bytes, bool]:
-    """At most `cap` bytes of the (decoded) body, and whether there was more."""
+    """At most `cap` bytes of the decoded body, and whether there was more."""
+    decode = decoder(response.headers.get("content-encoding", ""))
     buf = bytearray()
-    async for chunk in response.aiter_bytes():
-        buf += chunk
+    async for chunk in response.aiter_raw():
+        buf += decode(chunk, cap + 1 - len(buf))
         if len(buf) > cap:
             return bytes(buf[:cap]), True
     return bytes(buf), False

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 
 from shared.settings import Permission
 from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
-from shared.tools.workspace import OutsideWorkspace, resolve
+from shared.tools.workspace import OutsideWorkspace, open_folder, resolve
 
 SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv", ".mypy_cache"}
 MAX_SCAN = 50_000  # entries looked at before the count of those not shown stops
@@ -24,15 +24,15 @@ class ListDirArgs(BaseModel):
     max_entries: int = Field(default=200, ge=1, le=2000, description="Most entries to return")
 
 
-def _entries(root: Path, recursive: bool) -> Iterator[tuple[str, bool]]:
-    """(path relative to root, is a folder), sorted, without following symlinked folders."""
+def _entries(folder: int, recursive: bool) -> Iterator[tuple[str, bool]]:
+    """(path relative to the folder fd, is a folder), sorted, without following symlinked folders."""
     if not recursive:
-        for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
             yield entry.name, entry.is_dir(follow_symlinks=False)
         return
-    for current, dirs, files in os.walk(root, followlinks=False):
+    for current, dirs, files, _ in os.fwalk(".", dir_fd=folder):  # by fd: a swapped folder is not followed
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-        rel = Path(current).relative_to(root)
+        rel = Path(current)
         for name in dirs:
             yield str(rel / name), True
         for name in sorted(files):
@@ -78,4 +78,14 @@ class ListDirTool(Tool):
             return ToolResult.fail(ErrorCode.NOT_FOUND, f"no such folder: {args.path}")
         if not target.is_dir():
             return ToolResult.fail(ErrorCode.INVALID_ARGS, f"not a folder: {args.path} (use read_file)")
-        return ToolResult.success(format_listing(_entries(target, args.recursive), args.pattern, args.max_entries))
+        try:
+            folder = open_folder(ctx.workspace, target)
+        except OutsideWorkspace as err:
+            return err.result()
+        except OSError as err:
+            return ToolResult.fail(ErrorCode.FAILED, f"cannot list {args.path}: {err.strerror or err}")
+        try:
+            return ToolResult.success(format_listing(_entries(folder, args.recursive), args.pattern,
+                                                     args.max_entries))
+        finally:
+            os.close(folder)

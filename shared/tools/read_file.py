@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+from typing import BinaryIO
 
 from pydantic import BaseModel, Field
 
 from shared.settings import Permission
 from shared.skills import builtin_file
 from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
-from shared.tools.workspace import OutsideWorkspace, display, resolve
+from shared.tools.workspace import NotAFile, OutsideWorkspace, display, open_file, resolve
 
 MAX_CHARS = 50_000
 MAX_FILE_BYTES = 20_000_000
@@ -21,14 +22,33 @@ class ReadFileArgs(BaseModel):
     end_line: int | None = Field(default=None, ge=1, description="Last line to return (inclusive)")
 
 
-def _locate(ctx: ToolContext, path: str) -> Path:
-    """The workspace file, or a built-in skill file served under the same `skills/...` path."""
-    target = resolve(ctx.workspace, path)
-    if not target.exists():
+def _load(ctx: ToolContext, path: str) -> bytes | ToolResult:
+    """The file's bytes: from the workspace, else a built-in skill file served under the same
+    `skills/...` path; or the failure to answer with."""
+    try:
+        target = resolve(ctx.workspace, path)
+    except OutsideWorkspace as err:
+        return err.result()
+    try:
+        with open_file(ctx.workspace, target, "rb") as fh:
+            return _read_capped(fh, path)
+    except OutsideWorkspace as err:
+        return err.result()
+    except (FileNotFoundError, NotADirectoryError):
         builtin = builtin_file(display(ctx.workspace, target))
-        if builtin is not None:
-            return builtin
-    return target
+        if builtin is None:
+            return ToolResult.fail(ErrorCode.NOT_FOUND, f"no such file: {path}")
+        return builtin.read_bytes()
+    except NotAFile:
+        return ToolResult.fail(ErrorCode.INVALID_ARGS, f"not a file: {path} (use list_dir for folders)")
+    except OSError as err:
+        return ToolResult.fail(ErrorCode.FAILED, f"cannot read {path}: {err.strerror or err}")
+
+
+def _read_capped(fh: BinaryIO, path: str) -> bytes | ToolResult:
+    if os.fstat(fh.fileno()).st_size > MAX_FILE_BYTES:
+        return ToolResult.fail(ErrorCode.TOO_LARGE, f"{path} is larger than {MAX_FILE_BYTES} bytes")
+    return fh.read(MAX_FILE_BYTES + 1)[:MAX_FILE_BYTES]
 
 
 def select_lines(text: str, start: int | None, end: int | None) -> str:
@@ -58,19 +78,11 @@ class ReadFileTool(Tool):
     timeout = 30.0
 
     async def run(self, args: ReadFileArgs, ctx: ToolContext) -> ToolResult:
-        try:
-            target = _locate(ctx, args.path)
-        except OutsideWorkspace as err:
-            return err.result()
-        if not target.exists():
-            return ToolResult.fail(ErrorCode.NOT_FOUND, f"no such file: {args.path}")
-        if not target.is_file():
-            return ToolResult.fail(ErrorCode.INVALID_ARGS, f"not a file: {args.path} (use list_dir for folders)")
-        if target.stat().st_size > MAX_FILE_BYTES:
-            return ToolResult.fail(ErrorCode.TOO_LARGE, f"{args.path} is larger than {MAX_FILE_BYTES} bytes")
         if args.start_line and args.end_line and args.end_line < args.start_line:
             return ToolResult.fail(ErrorCode.INVALID_ARGS, "end_line must not be before start_line")
-        data = target.read_bytes()
+        data = _load(ctx, args.path)
+        if isinstance(data, ToolResult):
+            return data
         if b"\x00" in data[:8192]:
             return ToolResult.fail(ErrorCode.INVALID_ARGS, f"{args.path} looks like a binary file")
         text = data.decode("utf-8", errors="replace")

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import stat
 from pathlib import Path
+from typing import BinaryIO, Literal
 
 from shared.tools.base import ErrorCode, ToolResult
+
+OpenMode = Literal["rb", "wb", "ab", "r+b"]
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: opening a FIFO planted in the workspace must fail or return, never hang the worker.
+_FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_MODES: dict[str, int] = {
+    "rb": os.O_RDONLY,
+    "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+    "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+    "r+b": os.O_RDWR,
+}
 
 
 class OutsideWorkspace(ValueError):
@@ -19,11 +34,20 @@ class OutsideWorkspace(ValueError):
         return ToolResult.fail(ErrorCode.PERMISSION_DENIED, f"{self}; use a path inside the workspace")
 
 
+class NotAFile(OSError):
+    """The path names a folder, a FIFO, a device or a socket where a regular file was expected."""
+
+    def __init__(self, path: Path, *, is_dir: bool) -> None:
+        super().__init__("is a folder" if is_dir else "is not a regular file")
+        self.path, self.is_dir = path, is_dir
+
+
 def resolve(workspace: Path, path: str) -> Path:
     """The real path `path` names, relative to the workspace; raise OutsideWorkspace unless it is inside.
 
     Symlinks are followed as the operating system would (`Path.resolve`), so a link that leads out
-    is caught here, whether it is the target itself or a directory on the way.
+    is caught here, whether it is the target itself or a directory on the way. The answer is only
+    true at the time of the call: open files with `open_file`, which holds to it.
     """
     if "\x00" in path:
         raise OutsideWorkspace(path.replace("\x00", "\\0"), "contains a NUL byte")
@@ -42,3 +66,98 @@ def display(workspace: Path, target: Path) -> str:
     """A resolved path as the model should see it: relative to the workspace."""
     root = workspace.resolve()
     return "." if target == root else str(target.relative_to(root))
+
+
+def open_file(workspace: Path, target: Path, mode: OpenMode, *, make_parents: bool = False) -> BinaryIO:
+    """Open the regular file `target` (a path `resolve` answered) without following any symlink.
+
+    Between `resolve` and the open, a folder on the way can be swapped for a symlink that leads
+    out. So the file is reached from the workspace one folder at a time, each opened by fd with
+    O_NOFOLLOW, the last folder's and the file's real paths are checked again, and a symlink
+    found on the way raises OutsideWorkspace. Missing folders are created on the way when
+    `make_parents`. Raises OutsideWorkspace, NotAFile or the OSError of the open.
+    """
+    root = workspace.resolve()
+    if target == root or not target.parent.is_relative_to(root):
+        raise NotAFile(target, is_dir=True)
+    parent = _open_folder(root, target.parent, make_parents=make_parents)
+    try:
+        _check_inside(root, parent, target)
+        fd = _open_at(parent, target, _MODES[mode])
+    finally:
+        os.close(parent)
+    try:
+        _check_regular(fd, target)
+        _check_inside(root, fd, target)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, mode)
+
+
+def open_folder(workspace: Path, target: Path) -> int:
+    """An fd on the folder `target` (a path `resolve` answered), reached as `open_file` reaches
+    files; the caller closes it. Raises OutsideWorkspace or the OSError of the open."""
+    root = workspace.resolve()
+    fd = _open_folder(root, target, make_parents=False)
+    try:
+        _check_inside(root, fd, target)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_folder(root: Path, folder: Path, *, make_parents: bool) -> int:
+    """An fd on `folder`, walked down to from `root` without following a symlink."""
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for name in folder.relative_to(root).parts:
+            if make_parents:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, dir_fd=fd)
+            next_fd = _open_at(fd, folder, _DIR_FLAGS, name=name)
+            os.close(fd)
+            fd = next_fd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_at(dir_fd: int, target: Path, flags: int, *, name: str | None = None) -> int:
+    """os.open relative to `dir_fd` with O_NOFOLLOW; a symlink where none was resolved is refused."""
+    name = name or target.name
+    try:
+        return os.open(name, flags | _FILE_FLAGS, 0o666, dir_fd=dir_fd)
+    except OSError as err:
+        # ELOOP: the last component is a symlink; ENOTDIR: it may be a symlink where a folder was.
+        if err.errno == errno.ELOOP or (err.errno == errno.ENOTDIR and _is_link(dir_fd, name)):
+            raise OutsideWorkspace(str(target), "changed to a symlink while it was opened") from err
+        if err.errno == errno.EISDIR:
+            raise NotAFile(target, is_dir=True) from err
+        raise
+
+
+def _is_link(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _check_regular(fd: int, target: Path) -> None:
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        raise NotAFile(target, is_dir=stat.S_ISDIR(mode))
+
+
+def _check_inside(root: Path, fd: int, target: Path) -> None:
+    """Refuse an fd whose real path (as the kernel tracks it) is outside the workspace: it catches a
+    folder moved out of the workspace while the walk held it."""
+    try:
+        real = Path(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:  # no /proc (not Linux): the O_NOFOLLOW walk alone holds the line
+        return
+    if real != root and not real.is_relative_to(root):
+        raise OutsideWorkspace(str(target), "leads outside the workspace while it was opened")

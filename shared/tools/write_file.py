@@ -6,7 +6,7 @@ from pydantic import BaseModel, Field
 
 from shared.settings import Permission
 from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
-from shared.tools.workspace import OutsideWorkspace, display, resolve
+from shared.tools.workspace import NotAFile, OutsideWorkspace, display, open_file, resolve
 
 
 class WriteFileArgs(BaseModel):
@@ -26,17 +26,18 @@ class WriteFileTool(Tool):
     timeout = 30.0
 
     async def run(self, args: WriteFileArgs, ctx: ToolContext) -> ToolResult:
+        data = args.content.encode()
         try:
             target = resolve(ctx.workspace, args.path)
+            if target == ctx.workspace.resolve():
+                return ToolResult.fail(ErrorCode.INVALID_ARGS, "give a file name, not the workspace itself")
+            with open_file(ctx.workspace, target, "ab" if args.append else "wb", make_parents=True) as fh:
+                fh.write(data)
         except OutsideWorkspace as err:
             return err.result()
-        if target.is_dir():
-            return ToolResult.fail(ErrorCode.INVALID_ARGS, f"{args.path} is a folder")
-        if target == ctx.workspace.resolve():
-            return ToolResult.fail(ErrorCode.INVALID_ARGS, "give a file name, not the workspace itself")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with target.open("a" if args.append else "w", encoding="utf-8") as fh:
-            fh.write(args.content)
-        size = len(args.content.encode())
+        except NotAFile as err:
+            return ToolResult.fail(ErrorCode.INVALID_ARGS, f"{args.path} {err}")
+        except OSError as err:
+            return ToolResult.fail(ErrorCode.FAILED, f"cannot write {args.path}: {err.strerror or err}")
         verb = "appended" if args.append else "wrote"
-        return ToolResult.success(f"{verb} {size} bytes to {display(ctx.workspace, target)}")
+        return ToolResult.success(f"{verb} {len(data)} bytes to {display(ctx.workspace, target)}")

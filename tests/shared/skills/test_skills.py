@@ -98,6 +98,29 @@ def test_front_matter_parsing_edges() -> None:
     assert split_front_matter("---\n- a list\n---\nbody") == ({}, "body")
 
 
+
+def alias_bomb(depth: int) -> str:
+    """Front matter of a few hundred bytes whose aliases expand to 10**depth strings."""
+    lines = ['a0: &a0 "xxxxxxxxxx"']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, depth + 1)]
+    return "\n".join([*lines, f"description: *a{depth}"])
+
+
+def test_hostile_front_matter_is_skipped_and_the_rest_still_listed(tmp_path: Path, bin_dir: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    write_skill(tmp_path, "bomb", alias_bomb(5))  # small enough not to take the machine down on a regression
+    write_skill(tmp_path, "huge", "name: huge\ndescription: " + "x" * 20_000)
+    write_skill(tmp_path, "mapping", "name: mapping\ndescription: {nested: [1, 2]}")
+    write_skill(tmp_path, "wordy", "name: wordy\ndescription: " + "word " * 300)
+    write_skill(tmp_path, "fine", "name: fine\ndescription: still here")
+    skills = by_name(settings_for(tmp_path, bin_dir))
+    assert {"fine", "wordy", "github"} <= set(skills) and not {"bomb", "huge", "mapping"} & set(skills)
+    assert len(skills["wordy"].description) == 500 and skills["wordy"].description.startswith("word word")
+    assert "alias" in caplog.text and "skills/huge/SKILL.md skipped" in caplog.text
+    assert "- fine: still here" in system_prompt(settings_for(tmp_path, bin_dir))
+    assert split_front_matter(f"---\n{alias_bomb(5)}\n---\nbody") == ({}, "body")
+
+
 def test_skills_endpoint(tmp_path: Path, bin_dir: Path) -> None:
     write_skill(tmp_path, "notes", "name: notes\ndescription: take notes")
     for client in api_client(settings_for(tmp_path, bin_dir)):

@@ -3,6 +3,7 @@ segment, the output cap, a minimal environment, a confined working dir, the unpr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -17,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.tools.base import ErrorCode
+from shared.tools.exec import MARKER, PROGRESS_LINE_CHARS, Progress
 from shared.tools.registry import ToolRegistry
 from shared.tools.shell_guard import Denied, check_command
 from tests.shared.tools.conftest import call
@@ -62,6 +64,58 @@ def test_background_processes_do_not_outlive_the_command(reg: Callable[..., Tool
     wait_until(lambda: gone(pid), timeout=10, message="the background process to be gone")
 
 
+def vanished(pid: int) -> bool:
+    """Gone and reaped: not even a zombie left."""
+    return not psutil.pid_exists(pid)
+
+
+@pytest.fixture
+def leftover_pids(workspace: Path) -> Iterator[Callable[..., list[int]]]:
+    """`leftover_pids(*names)`: the pids the command wrote to <name>.pid; whatever is still alive at
+    the end of the test is killed, so that a failing test leaves nothing running."""
+    read: list[int] = []
+
+    def pids(*names: str) -> list[int]:
+        read.extend(int((workspace / f"{name}.pid").read_text()) for name in names)
+        return read
+
+    yield pids
+    for pid in read:
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
+
+
+def test_setsid_and_daemonized_processes_do_not_outlive_the_command(
+        reg: Callable[..., ToolRegistry], leftover_pids: Callable[..., list[int]]) -> None:
+    command = ("setsid sleep 300 >/dev/null 2>&1 & echo $! > setsid.pid; "
+               "sh -c 'setsid sleep 300 >/dev/null 2>&1 & echo $! > daemon.pid'; "
+               "(sleep 0 & echo $! > quick.pid); echo started")
+    result = call(reg(), "exec", {"command": command})
+    assert result.ok and result.output.startswith("started")
+    pids = leftover_pids("setsid", "daemon", "quick")
+    wait_until(lambda: all(vanished(pid) for pid in pids), timeout=10, message=f"processes {pids} to be reaped")
+
+
+def test_timeout_also_kills_what_left_the_session(reg: Callable[..., ToolRegistry],
+                                                   leftover_pids: Callable[..., list[int]]) -> None:
+    result = call(reg(), "exec", {"command": "(setsid sleep 300 >/dev/null 2>&1 & echo $! > t.pid); sleep 100",
+                                  "timeout": 1})
+    assert result.error == ErrorCode.TIMEOUT
+    pids = leftover_pids("t")
+    wait_until(lambda: all(vanished(pid) for pid in pids), timeout=10, message=f"process {pids} to be reaped")
+
+
+def test_progress_holds_at_most_one_shown_line_of_an_unended_line() -> None:
+    events: list[dict[str, Any]] = []
+    progress = Progress(lambda event, data: events.append(data), "c1")
+    for _ in range(2_000):  # 8 MB without a newline, in the pipe's 4 KB reads
+        progress.add("a" * 4096)
+        assert len(progress.partial) <= PROGRESS_LINE_CHARS
+    progress.add("b\nnext")
+    progress.flush(final=True)
+    assert [line for data in events for line in data["lines"]] == ["a" * PROGRESS_LINE_CHARS, "next"]
+
+
 def test_per_call_timeout_is_capped_by_the_setting(reg: Callable[..., ToolRegistry]) -> None:
     result = call(reg(max_timeout=1), "exec", {"command": "sleep 30", "timeout": 600})
     assert result.error == ErrorCode.TIMEOUT and "within 1 s" in result.message
@@ -80,7 +134,8 @@ def test_environment_is_minimal(reg: Callable[..., ToolRegistry], monkeypatch: p
     out = call(reg(env={"GH_TOKEN": "given-on-purpose"}), "exec", {"command": "env"}).output
     names = {line.split("=", 1)[0] for line in out.splitlines() if "=" in line}
     assert "do-not-leak-42" not in out and "NANOFLEET_WORKER_SECRET" not in names
-    assert {"PATH", "HOME", "LANG", "GH_TOKEN"} <= names <= {"PATH", "HOME", "LANG", "GH_TOKEN", "PWD", "SHLVL", "_"}
+    assert {"PATH", "HOME", "LANG", "GH_TOKEN"} <= names <= {"PATH", "HOME", "LANG", "GH_TOKEN", "PWD", "SHLVL", "_",
+                                                             MARKER}
     assert f"HOME={workspace}" in out
 
 
@@ -154,6 +209,22 @@ def test_root_worker_runs_commands_as_the_unprivileged_user(open_workspace: Path
     out = call(reg, "exec", {"command": "id -u; touch mine; echo ok"}).output
     assert out.splitlines()[:2] == [str(pwd.getpwnam("nobody").pw_uid), "ok"]
     assert (open_workspace / "mine").stat().st_uid == pwd.getpwnam("nobody").pw_uid
+
+
+@needs_root
+def test_root_worker_kills_what_cleared_its_environment_and_left_the_session(open_workspace: Path) -> None:
+    from shared.tools import build_registry
+    from tests.shared.tools.conftest import tool_settings
+
+    reg = build_registry(tool_settings(open_workspace, allowed=["exec"], granted=["SHELL"]))
+    result = call(reg, "exec", {"command": "setsid env -i sleep 300 >/dev/null 2>&1 & echo $! > e.pid; echo ok"})
+    assert result.ok
+    pid = int((open_workspace / "e.pid").read_text())
+    try:
+        wait_until(lambda: vanished(pid), timeout=10, message=f"process {pid} to be reaped")
+    finally:
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
 
 
 @needs_root

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from shared.tools.base import ErrorCode
+from shared.aio import run_sync
+from shared.tools import edit_file
+from shared.tools.base import ErrorCode, ToolContext
+from shared.tools.edit_file import MAX_HINT_NEEDLE
 from shared.tools.registry import ToolRegistry
 from tests.shared.tools.conftest import call
 
@@ -61,6 +66,38 @@ def test_edit_miss_answers_with_the_closest_match(reg: ToolRegistry, workspace: 
     assert result.error == ErrorCode.NOT_FOUND
     assert "line 2" in result.message and "port = 8080" in result.message
     assert call(reg, "edit_file", {"path": "nope.toml", "old_text": "a", "new_text": "b"}).error == ErrorCode.NOT_FOUND
+
+
+def test_edit_miss_of_a_long_needle_skips_the_costly_hint(reg: ToolRegistry, workspace: Path) -> None:
+    (workspace / "f.py").write_text("".join(f"value_{i} = compute(alpha, beta, gamma)\n" for i in range(40)))
+    needle = "".join(f"value_{i} = compute(alpha, beta, delta)\n" for i in range(MAX_HINT_NEEDLE // 30))
+    result = call(reg, "edit_file", {"path": "f.py", "old_text": needle, "new_text": "x"})
+    assert result.error == ErrorCode.NOT_FOUND and "closest match" not in result.message
+
+
+def test_edit_hint_leaves_the_event_loop_free(reg: ToolRegistry, workspace: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tools share one event loop per worker: the hint must not hold it while it searches."""
+    (workspace / "cfg.toml").write_text("port = 8080\n")
+    started, release, released = threading.Event(), threading.Event(), []
+
+    def slow_hint(text: str, needle: str) -> None:
+        started.set()
+        released.append(release.wait(5))  # only the event loop can set it, and only if it is free
+
+    async def releaser() -> None:
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        release.set()
+
+    async def both() -> None:
+        ctx = ToolContext(settings=reg.settings)
+        await asyncio.gather(reg.execute("edit_file", {"path": "cfg.toml", "old_text": "prot", "new_text": "x"},
+                                         ctx), releaser())
+
+    monkeypatch.setattr(edit_file, "closest_match", slow_hint)
+    run_sync(both(), timeout=30)
+    assert released == [True]
 
 
 def test_list_dir_recursive_pattern_and_bound(reg: ToolRegistry, workspace: Path) -> None:

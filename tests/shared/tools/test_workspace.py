@@ -3,9 +3,11 @@ workspace (through `..` and inside symlinks too) and nothing outside it."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,7 +15,7 @@ from hypothesis import strategies as st
 
 from shared.tools.base import ErrorCode
 from shared.tools.registry import ToolRegistry
-from shared.tools.workspace import OutsideWorkspace, resolve
+from shared.tools.workspace import OutsideWorkspace, open_file, resolve
 from tests.shared.tools.conftest import call
 
 SECRET = "SECRET-OUTSIDE"
@@ -94,3 +96,61 @@ def test_guard_examples(layout: tuple[Path, Path]) -> None:
     for bad in ("..", "../x", "/etc/passwd", "out_link/secret.txt", "a/up", "secret_link.txt", "~", "a\x00b"):
         with pytest.raises(OutsideWorkspace):
             resolve(workspace, bad)
+
+
+def test_open_file_refuses_a_last_component_that_became_a_symlink(layout: tuple[Path, Path]) -> None:
+    workspace, outside = layout
+    target = resolve(workspace, "a/f.txt")
+    (workspace / "a" / "f.txt").unlink()
+    (workspace / "a" / "f.txt").symlink_to(outside / "secret.txt")  # after the check, before the open
+    for mode in ("rb", "wb", "ab", "r+b"):
+        with pytest.raises(OutsideWorkspace):
+            open_file(workspace, target, mode)  # type: ignore[arg-type]
+    assert (outside / "secret.txt").read_text() == SECRET
+
+
+def test_open_file_refuses_a_folder_swapped_for_a_symlink_after_resolve(layout: tuple[Path, Path]) -> None:
+    workspace, outside = layout
+    (workspace / "d").mkdir()
+    (workspace / "d" / "secret.txt").write_text("harmless")
+    read_target, new_target = resolve(workspace, "d/secret.txt"), resolve(workspace, "d/sub/new.txt")
+    (workspace / "d").rename(workspace / "elsewhere")
+    (workspace / "d").symlink_to(outside)
+    with pytest.raises(OutsideWorkspace):
+        open_file(workspace, read_target, "rb")
+    with pytest.raises(OutsideWorkspace):
+        open_file(workspace, new_target, "wb", make_parents=True)
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+
+
+@pytest.mark.parametrize(("tool", "args"), [
+    ("read_file", {"path": "d/secret.txt"}),
+    ("write_file", {"path": "d/secret.txt", "content": "pwned"}),
+    ("edit_file", {"path": "d/secret.txt", "old_text": "SECRET", "new_text": "pwned"}),
+    ("list_dir", {"path": "d"}),
+    ("list_dir", {"path": "d", "recursive": True}),
+])
+def test_file_tools_hold_when_the_race_is_lost(layout: tuple[Path, Path], registry: Callable[..., ToolRegistry],
+                                               monkeypatch: pytest.MonkeyPatch, tool: str,
+                                               args: dict[str, Any]) -> None:
+    """The swap lands between the path check and the open, as a racing process could make it."""
+    workspace, outside = layout
+    (workspace / "d").mkdir()
+
+    def resolve_then_swap(ws: Path, path: str) -> Path:
+        target = resolve(ws, path)
+        (workspace / "d").rmdir()
+        (workspace / "d").symlink_to(outside)
+        return target
+
+    monkeypatch.setattr(importlib.import_module(f"shared.tools.{tool}"), "resolve", resolve_then_swap)
+    result = call(registry(), tool, args)
+    assert result.error == ErrorCode.PERMISSION_DENIED
+    assert SECRET not in str(result.output) and "secret.txt" not in str(result.output)
+    assert (outside / "secret.txt").read_text() == SECRET
+
+
+def test_file_tools_do_not_hang_on_a_fifo(workspace: Path, registry: Callable[..., ToolRegistry]) -> None:
+    os.mkfifo(workspace / "pipe")
+    assert call(registry(), "read_file", {"path": "pipe"}).error == ErrorCode.INVALID_ARGS
+    assert not call(registry(), "write_file", {"path": "pipe", "content": "x"}).ok
