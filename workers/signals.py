@@ -30,6 +30,14 @@ def _postrun(**_: Any) -> None:
     request_id_var.set(None)
 
 
+def _guard(**_: Any) -> None:
+    """Before any task, and before a prefork pool forks: exec's commands cannot read the worker's secrets."""
+    from shared.tools.exec import guard_worker_secrets
+
+    if not guard_worker_secrets():
+        log.warning("could not make the worker non-dumpable: commands run by exec may read its environment")
+
+
 def _warm(**_: Any) -> None:
     """Before this worker takes its first task, so a restart does not slow the first turn by a
     second: litellm, and the database driver (about 0.15 s on first use). The connection is closed
@@ -52,4 +60,5 @@ def connect() -> None:
     setup_logging.connect(_setup_logging, weak=False)
     task_prerun.connect(_prerun, weak=False)
     task_postrun.connect(_postrun, weak=False)
+    worker_init.connect(_guard, weak=False)
     worker_init.connect(_warm, weak=False)

@@ -39,7 +39,7 @@ PROGRESS_INTERVAL = 0.5  # at most one progress event per this many seconds
 PROGRESS_LINES = 50
 PROGRESS_LINE_CHARS = 500
 MARKER = "EXEC_CALL_ID"  # a token per call in the command's environment (not NANOFLEET_*: those are settings)
-PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36  # linux/prctl.h
 KILL_ROUNDS = 20  # rescans for processes forked while the others were being stopped
 
 
@@ -169,6 +169,14 @@ def _set_subreaper(on: bool) -> bool:
                         "session are looked for among all processes by their marker")
         return False
     return True
+
+
+def guard_worker_secrets() -> bool:
+    """Make this process, and the pool children it forks, non-dumpable (Linux): their /proc entries
+    (environ, mem) then belong to root, so a command exec runs under the worker's own user (no root
+    to drop from, as in the Docker image) cannot read the secrets in the worker's environment."""
+    libc = _libc()
+    return libc is not None and libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
 
 
 class Calls:

@@ -251,6 +251,14 @@ def test_workers_cover_every_queue_and_stop_gracefully(compose: dict[str, Any]) 
     assert served == set(QUEUES)
 
 
+def test_only_the_tools_worker_runs_without_tini(compose: dict[str, Any]) -> None:
+    """tini would hold every secret readable by exec's commands (same user); elsewhere it forwards
+    signals and reaps."""
+    inits = {name: service.get("init") for name, service in _app_services(compose).items()}
+    assert inits.pop("worker-tools") is False
+    assert all(inits.values()), inits
+
+
 def test_env_file_is_optional(compose: dict[str, Any]) -> None:
     for name, service in _app_services(compose).items():
         entries = service.get("env_file") or []

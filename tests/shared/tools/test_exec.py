@@ -7,6 +7,8 @@ import contextlib
 import os
 import pwd
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -232,3 +234,28 @@ def test_root_worker_reports_a_workspace_the_user_cannot_use(registry: Callable[
     result = call(registry(allowed=["exec"], granted=["SHELL"]), "exec", {"command": "touch x"})
     assert result.error == ErrorCode.FAILED
     assert "'nobody'" in result.message and "NANOFLEET_TOOLS__EXEC__RUN_AS_USER" in result.message
+
+
+_READ_OWN_ENVIRON = """
+import ctypes, os, pwd, subprocess, sys
+from shared.tools.exec import guard_worker_secrets
+nobody = pwd.getpwnam("nobody")
+os.setgroups([]); os.setgid(nobody.pw_gid); os.setuid(nobody.pw_uid)
+ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable, as any process its user starts (setuid cleared it)
+if sys.argv[1] == "guarded":
+    assert guard_worker_secrets()
+done = subprocess.run(["cat", f"/proc/{os.getpid()}/environ"], capture_output=True)
+print("SECRET" in done.stdout.decode(errors="replace"), done.returncode)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become nobody")
+@pytest.mark.parametrize(("mode", "readable"), [("guarded", False), ("open", True)])
+def test_a_guarded_worker_hides_its_environment_from_its_own_user(mode: str, readable: bool) -> None:
+    """As in the Docker image: the worker is not root, so exec's commands run as the worker's user."""
+    env = {**os.environ, "X": "SECRET"}
+    done = subprocess.run([sys.executable, "-c", _READ_OWN_ENVIRON, mode], env=env, capture_output=True,
+                          text=True, timeout=60, cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 0, done.stderr
+    seen, code = done.stdout.split()
+    assert (seen == "True") is readable and (code == "0") is readable
