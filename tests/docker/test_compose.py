@@ -343,6 +343,9 @@ def test_dockerfile_contract() -> None:
     )
     assert "uv sync --frozen --no-dev --no-install-project" in text
     assert 'ENTRYPOINT ["/app/docker/entrypoint.sh"]' in text
+    # the code stays root's: exec's commands run as nanofleet and must not rewrite what workers import
+    assert re.search(r"^COPY --from=builder /app/\.venv /app/\.venv$", text, re.MULTILINE)
+    assert "chown -R nanofleet:nanofleet /data\n" in text
     assert 'CMD ["gateway", "--host", "0.0.0.0"]' in text
     assert re.search(r"^USER nanofleet", text, re.MULTILINE)
     assert "10001" in text
