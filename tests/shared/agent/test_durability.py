@@ -23,6 +23,11 @@ def _runs(stack: Stack) -> list[Run]:
         return list(s.exec(select(Run).order_by(col(Run.created_at))))
 
 
+def _a_tool_running(stack: Stack) -> bool:
+    with Session(get_engine(stack.settings.database_url)) as db:
+        return any(c.status == "RUNNING" for c in db.exec(select(ToolCall)).all())
+
+
 def test_iteration_bound_gives_a_clear_message(make_stack: Callable[..., Stack], fake_llm: FakeLLM) -> None:
     s = make_stack(AGENT__MAX_ITERATIONS="3")
     s.worker()
@@ -42,12 +47,7 @@ def test_a_message_sent_during_the_last_allowed_step_gets_its_own_turn(make_stac
         cid = api.post("/api/v1/conversations").json()["conversationId"]
         first = api.post(f"/api/v1/conversations/{cid}/messages",
                          json={"message": 'call:record {"tag": "t", "seconds": 2}'}).json()["runId"]
-
-        def tool_running() -> bool:
-            with Session(get_engine(s.settings.database_url)) as db:
-                return any(c.status == "RUNNING" for c in db.exec(select(ToolCall)).all())
-
-        wait_until(tool_running, timeout=30, message="the tool to start")
+        wait_until(lambda: _a_tool_running(s), timeout=30, message="the tool to start")
         api.post(f"/api/v1/conversations/{cid}/messages", json={"message": "late one"})
         wait_until(lambda: len([r for r in _runs(s) if r.status == "succeeded"]) == 2, timeout=30,
                    message="the bounded turn and a turn for the late message")
@@ -166,12 +166,7 @@ def test_sigkill_inside_a_tool_never_reruns_it_blind(make_stack: Callable[..., S
         cid = api.post("/api/v1/conversations").json()["conversationId"]
         run_id = api.post(f"/api/v1/conversations/{cid}/messages",
                           json={"message": 'call:record {"tag": "slow", "seconds": 20}'}).json()["runId"]
-
-        def running() -> bool:
-            with Session(get_engine(s.settings.database_url)) as db:
-                return any(c.status == "RUNNING" for c in db.exec(select(ToolCall)).all())
-
-        wait_until(running, timeout=30, message="the tool to start")
+        wait_until(lambda: _a_tool_running(s), timeout=30, message="the tool to start")
         first.kill(signal.SIGKILL)
         s.worker()
         wait_until(lambda: api.get(f"/api/v1/runs/{run_id}").json()["status"] == "succeeded",  # noqa: B023
