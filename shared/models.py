@@ -222,6 +222,7 @@ class Outbox(SQLModel, table=True):
     """One outbound chunk, delivered once by the outbound queue."""
 
     __tablename__ = "outbox"
+    __table_args__ = (Index("ix_outbox_channel_platform_message_id", "channel", "platform_message_id"),)
     id: str = Field(default_factory=new_id, primary_key=True)
     key: str = Field(unique=True)  # e.g. "<run id>:<chunk no>"
     channel: str = Field(index=True)

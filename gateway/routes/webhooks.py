@@ -3,7 +3,8 @@
 The pipeline: read the raw body (413 over 1 MB) -> verify the signature (401, nothing stored) ->
 parse (400 when malformed; unknown events 200 and ignored) -> in one transaction, in the
 threadpool: ledger, allow_from, conversation, submit -> commit -> enqueue -> answer (a challenge,
-a Discord PONG or deferred response, or {"ok": true})."""
+a Discord PONG or deferred response, or {"ok": true}). Sent messages the platform reports as not
+delivered (WhatsApp's failed statuses) are dead-lettered on the way."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from starlette.requests import ClientDisconnect
 
 from gateway.deps import StateDep
 from gateway.state import AppState
-from shared.channels import REGISTRY
+from shared.channels import REGISTRY, delivery
 from shared.channels.base import BaseChannel, Channel, Parsed, WebhookError
 from shared.channels.inbound import Ingested, ingest
 from shared.channels.whatsapp import WhatsAppChannel
@@ -87,6 +88,11 @@ def _ingest(state: AppState, ch: Channel, messages: list[InboundMessage]) -> Ing
     return out
 
 
+def _undelivered(state: AppState, ch: Channel, failures: dict[str, str]) -> None:
+    with state.runtime.session() as s:
+        delivery.undelivered(s, ch.name, failures)
+
+
 async def receive(name: str, request: Request, state: AppState) -> Response:
     ch = channel(state, name)
     body = await read_body(request)
@@ -94,6 +100,8 @@ async def receive(name: str, request: Request, state: AppState) -> Response:
         parsed = _verified(ch, dict(request.headers), body)
     except WebhookError as err:
         return JSONResponse({"detail": err.message}, status_code=err.status_code)
+    if parsed.undelivered:
+        await anyio.to_thread.run_sync(_undelivered, state, ch, parsed.undelivered, limiter=_ingest_limiter())
     if not parsed.messages:
         return JSONResponse(parsed.response or {"ok": True})
     out = await anyio.to_thread.run_sync(_ingest, state, ch, parsed.messages, limiter=_ingest_limiter())

@@ -43,6 +43,8 @@ class Parsed:
     response: dict[str, Any] | None = None  # e.g. a url_verification challenge or a Discord PONG
     event_id: str | None = None  # for the ledger when the event carries no message
     denied_response: dict[str, Any] | None = None  # the answer when allow_from refuses the sender
+    # Messages we sent that the platform reports, later, as not delivered: platform message id -> why.
+    undelivered: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

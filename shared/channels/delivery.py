@@ -49,6 +49,7 @@ SENT_TTL = 7 * 24 * 3600  # a "sent" marker outlives any retry or redelivery of 
 CLAIM_MARGIN = 2.0  # stop retrying the mark this long before the claim lapses
 THROTTLES_PER_ATTEMPT = 10  # a platform may throttle a row ten times as often as it may fail it
 EARLIER_FAILED = "an earlier chunk of this reply failed"
+MAX_ERROR = 1000  # characters of a platform's own account of a failure
 _channels: dict[tuple[str, int], Channel] = {}
 
 
@@ -262,6 +263,22 @@ def retry(s: Session, row: Outbox) -> list[Next]:
         return []
     first = min(failed, key=lambda r: int(r.key.rsplit(":", 1)[1]))
     return [Next(T_OUTBOUND_DELIVER, (first.id,))]
+
+
+def undelivered(s: Session, channel: str, failures: dict[str, str]) -> list[str]:
+    """Dead-letter delivered rows the platform reported, later, as not delivered (WhatsApp's
+    failed statuses: the 24-hour window had closed, the number is not on WhatsApp...), so they
+    show at GET /api/v1/outbox?status=failed and can be retried. Returns the rows' ids; ids of
+    messages we did not send (or a report repeated) change nothing."""
+    rows = s.exec(select(Outbox).where(Outbox.channel == channel, Outbox.status == OutboxStatus.DELIVERED,
+                                       col(Outbox.platform_message_id).in_(list(failures)))).all()
+    for row in rows:
+        why = failures[str(row.platform_message_id)][:MAX_ERROR]
+        log.error("outbox %s (%s %s): the platform reports it was not delivered: %s", row.id, channel,
+                  row.chat_id, why)
+        row.status, row.last_error = OutboxStatus.FAILED, f"not delivered: {why}"
+        s.add(row)
+    return [row.id for row in rows]
 
 
 # Pending rows nobody touched for a while (their task was lost), whose previous chunk is not

@@ -46,18 +46,19 @@ class WhatsAppChannel(BaseChannel):
         payload = json_object(body)
         if payload.get("object") != "whatsapp_business_account":
             return Parsed()
-        messages: list[InboundMessage] = []
+        parsed = Parsed()
         for entry in _objects(payload, "entry"):
             for change in _objects(entry, "changes"):
                 value = change.get("value")
                 if isinstance(value, dict):
-                    messages += self._messages(value)
-        return Parsed(messages=messages)
+                    parsed.messages += self._messages(value)
+                    parsed.undelivered.update(_failed(value))
+        return parsed
 
     def _messages(self, value: dict[str, Any]) -> list[InboundMessage]:
         names = {c.get("wa_id"): _name(c) for c in _objects(value, "contacts")}
         out = []
-        for m in _objects(value, "messages"):  # statuses (sent, delivered, read) are ignored
+        for m in _objects(value, "messages"):
             sender, wamid, text = m.get("from"), m.get("id"), _text(m)
             if not (isinstance(sender, str) and isinstance(wamid, str)):
                 raise WebhookError(400, "message without from or id")
@@ -98,6 +99,26 @@ def _objects(parent: dict[str, Any], key: str) -> list[dict[str, Any]]:
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         raise WebhookError(400, f"{key} is not a list of objects")
     return items
+
+
+def _failed(value: dict[str, Any]) -> dict[str, str]:
+    """Our sent messages that WhatsApp reports as failed (outside the 24-hour window, the number
+    not on WhatsApp...): wamid -> the error; sent, delivered and read statuses change nothing."""
+    out = {}
+    for status in _objects(value, "statuses"):
+        wamid = status.get("id")
+        if status.get("status") != "failed" or not isinstance(wamid, str):
+            continue
+        errors = [e for e in status.get("errors") or [] if isinstance(e, dict)]
+        out[wamid] = "; ".join(_error_text(e) for e in errors) or "WhatsApp reported the message as failed"
+    return out
+
+
+def _error_text(error: dict[str, Any]) -> str:
+    data = error.get("error_data")
+    details = data.get("details") if isinstance(data, dict) else None
+    words = [str(w) for w in (error.get("title") or error.get("message"), details) if w]
+    return f"WhatsApp error {error.get('code')}: " + ": ".join(words)
 
 
 def _name(contact: dict[str, Any]) -> str | None:

@@ -69,6 +69,21 @@ class FakeWhatsApp(FakePlatform):
         return {"object": "whatsapp_business_account",
                 "entry": [{"id": "WABA1", "changes": [{"value": value, "field": "messages"}]}]}
 
+    def status(self, *, recipient: str, wamid: str, status: str, code: int = 131047,
+               title: str = "Re-engagement message") -> dict[str, Any]:
+        """A status webhook about a message we sent: sent, delivered, read, or failed (with errors)."""
+        item: dict[str, Any] = {"id": wamid, "status": status, "timestamp": str(int(time.time())),
+                                "recipient_id": recipient}
+        if status == "failed":
+            item["errors"] = [{"code": code, "title": title, "message": title,
+                               "error_data": {"details": "More than 24 hours have passed since the customer "
+                                                         "last replied to this number."}}]
+        value = {"messaging_product": "whatsapp",
+                 "metadata": {"display_phone_number": "15550000000", "phone_number_id": self.phone_number_id},
+                 "statuses": [item]}
+        return {"object": "whatsapp_business_account",
+                "entry": [{"id": "WABA1", "changes": [{"value": value, "field": "messages"}]}]}
+
     def signed(self, payload: dict[str, Any], *, secret: str | None = None) -> tuple[bytes, dict[str, str]]:
         raw = json.dumps(payload).encode()
         sig = "sha256=" + hmac.new((secret or self.app_secret).encode(), raw, hashlib.sha256).hexdigest()

@@ -135,6 +135,32 @@ def test_slack_replies_in_the_thread_and_keeps_one_session_per_thread(channels: 
     assert channels.scalar("select count(*) from messages where content in ('mine', 'chatter')") == 0
 
 
+def test_a_whatsapp_reply_reported_failed_later_becomes_a_dead_letter_that_can_be_resent(
+    channels: ChannelStack,
+) -> None:
+    wa, d = channels.fakes["whatsapp"], channels.driver("whatsapp")
+    chat = d.new_chat()
+    channels.post("whatsapp", d.request(chat=chat, text=marker()))
+    channels.settled(chat)
+    wamid = channels.scalar("select platform_message_id from outbox where chat_id = :c", c=chat)
+    for status in ("sent", "delivered", "read"):
+        assert channels.post("whatsapp", wa.signed(wa.status(recipient=chat, wamid=wamid, status=status))).json() \
+            == {"ok": True}
+    assert channels.scalar("select status from outbox where chat_id = :c", c=chat) == "delivered"
+    failed = wa.signed(wa.status(recipient=chat, wamid=wamid, status="failed"))
+    assert channels.post("whatsapp", failed).status_code == 200
+    assert channels.post("whatsapp", failed).status_code == 200  # Meta may report it twice
+    [row] = [r for r in channels.api.get("/api/v1/outbox", params={"status": "failed"}).json()
+             if r["chatId"] == chat]
+    assert row["platformMessageId"] == wamid and "131047" in row["lastError"]
+    assert channels.post("whatsapp", wa.signed(wa.status(recipient=chat, wamid="wamid.unknown",
+                                                         status="failed"))).status_code == 200
+    assert channels.api.post(f"/api/v1/outbox/{row['id']}/retry").status_code == 202
+    wait_until(lambda: len(d.replies(chat)) == 2, timeout=30, message="the reply sent again")
+    assert channels.scalar("select status from outbox where chat_id = :c", c=chat) == "delivered"
+    assert channels.scalar("select platform_message_id from outbox where chat_id = :c", c=chat) != wamid
+
+
 def test_whatsapp_get_verification(channels: ChannelStack) -> None:
     params = {"hub.mode": "subscribe", "hub.verify_token": "wa-verify-token", "hub.challenge": "1158201444"}
     r = channels.http.get("/webhooks/whatsapp", params=params)

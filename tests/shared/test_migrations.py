@@ -1,4 +1,5 @@
-"""Migrations: up from empty, idempotent, down and up again; the ledger's uniqueness holds."""
+"""Migrations: up from empty, idempotent, down and up again; they match the models; the ledger's
+uniqueness holds."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ from collections.abc import Iterator
 
 import pytest
 from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
+from sqlmodel import SQLModel
 
 from shared.migrate import alembic_config, current, upgrade
 from tests.support import services
@@ -56,3 +60,14 @@ def test_inbound_ledger_is_unique_per_channel_and_event(empty_db: str) -> None:
     with pytest.raises(IntegrityError), engine.begin() as conn:
         conn.execute(insert, {"c": "telegram", "e": "1"})
     engine.dispose()
+
+
+def test_the_migrations_build_exactly_what_the_models_declare(empty_db: str) -> None:
+    import shared.models  # noqa: F401  (registers every table on SQLModel.metadata)
+
+    upgrade(empty_db)
+    engine = create_engine(empty_db)
+    with engine.connect() as conn:
+        drift = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
+    engine.dispose()
+    assert drift == [], "a model changed without a migration (or the other way round)"

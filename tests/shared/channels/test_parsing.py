@@ -91,9 +91,13 @@ def test_whatsapp_messages_captions_statuses_and_handshake() -> None:
     value["messages"].append({"from": "155502", "id": "wamid.2", "type": "image", "image": {"caption": "a cat"}})
     value["messages"].append({"from": "155503", "id": "wamid.3", "type": "sticker", "sticker": {}})
     value["statuses"] = [{"id": "wamid.out", "status": "read"}]
-    msgs = ch.parse({}, body(payload)).messages
-    assert [(m.chat_id, m.content, m.event_id, m.sender_name) for m in msgs] == [
+    parsed = ch.parse({}, body(payload))
+    assert [(m.chat_id, m.content, m.event_id, m.sender_name) for m in parsed.messages] == [
         ("155501", "hola", "wamid.1", "Ann"), ("155502", "a cat", "wamid.2", None)]
+    assert parsed.undelivered == {}
+    failed = ch.parse({}, body(wa.status(recipient="155501", wamid="wamid.out7", status="failed")))
+    assert failed.messages == []
+    assert failed.undelivered["wamid.out7"].startswith("WhatsApp error 131047: Re-engagement message: More than 24")
     assert ch.parse({}, body({"object": "page"})).messages == []
     assert malformed(ch.parse, {"object": "whatsapp_business_account", "entry": "nope"}) == 400
     assert ch.handshake({"hub.mode": "subscribe", "hub.verify_token": "vt", "hub.challenge": "42"}) == "42"
