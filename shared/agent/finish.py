@@ -4,14 +4,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, or_
+from sqlalchemy import ColumnElement, func, or_, update
 from sqlmodel import Session, col, select
 
 from shared.agent import conversations, events, memory
 from shared.agent.runtime import Next, Runtime
 from shared.constants import T_AGENT_STEP, T_COMPACT
-from shared.models import ACTIVE, TERMINAL, Conversation, Message, Phase, Role, Run, RunStatus, utcnow
+from shared.models import (
+    ACTIVE,
+    TERMINAL,
+    Conversation,
+    Message,
+    Phase,
+    Role,
+    Run,
+    RunStatus,
+    ToolCall,
+    ToolStatus,
+    utcnow,
+)
 from shared.outbox import add_reply
+from shared.tools.base import ErrorCode, ToolResult
+
+NOT_RUN = "the run was cancelled before this tool ran"
 
 
 def finish(
@@ -96,5 +111,15 @@ def _cancel_all(rt: Runtime, s: Session, which: ColumnElement[bool], conversatio
     for run in runs:
         if run.status not in TERMINAL:  # re-read under the lock
             nexts += finish(rt, s, run, status=RunStatus.CANCELLED, text="", store=False, error=reason)
+            _never_run(s, run.id)
             cancelled.append(run)
     return nexts
+
+
+def _never_run(s: Session, run_id: str) -> None:
+    """The cancelled run's tool calls that no worker took yet end now, as failed without running
+    (their tasks then find nothing to do), so the run's record shows no call waiting forever. A
+    running call keeps going and records its own result."""
+    result = ToolResult.fail(ErrorCode.FAILED, NOT_RUN)
+    s.execute(update(ToolCall).where(col(ToolCall.run_id) == run_id, col(ToolCall.status) == ToolStatus.PENDING)
+              .values(status=result.status, result=result.model_dump(mode="json"), finished_at=func.now()))

@@ -13,7 +13,7 @@ from sqlalchemy import func, insert, update
 from sqlmodel import Session, col, select
 
 from shared.agent import conversations, events, lease, memory, prompt
-from shared.agent.finish import finish, publish_final
+from shared.agent.finish import NOT_RUN, finish, publish_final
 from shared.agent.runtime import Next, Runtime
 from shared.aio import run_sync
 from shared.constants import T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EXECUTE
@@ -198,10 +198,7 @@ def tool_step(rt: Runtime, tool_call_id: str) -> list[Next]:
     if not claimed:
         return advance(rt, run.id, call.step_seq) if call.status in DONE else []
     ctx = _context(rt, run, call)
-    if run.status not in ACTIVE:
-        result = ToolResult.fail(ErrorCode.FAILED, "the run was cancelled before this tool ran")
-    else:
-        result = _execute(rt, run, call, ctx)
+    result = _execute(rt, run, call, ctx) if run.status in ACTIVE else ToolResult.fail(ErrorCode.FAILED, NOT_RUN)
     with rt.session() as s:  # the run first, as the sweeper and cancellation lock: never a deadlock
         locked = s.get_one(Run, run.id, with_for_update=True)
         s.execute(

@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
+from shared.constants import T_TOOL_EXECUTE
 from shared.db import get_engine
 from shared.models import Message, MessageType, Role, Run, ToolCall
 from tests.fakes.llm import FakeLLM, Reply, default_handler
@@ -274,3 +275,29 @@ def test_an_llm_step_that_keeps_losing_its_worker_fails_the_run_clearly(make_sta
         messages = api.get(f"/api/v1/conversations/{cid}/messages").json()
         assert [m["role"] for m in messages] == ["USER"]  # the apology is sent, not stored as the agent's answer
     wait_until(lambda: fake_llm.in_flight == 0, message="the killed workers' LLM calls to return")  # shared fake
+
+
+def test_a_cancelled_runs_waiting_tool_calls_end_with_it_and_never_run(make_stack: Callable[..., Stack],
+                                                                       fake_llm: FakeLLM) -> None:
+    s = make_stack()
+    s.worker(queues="agent,outbound")  # nobody takes the tool call yet
+    for api in api_client(s.settings):
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        run_id = api.post(f"/api/v1/conversations/{cid}/messages",
+                          json={"message": 'call:record {"tag": "never"}'}).json()["runId"]
+
+        def waiting() -> bool:
+            return [c["status"] for c in api.get(f"/api/v1/runs/{run_id}").json()["toolCalls"]] == ["PENDING"]
+
+        wait_until(waiting, timeout=30, message="the tool call to wait for a worker")
+        assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
+        [call] = api.get(f"/api/v1/runs/{run_id}").json()["toolCalls"]
+        assert (call["status"], call["errorCode"]) == ("FAILED", "FAILED")
+        assert "cancelled before this tool ran" in call["result"]
+        tools = s.worker(queues="tools")  # its task arrives late and finds nothing to do
+        wait_until(lambda: f"{T_TOOL_EXECUTE}[" in tools.log() and "succeeded" in tools.log(), timeout=30,
+                   message="the late tool task to end")
+        assert api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "after"}).json()[
+            "assistantMessage"] == "echo: after"
+    assert "never" not in " ".join(s.executions())
+    assert fake_llm.calls() == 2
