@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, or_, update
+from sqlalchemy import ColumnElement, or_
 from sqlmodel import Session, col, select
 
 from shared.agent import conversations, events, memory
@@ -27,6 +27,7 @@ from shared.outbox import add_reply
 from shared.tools.base import ErrorCode, ToolResult
 
 NOT_RUN = "the run was cancelled before this tool ran"
+CUT_OFF = "the run was cancelled while this tool ran: whether it finished its work is not known"
 
 
 def finish(
@@ -37,6 +38,8 @@ def finish(
         conv = s.get_one(Conversation, run.conversation_id, with_for_update=True)
     if store and text:
         s.add(Message(conversation_id=run.conversation_id, run_id=run.id, role=Role.ASSISTANT, content=text))
+    if run.phase == Phase.TOOLS:
+        _answer_tool_calls(s, run)
     run.status, run.final_text, run.error = status, text, error
     run.phase, run.finished_at = Phase.DONE, utcnow()
     run.lease_owner, run.lease_until = None, None
@@ -111,15 +114,25 @@ def _cancel_all(rt: Runtime, s: Session, which: ColumnElement[bool], conversatio
     for run in runs:
         if run.status not in TERMINAL:  # re-read under the lock
             nexts += finish(rt, s, run, status=RunStatus.CANCELLED, text="", store=False, error=reason)
-            _never_run(s, run.id)
             cancelled.append(run)
     return nexts
 
 
-def _never_run(s: Session, run_id: str) -> None:
-    """The cancelled run's tool calls that no worker took yet end now, as failed without running
-    (their tasks then find nothing to do), so the run's record shows no call waiting forever. A
-    running call keeps going and records its own result."""
-    result = ToolResult.fail(ErrorCode.FAILED, NOT_RUN)
-    s.execute(update(ToolCall).where(col(ToolCall.run_id) == run_id, col(ToolCall.status) == ToolStatus.PENDING)
-              .values(status=result.status, result=result.model_dump(mode="json"), finished_at=func.now()))
+def _answer_tool_calls(s: Session, run: Run) -> None:
+    """A run that ends during its tools (cancelled; failed by the sweeper) still answers each call
+    of the step in the transcript, as every model provider requires of a history: with its result,
+    or with why there is none. A call no worker took yet ends now, failed without running (its
+    task then finds nothing to do); a running one goes on and records its result on its row."""
+    calls = s.exec(select(ToolCall).where(ToolCall.run_id == run.id, ToolCall.step_seq == run.step_seq)
+                   .order_by(col(ToolCall.position))).all()
+    for call in calls:
+        if call.status == ToolStatus.PENDING:
+            result = ToolResult.fail(ErrorCode.FAILED, NOT_RUN)
+            call.status, call.result, call.finished_at = ToolStatus.FAILED, result.model_dump(mode="json"), utcnow()
+            s.add(call)
+        elif call.status == ToolStatus.RUNNING:
+            result = ToolResult.fail(ErrorCode.FAILED, CUT_OFF)
+        else:
+            result = ToolResult.model_validate(call.result or {"ok": False, "message": "no result"})
+        s.add(Message(conversation_id=run.conversation_id, run_id=run.id, role=Role.TOOL,
+                      content=result.for_model(), tool_name=call.name, tool_call_id=call.call_id))

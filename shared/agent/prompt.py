@@ -141,6 +141,32 @@ def build(s: Session, settings: Settings, run: Run) -> list[dict[str, Any]]:
     if summary and summary.content:
         messages.append({"role": "system", "content": f"Summary of the earlier conversation:\n{summary.content}"})
     history = _with_own_run(s, run, window(s, run.conversation_id, settings.memory.window, covered(summary)))
-    messages += [to_llm(m) for m in history]
+    messages += well_formed([to_llm(m) for m in history])
     messages.append(runtime_context(run))
     return messages
+
+
+def well_formed(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history without what every provider refuses: tool calls not answered by the tool
+    results right after them (their text, if any, stays), and tool results that answer no call.
+    A cancelled run answers its calls; this keeps a history written otherwise usable."""
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(history):
+        m, i = history[i], i + 1
+        if m["role"] == "tool":
+            continue  # answers no call: answered ones are taken with their call below
+        if not m.get("tool_calls"):
+            out.append(m)
+            continue
+        answers = []
+        while i < len(history) and history[i]["role"] == "tool":
+            answers.append(history[i])
+            i += 1
+        ids = [c.get("id") for c in m["tool_calls"]]
+        by_id = {a.get("tool_call_id"): a for a in answers}
+        if all(c in by_id for c in ids):
+            out += [m, *(by_id[c] for c in ids)]
+        elif m.get("content"):
+            out.append({k: v for k, v in m.items() if k != "tool_calls"})
+    return out

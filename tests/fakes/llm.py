@@ -63,6 +63,24 @@ def default_handler(body: dict[str, Any]) -> Reply:
     return Reply(text=f"echo: {text}", delay=delay)
 
 
+def unpaired(messages: list[dict[str, Any]]) -> str | None:
+    """What OpenAI refuses in a prompt's tool messages (Anthropic too): an assistant message with
+    tool calls not followed at once by a tool message for each call, or a tool message that
+    answers no call just before it. None when the prompt is well formed."""
+    waiting: set[str] = set()
+    for i, m in enumerate(messages):
+        if m.get("role") == "tool":
+            if m.get("tool_call_id") not in waiting:
+                return f"messages.[{i}]: a tool message must answer a preceding message with 'tool_calls'"
+            waiting.discard(str(m.get("tool_call_id")))
+            continue
+        if waiting:
+            return (f"messages.[{i}]: an assistant message with 'tool_calls' must be followed by tool messages "
+                    f"responding to each 'tool_call_id'; missing {sorted(waiting)}")
+        waiting = {str(c.get("id")) for c in m.get("tool_calls") or []} if m.get("role") == "assistant" else set()
+    return f"the prompt ends before tool messages for {sorted(waiting)}" if waiting else None
+
+
 def _trailing_tools(convo: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for m in reversed(convo):
@@ -106,6 +124,12 @@ class FakeLLM:
         body = await request.json()
         with self.lock:
             self.requests.append(body)
+        problem = unpaired(body.get("messages", []))
+        if problem:
+            err = {"error": {"message": f"Invalid parameter: {problem}", "type": "invalid_request_error",
+                             "param": "messages", "code": None}}
+            return JSONResponse(err, status_code=400)
+        with self.lock:
             handler = self.handler
             self.in_flight += 1
         try:

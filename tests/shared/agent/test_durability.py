@@ -7,6 +7,7 @@ import itertools
 import signal
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from sqlmodel import Session, col, select
@@ -27,6 +28,14 @@ def _runs(stack: Stack) -> list[Run]:
 def _a_tool_running(stack: Stack) -> bool:
     with Session(get_engine(stack.settings.database_url)) as db:
         return any(c.status == "RUNNING" for c in db.exec(select(ToolCall)).all())
+
+
+def _tool_statuses_are(api: Any, run_id: str, statuses: list[str]) -> bool:
+    return [c["status"] for c in api.get(f"/api/v1/runs/{run_id}").json()["toolCalls"]] == statuses
+
+
+def _task_ended(worker: Proc, task: str) -> bool:
+    return any(f"{task}[" in line and "succeeded" in line for line in worker.log().splitlines())
 
 
 def test_iteration_bound_gives_a_clear_message(make_stack: Callable[..., Stack], fake_llm: FakeLLM) -> None:
@@ -285,19 +294,54 @@ def test_a_cancelled_runs_waiting_tool_calls_end_with_it_and_never_run(make_stac
         cid = api.post("/api/v1/conversations").json()["conversationId"]
         run_id = api.post(f"/api/v1/conversations/{cid}/messages",
                           json={"message": 'call:record {"tag": "never"}'}).json()["runId"]
-
-        def waiting() -> bool:
-            return [c["status"] for c in api.get(f"/api/v1/runs/{run_id}").json()["toolCalls"]] == ["PENDING"]
-
-        wait_until(waiting, timeout=30, message="the tool call to wait for a worker")
+        wait_until(partial(_tool_statuses_are, api, run_id, ["PENDING"]), timeout=30,
+                   message="the tool call to wait for a worker")
         assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
         [call] = api.get(f"/api/v1/runs/{run_id}").json()["toolCalls"]
         assert (call["status"], call["errorCode"]) == ("FAILED", "FAILED")
         assert "cancelled before this tool ran" in call["result"]
         tools = s.worker(queues="tools")  # its task arrives late and finds nothing to do
-        wait_until(lambda: f"{T_TOOL_EXECUTE}[" in tools.log() and "succeeded" in tools.log(), timeout=30,
-                   message="the late tool task to end")
+        wait_until(partial(_task_ended, tools, T_TOOL_EXECUTE), timeout=30, message="the late tool task to end")
         assert api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "after"}).json()[
             "assistantMessage"] == "echo: after"
     assert "never" not in " ".join(s.executions())
     assert fake_llm.calls() == 2
+
+
+def test_a_turn_stopped_during_its_tools_leaves_a_history_the_model_accepts(stack: Stack, api: Any,
+                                                                          fake_llm: FakeLLM) -> None:
+    """Every tool call in the transcript keeps its answer (the fake refuses a prompt otherwise,
+    as OpenAI and Anthropic do), so the conversation goes on after /stop."""
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    api.post(f"/api/v1/conversations/{cid}/messages",
+             json={"message": 'call:record {"tag": "slow", "seconds": 2}\ncall:time {}'})
+    wait_until(lambda: _a_tool_running(stack), timeout=30, message="the tool to start")
+    assert api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "/stop"}).json()[
+        "assistantMessage"] == "Stopped 1 running task(s)."
+    assert api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "next"}).json()[
+        "assistantMessage"] == "echo: next"
+    tools = {m["toolName"]: m["content"] for m in api.get(f"/api/v1/conversations/{cid}/messages").json()
+             if m["role"] == "TOOL"}
+    assert set(tools) == {"record", "time"}
+    assert "cancelled while this tool ran" in tools["record"]
+
+
+def test_the_summarize_strategy_summarises_what_the_token_guard_cut(make_stack: Callable[..., Stack],
+                                                                   fake_llm: FakeLLM) -> None:
+    """Long messages overflow the context window well inside the message window (20): what the
+    guard left out is summarised, and the next prompt carries that summary."""
+    s = make_stack(MEMORY__CONTEXT_STRATEGY="summarize", LLM__CONTEXT_WINDOW="6000", LLM__MAX_TOKENS="500")
+    s.worker()
+    for api in api_client(s.settings):
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        for i in range(4):
+            api.post(f"/api/v1/conversations/{cid}/chat", json={"message": f"fact {i} " + "words " * 1500})
+
+        def summary() -> Message | None:
+            with Session(get_engine(s.settings.database_url)) as db:
+                return db.exec(select(Message).where(Message.type == MessageType.SUMMARY)).first()
+
+        assert wait_until(summary, timeout=30, message="a SUMMARY message").content.startswith("SUMMARY:")  # type: ignore[union-attr]
+        api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "what do you remember?"})
+        system = [m["content"] for m in fake_llm.requests[-1]["messages"] if m["role"] == "system"]
+        assert any("Summary of the earlier conversation" in c for c in system)

@@ -1,16 +1,20 @@
-"""The prompt: window selection without orphan tool results, summaries, stable system prompt."""
+"""The prompt: window selection without orphan tool results, summaries, stable system prompt, a
+history every provider accepts."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlmodel import Session
 
 from shared.agent import conversations, prompt
 from shared.db import get_engine
 from shared.models import Message, MessageType, Role, Run
 from shared.settings import load_settings
+from tests.fakes.llm import unpaired
 from tests.support.stack import clean_db
 
 
@@ -90,3 +94,45 @@ def test_the_current_runs_request_survives_a_small_window(session: Session, tmp_
     contents = [m["content"] for m in prompt.build(session, settings, run)]  # type: ignore[arg-type]
     assert "the request" in contents and "earlier chat" not in contents
     assert contents.count("r3") == 1
+
+
+def _calls(*ids: str) -> dict[str, object]:
+    return {"role": "assistant", "content": None,
+            "tool_calls": [{"id": i, "type": "function", "function": {"name": "time", "arguments": "{}"}} for i in ids]}
+
+
+def _result(call_id: str) -> dict[str, object]:
+    return {"role": "tool", "tool_call_id": call_id, "name": "time", "content": f"r-{call_id}"}
+
+
+def test_a_history_with_unanswered_tool_calls_is_repaired_before_the_model_sees_it() -> None:
+    user, reply = {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}
+    good = [user, _calls("a", "b"), _result("a"), _result("b"), reply]
+    assert prompt.well_formed(good) == good
+    broken = [user, _calls("a", "b"), _result("a"), user,  # a call never answered (an old cancelled turn)
+              _result("z"),  # an answer to nothing
+              {**_calls("c"), "content": "let me check"}, user, reply]
+    fixed = prompt.well_formed(broken)
+    assert unpaired(broken) is not None and unpaired(fixed) is None
+    assert fixed == [user, user, {"role": "assistant", "content": "let me check"}, user, reply]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.just("user"), st.just("reply"), st.lists(st.sampled_from("abc"), min_size=1, max_size=3)
+                          .map(lambda ids: ("calls", ids)), st.sampled_from("abcz").map(lambda i: ("result", i))),
+                max_size=12))
+def test_any_history_comes_out_well_formed(steps: list[object]) -> None:
+    history: list[dict[str, object]] = []
+    for step in steps:
+        if step == "user":
+            history.append({"role": "user", "content": "q"})
+        elif step == "reply":
+            history.append({"role": "assistant", "content": "a"})
+        elif isinstance(step, tuple) and step[0] == "calls":
+            history.append(_calls(*dict.fromkeys(step[1])))
+        elif isinstance(step, tuple):
+            history.append(_result(step[1]))
+    fixed = prompt.well_formed(history)  # type: ignore[arg-type]
+    assert unpaired(fixed) is None  # type: ignore[arg-type]
+    if unpaired(history) is None:  # type: ignore[arg-type]
+        assert fixed == history
