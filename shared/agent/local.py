@@ -15,8 +15,13 @@ HANDLERS: dict[str, Handler] = {
     T_AGENT_STEP: lambda rt, n: steps.llm_step(rt, *n.args),
     T_SUBAGENT_STEP: lambda rt, n: steps.llm_step(rt, *n.args),
     T_TOOL_EXECUTE: lambda rt, n: steps.tool_step(rt, *n.args),
-    T_COMPACT: lambda rt, n: (memory.compact(rt, n.args[0], everything=bool(n.args[1:] and n.args[1])), [])[1],
+    T_COMPACT: lambda rt, n: _compact(rt, *n.args),
 }
+
+
+def _compact(rt: Runtime, conversation_id: str, everything: bool = False, keep: int | None = None) -> list[Next]:
+    memory.compact(rt, conversation_id, everything=everything, keep=keep)
+    return []
 
 
 def drain(rt: Runtime, nexts: list[Next]) -> list[Next]:

@@ -52,8 +52,9 @@ def needs_compaction(s: Session, conversation_id: str, settings: MemorySettings)
     return int(count) > settings.compact_after
 
 
-def compact(rt: Runtime, conversation_id: str, *, everything: bool = False) -> bool:
-    """Summarise what the window no longer shows (or everything, for /new); True if it wrote one."""
+def compact(rt: Runtime, conversation_id: str, *, everything: bool = False, keep: int | None = None) -> bool:
+    """Summarise what the window no longer shows (or everything, for /new; or all but the last
+    `keep` messages, the ones the token guard kept); True if it wrote one."""
     with rt.session() as s:
         if not s.execute(text("select pg_try_advisory_xact_lock(hashtext(:c))"), {"c": conversation_id}).scalar():
             if everything:  # /new was promised: it runs after the automatic compaction holding the lock
@@ -61,7 +62,7 @@ def compact(rt: Runtime, conversation_id: str, *, everything: bool = False) -> b
             return False
         summary = prompt.latest_summary(s, conversation_id)
         rows = list(s.exec(_normal_after(s, conversation_id, prompt.covered(summary)).order_by(col(Message.seq))))
-        keep = 0 if everything else rt.settings.memory.window
+        keep = 0 if everything else rt.settings.memory.window if keep is None else keep
         old = rows[: len(rows) - keep] if keep else rows
         if not old:
             return False
@@ -87,24 +88,48 @@ def compact(rt: Runtime, conversation_id: str, *, everything: bool = False) -> b
 
 
 def fit(rt: Runtime, messages: list[dict[str, Any]], model: str | None,
-        tools: list[dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], bool]:
+        tools: list[dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], int | None]:
     """Trim the history so the prompt fits the model's context window, tool calls and the tools'
-    schemas (sent with every call) counted. Returns the messages and whether anything was cut (the
-    `summarize` strategy then compacts)."""
+    schemas (sent with every call) counted. The newest user message (the request being answered)
+    is never cut: older history goes first, then every message is shortened (`hard_trim` starts
+    there), then the oldest tool rounds after the request. An assistant message and its tool
+    results go or stay together. Returns the messages and, when history was cut, how many history
+    messages were kept (the `summarize` strategy then compacts what was left out)."""
     profile = rt.llm.profile(model)
     budget = profile.context_window - (profile.max_tokens or RESERVE_TOKENS)
     if _bytes(messages) + _bytes(tools or []) <= budget or rt.llm.count_tokens(messages, model, tools) <= budget:
-        return messages, False
+        return messages, None
     head = [m for m in messages[:2] if m["role"] == "system"]
-    body, tail = messages[len(head):-1], messages[-1:]
+    rounds, tail = _rounds(messages[len(head):-1]), messages[-1:]
+
+    def fits() -> bool:
+        return rt.llm.count_tokens(head + [m for r in rounds for m in r] + tail, model, tools) <= budget
+
     if rt.settings.memory.context_strategy == "hard_trim":
-        body = [_shorten(m) for m in body]
-    while len(body) > 1 and rt.llm.count_tokens(head + body + tail, model, tools) > budget:
-        body.pop(0)
-        while body and body[0]["role"] == "tool":  # never start with an orphan tool result
-            body.pop(0)
+        rounds = [[_shorten(m) for m in r] for r in rounds]
+    request = max((i for i, r in enumerate(rounds) if r[0]["role"] == "user"), default=len(rounds) - 1)
+    while request > 0 and not fits():
+        rounds.pop(0)
+        request -= 1
+    if not fits():
+        rounds = [[_shorten(m) for m in r] for r in rounds]
+    while len(rounds) > request + 2 and not fits():  # the request and the newest round stay
+        rounds.pop(request + 1)
+    body = [m for r in rounds for m in r]
     log.info("trimmed prompt to %d history messages to fit %d tokens", len(body), budget)
-    return head + body + tail, True
+    return head + body + tail, len(body)
+
+
+def _rounds(history: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The history in pieces that are cut whole: a message, or an assistant message with tool
+    calls together with the tool results that answer it."""
+    out: list[list[dict[str, Any]]] = []
+    for m in history:
+        if m["role"] == "tool" and out and (out[-1][0].get("tool_calls")):
+            out[-1].append(m)
+        else:
+            out.append([m])
+    return out
 
 
 def _bytes(messages: list[dict[str, Any]]) -> int:

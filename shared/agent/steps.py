@@ -70,18 +70,18 @@ def llm_step(rt: Runtime, run_id: str, seq: int) -> list[Next]:
             if rt.settings.agent.mailbox_mode == "steer" or run.iteration == 0:
                 conversations.fold_mailbox(s, run.conversation_id, run.id)
             tools = rt.tools.specs(exclude=SUBAGENT_EXCLUDED if run.kind == RunKind.SUBAGENT else ())
-            messages, trimmed = memory.fit(rt, prompt.build(s, rt.settings, run), run.model, tools)
+            messages, kept = memory.fit(rt, prompt.build(s, rt.settings, run), run.model, tools)
     if bounded is not None:
         publish_final(rt, run)
         return bounded
     if seq == 0 and run.kind == RunKind.TURN and run.recoveries == 0:  # a recovered step's loop still runs
         rt.send_now(typing_loop(rt.settings, run.origin or {}, run.id))
     with lease.keeper(rt.settings.database_url, rt.settings.runtime.lease_seconds).hold(run_id, owner):
-        return _call(rt, run, seq, messages, tools, trimmed)
+        return _call(rt, run, seq, messages, tools, kept)
 
 
 def _call(rt: Runtime, run: Run, seq: int, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-          trimmed: bool) -> list[Next]:
+          kept: int | None) -> list[Next]:
     if seq == 0:
         rt.events.publish(run.conversation_id, events.RUN_STARTED, {"run_id": run.id, "kind": run.kind})
     rt.events.publish(run.conversation_id, events.STEP_STARTED, {"run_id": run.id, "seq": seq, "kind": "llm"})
@@ -97,8 +97,10 @@ def _call(rt: Runtime, run: Run, seq: int, messages: list[dict[str, Any]], tools
         if deltas is not None:
             deltas.flush()
     elapsed = (time.perf_counter() - started) * 1000
-    compact = trimmed and rt.settings.memory.context_strategy == "summarize"
-    return _record(rt, run.id, seq, response, elapsed) + ([Next(T_COMPACT, (run.conversation_id,))] if compact else [])
+    nexts = _record(rt, run.id, seq, response, elapsed)
+    if kept is not None and rt.settings.memory.context_strategy == "summarize":  # summarise what was cut
+        nexts.append(Next(T_COMPACT, (run.conversation_id, False, kept)))
+    return nexts
 
 
 def _finish_if_current(rt: Runtime, run_id: str, seq: int, **kw: Any) -> list[Next]:

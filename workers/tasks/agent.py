@@ -16,5 +16,5 @@ def step(run_id: str, seq: int) -> None:
 
 
 @shared_task(name=T_COMPACT, base=NanofleetTask)
-def compact(conversation_id: str, everything: bool = False) -> None:
-    memory.compact(runtime(), conversation_id, everything=everything)
+def compact(conversation_id: str, everything: bool = False, keep: int | None = None) -> None:
+    memory.compact(runtime(), conversation_id, everything=everything, keep=keep)

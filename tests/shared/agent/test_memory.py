@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from shared.agent import memory
 from shared.agent.runtime import Runtime
 from shared.settings import load_settings
+from tests.fakes.llm import unpaired
 
 
 def conversation(turns: int) -> list[dict[str, Any]]:
@@ -31,11 +32,11 @@ def test_fit_trims_to_the_budget_without_orphans(strategy: str) -> None:
                              memory={"context_strategy": strategy})
     rt = Runtime.build(settings)
     original = conversation(20)
-    fitted, trimmed = memory.fit(rt, original, None)
-    assert trimmed
+    fitted, kept = memory.fit(rt, original, None)
+    assert kept == len(fitted) - 2
     assert rt.llm.count_tokens(fitted) <= 5500
     assert fitted[0] == original[0] and fitted[-1] == original[-1]  # system prompt and context kept
-    assert fitted[1]["role"] != "tool"
+    assert fitted[1]["role"] != "tool" and unpaired(fitted) is None
     assert fitted[-2]["content"] == "answer 19"  # the newest history survives
 
 
@@ -48,15 +49,15 @@ def test_fit_counts_the_tool_schemas_sent_with_the_prompt() -> None:
     msgs = conversation(4)
     alone = rt.llm.count_tokens(msgs)
     assert alone <= 5500 < rt.llm.count_tokens(msgs, None, tools)
-    assert memory.fit(rt, msgs, None) == (msgs, False)
-    fitted, trimmed = memory.fit(rt, msgs, None, tools)
-    assert trimmed and rt.llm.count_tokens(fitted, None, tools) <= 5500
+    assert memory.fit(rt, msgs, None) == (msgs, None)
+    fitted, kept = memory.fit(rt, msgs, None, tools)
+    assert kept is not None and rt.llm.count_tokens(fitted, None, tools) <= 5500
 
 
 def test_fit_leaves_a_small_prompt_alone() -> None:
     rt = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini", "context_window": 128_000}))
     msgs = conversation(2)
-    assert memory.fit(rt, msgs, None) == (msgs, False)
+    assert memory.fit(rt, msgs, None) == (msgs, None)
 
 
 @settings(max_examples=60, deadline=None)
@@ -73,7 +74,37 @@ def test_a_prompt_over_the_byte_bound_is_still_counted() -> None:
     rt = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini", "context_window": 1500, "max_tokens": 100}))
     msgs = [{"role": "user", "content": "hello " * 300}]  # about 1,800 bytes, about 300 tokens
     assert memory._bytes(msgs) > 1400 >= rt.llm.count_tokens(msgs)
-    assert memory.fit(rt, msgs, None) == (msgs, False)
+    assert memory.fit(rt, msgs, None) == (msgs, None)
+
+
+@pytest.mark.parametrize("strategy", ["hard_trim", "sliding_window", "summarize"])
+def test_the_request_being_answered_is_never_cut(strategy: str) -> None:
+    """However long its tool results, the newest user message stays, and every tool call keeps
+    its answer: the results are shortened, then the oldest rounds after the request dropped."""
+    rt = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini", "context_window": 1500, "max_tokens": 500},
+                                     memory={"context_strategy": strategy}))
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "web_fetch", "arguments": "{}"}}
+             for i in range(3)]
+    rounds = [[{"role": "assistant", "content": None, "tool_calls": calls[i:i + 1]},
+               {"role": "tool", "tool_call_id": f"c{i}", "name": "web_fetch", "content": f"page {i} " * 1500}]
+              for i in range(3)]
+    msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "earlier"},
+            {"role": "assistant", "content": "ok"}, {"role": "user", "content": "please fetch three pages"},
+            *[m for r in rounds for m in r], {"role": "user", "content": "[runtime context]"}]
+    fitted, kept = memory.fit(rt, msgs, None)
+    assert kept == len(fitted) - 2 and rt.llm.count_tokens(fitted) <= 1000
+    assert "please fetch three pages" in [m["content"] for m in fitted]
+    assert "earlier" not in [m["content"] for m in fitted]
+    assert unpaired(fitted) is None
+    assert fitted[-2]["tool_call_id"] == "c2"  # the newest round stays
+
+
+def test_one_message_over_the_budget_is_shortened() -> None:
+    rt = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini", "context_window": 1500, "max_tokens": 500}))
+    msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "word " * 5000},
+            {"role": "user", "content": "[runtime context]"}]
+    fitted, kept = memory.fit(rt, msgs, None)
+    assert kept == 1 and rt.llm.count_tokens(fitted) <= 1000 and fitted[1]["content"].endswith("[trimmed]")
 
 
 _RT = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini"}))
