@@ -112,10 +112,14 @@ def agent(
     session: Annotated[str, typer.Option(help="conversation to continue")] = "cli:default",
     model: str | None = None,
 ) -> None:
-    """One turn in-process (no broker); prints the reply."""
+    """One turn in-process (no broker); prints the reply. Exits 1 when the turn failed."""
     from gateway.local_agent import one_turn
 
-    typer.echo(one_turn(settings_or_exit(), message=message, session=session, model=model))
+    if not message.strip():
+        raise typer.BadParameter("say something", param_hint="'-m' / '--message'")
+    answer = one_turn(settings_or_exit(), message=message, session=session, model=model)
+    typer.echo(answer.text)
+    raise typer.Exit(0 if answer.ok else 1)
 
 
 def main() -> None:

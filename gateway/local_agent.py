@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sqlmodel import col, select
 
 from shared.agent import conversations
 from shared.agent.local import drain
 from shared.agent.recovery import sweep
 from shared.agent.runtime import Runtime
-from shared.agent.service import submit
+from shared.agent.service import after_commit, submit
 from shared.migrate import upgrade
-from shared.models import Run, RunKind
+from shared.models import Run, RunKind, RunStatus
 from shared.scheduling import subagents
 from shared.settings import Settings
 
 
-def one_turn(settings: Settings, *, message: str, session: str, model: str | None = None) -> str:
+@dataclass
+class Answer:
+    text: str
+    ok: bool = True  # False when a turn failed (the text says why) or was cancelled
+
+
+def one_turn(settings: Settings, *, message: str, session: str, model: str | None = None) -> Answer:
     """The answer to `message`, and the reports of any subagents it started (they run inline too)."""
     upgrade(settings.database_url)
     rt = Runtime.build(settings)
@@ -25,13 +33,15 @@ def one_turn(settings: Settings, *, message: str, session: str, model: str | Non
     drain(rt, sweep(rt, conv.id))  # a turn an earlier `nanofleet agent` left behind when it died
     with rt.session() as s:
         out = submit(rt, s, conv.id, message, origin={"channel": "api", "chat_id": session}, model=model)
+    after_commit(rt, out)
+    drain(rt, out.nexts)  # for a command too: /new's summary, the turn that /stop let start
     if out.reply is not None:
-        return out.reply
-    drain(rt, out.nexts)
+        return Answer(out.reply)
     with rt.session() as s:
         first = s.get(Run, out.run_id) if out.run_id else None
         if first is None:
-            return "(your message is queued behind a running turn)"
-        turns = s.exec(select(Run).where(Run.conversation_id == conv.id, Run.kind == RunKind.TURN,
-                                         col(Run.created_at) >= first.created_at).order_by(col(Run.created_at)))
-        return "\n\n".join(run.final_text or "" for run in turns)
+            return Answer("(your message is queued behind a running turn)", ok=False)
+        turns = list(s.exec(select(Run).where(Run.conversation_id == conv.id, Run.kind == RunKind.TURN,
+                                              col(Run.created_at) >= first.created_at).order_by(col(Run.created_at))))
+    return Answer("\n\n".join(run.final_text or "" for run in turns),
+                  ok=all(run.status == RunStatus.SUCCEEDED for run in turns))

@@ -1,4 +1,5 @@
-"""`nanofleet agent` in-process: it finishes what a crashed earlier call left, and reports subagents."""
+"""`nanofleet agent` in-process: it finishes what a crashed earlier call left, reports subagents,
+runs what a command starts, and says when a turn failed."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from gateway.local_agent import one_turn
 from shared.agent import conversations
 from shared.agent.runtime import Runtime
 from shared.agent.service import submit
-from shared.models import Run, RunKind, RunStatus, utcnow
+from shared.models import Message, MessageType, Run, RunKind, RunStatus, utcnow
 from shared.settings import Settings, load_settings
-from tests.fakes.llm import FakeLLM
+from tests.fakes.llm import FakeLLM, Reply
 from tests.support.stack import clean_db
 
 
@@ -36,7 +37,7 @@ def test_a_turn_left_by_a_crashed_call_is_finished_first(database_url: str, fake
         run = s.get_one(Run, stale.run_id)
         run.lease_until = utcnow() - timedelta(seconds=1)
         s.add(run)
-    assert one_turn(settings, message="second", session="cli:t") == "echo: second"
+    assert one_turn(settings, message="second", session="cli:t").text == "echo: second"
     with rt.session() as s:
         assert s.get_one(Run, stale.run_id).final_text == "echo: first"
 
@@ -45,9 +46,24 @@ def test_a_subagent_reports_before_the_call_returns(database_url: str, fake_llm:
     clean_db(database_url)
     fake_llm.reset()
     settings = _settings(database_url, fake_llm, tmp_path)
-    answer = one_turn(settings, message='call:spawn {"task": "count the stars"}', session="cli:s")
+    answer = one_turn(settings, message='call:spawn {"task": "count the stars"}', session="cli:s").text
     # inline, the subagent ends before the turn's next step, which takes its report in (steer)
     assert "subagent report" in answer and "echo: count the stars" in answer
     with Runtime.build(settings).session() as s:
         [child] = s.exec(select(Run).where(Run.kind == RunKind.SUBAGENT)).all()
         assert child.status == RunStatus.SUCCEEDED and child.announced
+
+
+def test_new_summarises_and_a_failed_turn_says_so(database_url: str, fake_llm: FakeLLM, tmp_path: Path) -> None:
+    clean_db(database_url)
+    fake_llm.reset()
+    settings = _settings(database_url, fake_llm, tmp_path)
+    assert one_turn(settings, message="remember the tea", session="cli:n").ok
+    new = one_turn(settings, message="/new", session="cli:n")
+    assert new.ok and new.text.startswith("Started a new session")
+    with Runtime.build(settings).session() as s:  # /new's summary was written before the call returned
+        [summary] = s.exec(select(Message).where(Message.type == MessageType.SUMMARY)).all()
+        assert "remember the tea" in summary.content
+    fake_llm.handler = lambda body: Reply(status=400)
+    failed = one_turn(settings, message="anything", session="cli:n")
+    assert not failed.ok and "refused" in failed.text
