@@ -15,7 +15,7 @@ from shared.scheduling import jobs
 from shared.scheduling.beat import BeatMirror, beat_app
 from shared.settings import Settings
 
-app = typer.Typer(help="Scheduled jobs: their results go to a chat (or stay in their session for api).",
+app = typer.Typer(help="Scheduled jobs: their results go to a chat (for api: a conversation, or their own session).",
                   no_args_is_help=True)
 
 
@@ -72,8 +72,8 @@ def add(
                                                 formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S",
                                                          "%Y-%m-%dT%H:%M%z", "%Y-%m-%dT%H:%M"])] = None,
     name: Annotated[str, typer.Option(help="a short name")] = "",
-    channel: Annotated[str, typer.Option(help="where results go: telegram, slack, ... or api")] = "api",
-    chat_id: Annotated[str, typer.Option(help="the chat on that channel")] = "",
+    channel: Annotated[str, typer.Option(help="where results go: api, or a configured platform")] = "api",
+    chat_id: Annotated[str, typer.Option(help="the chat on that channel (for api: a conversation id, or none)")] = "",
     missed_policy: Annotated[str | None, typer.Option(help="skip, run_once or catch_up")] = None,
 ) -> None:
     """Schedule a job."""

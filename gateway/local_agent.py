@@ -13,7 +13,7 @@ from shared.agent.runtime import Runtime
 from shared.agent.service import after_commit, submit
 from shared.migrate import upgrade
 from shared.models import Run, RunKind, RunStatus
-from shared.scheduling import subagents
+from shared.scheduling import hooks
 from shared.settings import Settings
 
 
@@ -26,8 +26,7 @@ class Answer:
 def one_turn(settings: Settings, *, message: str, session: str, model: str | None = None) -> Answer:
     """The answer to `message`, and the reports of any subagents it started (they run inline too)."""
     upgrade(settings.database_url)
-    rt = Runtime.build(settings)
-    rt.finish_hooks["subagent"] = subagents.announce  # a subagent's report starts a turn, as in workers
+    rt = hooks.install(Runtime.build(settings))  # a subagent's report starts a turn, as in workers
     with rt.session() as s:
         conv = conversations.get_or_create(s, session_key=session, channel="cli", chat_id=session)
     drain(rt, sweep(rt, conv.id))  # a turn an earlier `nanofleet agent` left behind when it died

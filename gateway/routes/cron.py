@@ -36,8 +36,10 @@ class CronIn(CamelModel):
     tz: str | None = Field(default=None, max_length=64, pattern=NO_NUL)
     at: datetime | None = None
     missed_policy: jobs.Policy | None = None
-    channel: str = Field(default="api", max_length=32, description="where results go", pattern=NO_NUL)
-    chat_id: str = Field(default="", max_length=200, pattern=NO_NUL)
+    channel: str = Field(default="api", max_length=32, pattern=NO_NUL,
+                         description="where results go: api, or a configured platform (telegram, slack, ...)")
+    chat_id: str = Field(default="", max_length=200, pattern=NO_NUL,
+                         description="the platform's chat (required there); for api, a conversation id or empty")
     enabled: bool = True
 
 
@@ -89,7 +91,8 @@ def list_jobs(
 
 @router.post("", status_code=201, responses={**BAD_BODY, 422: {"description": "invalid schedule"}})
 def create_job(body: CronIn, s: SessionDep, state: StateDep) -> dict[str, Any]:
-    """Schedule a job; its results go to `channel`/`chatId` (for `api`, they stay in its session)."""
+    """Schedule a job; its results go to `channel`/`chatId`: a configured platform's chat, or for `api`
+    the API conversation `chatId` names (empty: they stay in the job's own session)."""
     job = jobs.create(s, state.settings, jobs.JobIn.model_validate(body.model_dump(by_alias=False)))
     s.commit()
     _mirror(state, job, job.id)

@@ -4,9 +4,11 @@ A firing locks the job row, works out which fire times are due under the job's m
 and for each writes a receipt unique per (job, fire time) before anything else: a duplicate fire
 (two beats after a lock loss, a replayed task, reconciliation racing beat) finds the receipt and
 does nothing. Each firing becomes a run of kind `cron` in the session `cron:<job id>`; its result
-goes to the job's target chat (the finish hook). A job never runs twice at once: while its run is
+goes to the job's target chat (the finish hook): through the outbox to a platform, or, for `api`,
+into the API conversation the chat id names. A job never runs twice at once: while its run is
 going, due times wait and the finish hook checks again. Reconciliation makes the redbeat mirror
-match Postgres (at beat start-up and periodically) and fires what was missed.
+match Postgres (at beat start-up and periodically), fires what was missed, posts results that
+waited for a busy conversation, and re-sends a daily summary whose firing was lost after its receipt.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
+from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert
 from sqlmodel import Session, col, select
+from sqlmodel.sql.expression import SelectOfScalar
 
 from shared.agent import conversations
 from shared.agent.finish import deliver
 from shared.agent.runtime import Next, Runtime
-from shared.constants import T_AGENT_STEP, T_CRON_FIRE, T_DAILY_SUMMARY
-from shared.models import Conversation, CronJob, CronReceipt, Message, Role, Run, RunKind, utcnow
+from shared.constants import T_AGENT_STEP, T_CRON_FIRE, T_CRON_RECONCILE, T_DAILY_SUMMARY
+from shared.models import TERMINAL, Conversation, CronJob, CronReceipt, Message, Role, Run, RunKind, utcnow
 from shared.scheduling import schedules
 from shared.scheduling.beat import BeatMirror
 from shared.scheduling.jobs import cursor, spec_of, upcoming
@@ -32,6 +36,12 @@ SESSION_PREFIX = "cron:"
 INTERNAL = "internal"  # the channel of sessions nobody chats in (cron, subagents, heartbeat)
 RECONCILE_SLACK = timedelta(seconds=3)  # beat fires on time; reconciliation only steps in later
 DAILY_SUMMARY_ID = "sys-daily-summary"
+PLANNED_ID = DAILY_SUMMARY_ID + ":planned"  # receipts of the daily summaries whose fan-out ran
+PLAN_GRACE = timedelta(minutes=1)  # a daily firing's fan-out task normally runs well within this
+PLAN_LOOKBACK = timedelta(hours=24)  # older daily firings are not re-sent
+POST_RETRY = 5.0  # seconds before a result that waited for a busy conversation is tried again
+POST_WINDOW = timedelta(hours=1)  # a result not posted within this is given up (logged)
+API = "api"
 
 
 def receipt(s: Session, job_id: str, scheduled_for: datetime) -> CronReceipt | None:
@@ -180,12 +190,29 @@ def reconcile(rt: Runtime, mirror: BeatMirror, now: datetime | None = None) -> l
             log.exception("cron job %s: could not reconcile", job.id)
     for stale in mirror.job_ids() - wanted:
         mirror.disarm(stale)
-    return nexts
+    post_waiting(rt, now)
+    return nexts + unplanned_summaries(rt, now)
+
+
+def unplanned_summaries(rt: Runtime, now: datetime) -> list[Next]:
+    """Daily firings whose receipt committed but whose fan-out never ran (the task was lost between
+    the firing's commit and its enqueue): send them again. The fan-out and each summary are idempotent."""
+    if not rt.settings.scheduler.daily_summary.enabled:
+        return []
+    planned = select(CronReceipt.scheduled_for).where(CronReceipt.job_id == PLANNED_ID)
+    with rt.session() as s:
+        lost = s.exec(select(CronReceipt.scheduled_for).where(
+            CronReceipt.job_id == DAILY_SUMMARY_ID, col(CronReceipt.created_at) >= now - PLAN_LOOKBACK,
+            col(CronReceipt.created_at) <= now - PLAN_GRACE, col(CronReceipt.scheduled_for).not_in(planned),
+        )).all()
+    for at in lost:
+        log.warning("daily summary for %s: its fan-out never ran; sending it again", at.isoformat())
+    return [Next(T_DAILY_SUMMARY, (at.isoformat(),)) for at in lost]
 
 
 def on_finish(rt: Runtime, s: Session, run: Run) -> list[Next]:
     """A cron run ended: its result goes to the job's target; fire times that waited go next."""
-    nexts = deliver(rt, s, run)
+    nexts = deliver(rt, s, run) + post_result(s, run)
     job_id = (run.origin or {}).get("cron_job_id")
     job = s.get(CronJob, job_id) if job_id else None
     if job is not None and job.enabled:
@@ -193,3 +220,47 @@ def on_finish(rt: Runtime, s: Session, run: Run) -> list[Next]:
         if nxt is not None and nxt <= utcnow():
             nexts.append(Next(T_CRON_FIRE, (job.id, "")))
     return nexts
+
+
+def post_result(s: Session, run: Run) -> list[Next]:
+    """An `api` job's result goes into the API conversation its chat id names, once (run.announced,
+    set in the same transaction). As a plain assistant message: a reminder should read as the
+    assistant's own words and cost no second LLM call. A conversation in the middle of a turn gets
+    it later (reconciliation), so it never lands between a tool call and its result."""
+    origin = run.origin or {}
+    if origin.get("channel", API) != API or run.announced:
+        return []
+    chat_id = str(origin.get("chat_id") or "")
+    text = "" if run.suppress_reply else run.final_text or ""
+    conv = s.get(Conversation, chat_id, with_for_update=True) if chat_id and text else None
+    if conv is not None and conv.channel == API and conv.id != run.conversation_id:
+        if conv.active_run_id is not None:
+            return [Next(T_CRON_RECONCILE, countdown=POST_RETRY)]
+        s.add(Message(conversation_id=conv.id, role=Role.ASSISTANT, content=text, meta={
+            "kind": "cron_result", "cron_job_id": origin.get("cron_job_id"), "cron_run_id": run.id}))
+    run.announced = True  # posted, or nothing to post
+    s.add(run)
+    return []
+
+
+def _waiting() -> SelectOfScalar[str]:
+    return select(Run.id).where(
+        Run.kind == RunKind.CRON, col(Run.announced).is_(False), col(Run.status).in_(TERMINAL),
+        col(Run.origin)["channel"].astext == API, col(Run.origin)["chat_id"].astext != "",
+    )
+
+
+def post_waiting(rt: Runtime, now: datetime) -> None:
+    """Post the results that waited for a busy conversation (each run locked, then its target)."""
+    with rt.session() as s:
+        ids = s.exec(_waiting().where(col(Run.finished_at) >= now - POST_WINDOW)).all()
+        late = _waiting().where(col(Run.finished_at) < now - POST_WINDOW)
+        given_up = s.execute(update(Run).where(col(Run.id).in_(late)).values(announced=True)).rowcount  # type: ignore[attr-defined]
+    if given_up:
+        log.warning("%d cron result(s) waited over %s for their conversation; not posted", given_up, POST_WINDOW)
+    for run_id in ids:
+        try:
+            with rt.session() as s:
+                post_result(s, s.get_one(Run, run_id, with_for_update=True))  # still busy: next time
+        except Exception:
+            log.exception("cron run %s: could not post its result", run_id)

@@ -1,15 +1,20 @@
 """The heartbeat: every interval, look at HEARTBEAT.md; if it lists tasks, a cheap model decides
 whether to act now, and a `heartbeat` run does them and tells the most recently active chat.
 
-An empty or missing file costs nothing (no LLM call). Each interval is claimed with a receipt
-before the decision, so a replayed or duplicated beat never decides or runs twice. The heartbeat
-session keeps only its last messages, so it never grows without bound.
+An empty or missing file costs nothing (no LLM call). Each heartbeat that beat sends is handled
+once: its receipt is keyed by the id of its Celery message, which a redelivery (a worker died) and
+a retry keep and every send has its own. Neither Celery nor redbeat tells the task the time beat
+meant it for, and a slot of the worker's clock would let a delayed heartbeat take the place of the
+next one. The receipt is written with the outcome of the decision, in one transaction: a decision
+that fails (it is retried) or dies loses nothing. The heartbeat session keeps only its last
+messages, so it never grows without bound.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,8 +25,9 @@ from shared.agent import conversations
 from shared.agent.finish import deliver
 from shared.agent.runtime import Next, Runtime
 from shared.constants import T_AGENT_STEP
+from shared.errors import Retryable
 from shared.llm import LLMError
-from shared.models import Conversation, Message, Role, Run, RunKind, utcnow
+from shared.models import Conversation, CronReceipt, Message, Role, Run, RunKind, utcnow
 from shared.scheduling.cron import INTERNAL, receipt
 
 log = logging.getLogger(__name__)
@@ -31,6 +37,8 @@ RECEIPT_JOB = "system:heartbeat"
 KEEP_MESSAGES = 20
 MAX_CHARS = 8000
 QUIET = "HEARTBEAT_OK"
+DECIDE_RETRIES = 3  # then this heartbeat is given up; the next interval brings another
+KEYED_BY_ID = datetime(1970, 1, 1, tzinfo=UTC)  # a heartbeat's receipt is unique by its job id alone
 _EMPTY_LINE = re.compile(r"^\s*(#.*|[-*+]\s*(\[\s?\])?\s*|<!--.*-->)?\s*$")
 
 DECIDE = """You check a list of periodic tasks. It is {now}. Decide whether any of them needs doing now.
@@ -58,20 +66,10 @@ def read(rt: Runtime) -> str:
         return ""
 
 
-def slot(now: datetime, interval: int) -> datetime:
-    """The start of the interval `now` falls in: the heartbeat's receipt key."""
-    ts = int(now.timestamp())
-    return datetime.fromtimestamp(ts - ts % max(1, interval), UTC)
-
-
 def decide(rt: Runtime, todo: str, now: datetime) -> str | None:
-    """The tasks to do now, or None to skip (the cheap call)."""
+    """The tasks to do now, or None to skip (the cheap call); raises LLMError."""
     prompt = DECIDE.format(now=now.isoformat(timespec="minutes"), tasks=todo)
-    try:
-        answer = rt.llm.complete([{"role": "user", "content": prompt}], model=rt.settings.heartbeat.model).content
-    except LLMError as err:
-        log.warning("heartbeat: the decision call failed: %s", err)
-        return None
+    answer = rt.llm.complete([{"role": "user", "content": prompt}], model=rt.settings.heartbeat.model).content
     lines = [line.strip() for line in (answer or "").strip().splitlines() if line.strip()]
     if not lines or not lines[0].upper().startswith("RUN"):
         return None
@@ -101,32 +99,49 @@ def trim(s: Session, conversation_id: str, keep: int = KEEP_MESSAGES) -> None:
         s.execute(delete(Message).where(col(Message.conversation_id) == conversation_id, col(Message.seq) < cutoff))
 
 
-def beat(rt: Runtime, now: datetime | None = None) -> list[Next]:
-    """One heartbeat; returns the first step of the run it started, if any."""
+def _handled(s: Session, key: str) -> bool:
+    return s.exec(select(CronReceipt.id).where(CronReceipt.job_id == key)).first() is not None
+
+
+def beat(rt: Runtime, now: datetime | None = None, *, delivery: str | None = None) -> list[Next]:
+    """One heartbeat; returns the first step of the run it started, if any. `delivery`: what makes
+    this heartbeat one (the Celery message's id; without it, every call is its own); a second call
+    with the same one does nothing."""
     now = now or utcnow()
+    key = f"{RECEIPT_JOB}:{delivery or uuid.uuid4().hex}"
     todo = read(rt)
     if not todo:
         log.info("heartbeat: %s is empty or missing; nothing to do", FILE)
         return []
     with rt.session() as s:
         conv = conversations.get_or_create(s, session_key=SESSION, channel=INTERNAL, chat_id=SESSION)
-        if conv.active_run_id is not None or receipt(s, RECEIPT_JOB, slot(now, rt.settings.heartbeat.interval)) is None:
-            return []  # still busy with the last one, or this interval was handled already
-    todo_now = decide(rt, todo, now)
-    if todo_now is None:
-        log.info("heartbeat: nothing to do now")
-        return []
+        if conv.active_run_id is not None or _handled(s, key):
+            return []  # still busy with the last one, or this heartbeat was handled already
+    try:
+        todo_now = decide(rt, todo, now)
+    except LLMError as err:
+        raise Retryable(f"heartbeat: the decision call failed: {err}", max_retries=DECIDE_RETRIES) from err
     with rt.session() as s:
-        trim(s, conv.id)
-        origin = target(s)
-        run = conversations.try_start_turn(
-            s, conv.id, origin=origin, lease_seconds=rt.settings.runtime.lease_seconds, kind=RunKind.HEARTBEAT,
-            max_iterations=rt.settings.agent.max_iterations, task=todo_now,
-        )
-        if run is None:
+        if receipt(s, key, KEYED_BY_ID) is None:
+            return []  # a copy of this heartbeat decided meanwhile
+        if todo_now is None:
+            log.info("heartbeat: nothing to do now")
             return []
-        content = ACT.format(now=now.isoformat(timespec="minutes"), tasks=todo_now, quiet=QUIET)
-        s.add(Message(conversation_id=conv.id, run_id=run.id, role=Role.USER, content=content, meta={"origin": origin}))
+        return _start(rt, s, conv.id, todo_now, now)
+
+
+def _start(rt: Runtime, s: Session, conversation_id: str, todo: str, now: datetime) -> list[Next]:
+    trim(s, conversation_id)
+    origin = target(s)
+    run = conversations.try_start_turn(
+        s, conversation_id, origin=origin, lease_seconds=rt.settings.runtime.lease_seconds, kind=RunKind.HEARTBEAT,
+        max_iterations=rt.settings.agent.max_iterations, task=todo,
+    )
+    if run is None:
+        return []
+    content = ACT.format(now=now.isoformat(timespec="minutes"), tasks=todo, quiet=QUIET)
+    s.add(Message(conversation_id=conversation_id, run_id=run.id, role=Role.USER, content=content,
+                  meta={"origin": origin}))
     return [Next(T_AGENT_STEP, (run.id, 0))]
 
 

@@ -16,5 +16,12 @@ def call_key(s: Session, run_id: str, call_id: str) -> str:
     return f"{run_id}:{step}:{call_id}"
 
 
+def is_retry(s: Session, run_id: str, call_id: str) -> bool:
+    """The executing tool call was started before (its worker died, or the call was re-run)."""
+    attempts = s.exec(select(ToolCall.attempts).where(ToolCall.run_id == run_id, ToolCall.call_id == call_id)
+                      .order_by(col(ToolCall.step_seq).desc())).first()
+    return (attempts or 0) > 1
+
+
 def derived(kind: str, key: str) -> str:
     return uuid.uuid5(uuid.NAMESPACE_URL, f"nanofleet:{kind}:{key}").hex

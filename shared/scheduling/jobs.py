@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Any, Literal
+from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, Field
 from sqlmodel import Session, col, select
 
+from shared.channels import REGISTRY, get_channel
 from shared.contracts import NO_NUL
 from shared.errors import Conflict, NanofleetError, NotFound
 from shared.models import CronJob, CronReceipt, utcnow
@@ -21,6 +23,9 @@ from shared.settings import Settings
 
 Policy = Literal["skip", "run_once", "catch_up"]
 PAST_SLACK = timedelta(seconds=60)  # an `at` this far in the past still runs (clock skew, slow typing)
+MAX_AHEAD = timedelta(seconds=schedules.MAX_EVERY)  # an `at` further ahead is a typo, not a plan (ten years)
+API = "api"  # results stay in the job's session, or go into the API conversation its chat id names
+TZ_ONLY = "tz applies only to cron expressions and to a new `at` (a time without an offset is read in it)"
 
 
 class InvalidJob(NanofleetError):
@@ -86,26 +91,61 @@ def sync(mirror: BeatMirror, job: CronJob, now: datetime | None = None) -> None:
         mirror.arm(job.id, nxt)
 
 
+def _zone(tz: str) -> ZoneInfo:
+    try:
+        return schedules.zone(tz)
+    except schedules.ScheduleError as err:
+        raise InvalidJob(str(err)) from None
+
+
+def _at(at: datetime, zone: ZoneInfo, now: datetime) -> datetime:
+    """A one-shot time as a whole UTC second, not in the past nor absurdly far ahead."""
+    try:  # a year-9999 time can leave datetime's range once moved to UTC
+        when = schedules.whole_second(at if at.tzinfo else at.replace(tzinfo=zone))
+    except OverflowError:
+        raise InvalidJob(f"at {at.isoformat()} is out of range") from None
+    if when < now - PAST_SLACK:
+        raise InvalidJob(f"at {when.isoformat()} is in the past")
+    if when > now + MAX_AHEAD:
+        raise InvalidJob(f"at {when.isoformat()} is too far ahead: at most ten years from now")
+    return max(when, schedules.whole_second(now) + timedelta(seconds=1))
+
+
 def _schedule(settings: Settings, *, every: int | None, expr: str | None, tz: str | None, at: datetime | None,
-              now: datetime) -> dict[str, Any]:
-    """Columns for the schedule; raises InvalidJob with the reason."""
+              now: datetime, tz_given: bool = False) -> dict[str, Any]:
+    """Columns for the schedule; raises InvalidJob with the reason. `tz_given`: the caller asked for
+    `tz` itself, which is refused for `every`, where it would change nothing."""
     given = [k for k, v in (("every_seconds", every), ("cron_expr", expr), ("at", at)) if v is not None]
     if len(given) != 1:
         raise InvalidJob("give exactly one of every_seconds, cron_expr or at")
+    kind = {"every_seconds": "every", "cron_expr": "cron", "at": "at"}[given[0]]
     tz = tz or settings.scheduler.timezone
+    zone = _zone(tz)
+    if tz_given and kind == "every":
+        raise InvalidJob(TZ_ONLY)
+    if at is not None:
+        at = _at(at, zone, now)
     try:
-        zone = schedules.zone(tz)
-        if at is not None:
-            at = schedules.whole_second(at if at.tzinfo else at.replace(tzinfo=zone))
-            if at < now - PAST_SLACK:
-                raise InvalidJob(f"at {at.isoformat()} is in the past")
-            at = max(at, schedules.whole_second(now) + timedelta(seconds=1))
-        kind = {"every_seconds": "every", "cron_expr": "cron", "at": "at"}[given[0]]
         expr = schedules.check_cron(expr) if expr is not None else None
         schedules.validate(schedules.Spec(kind=kind, anchor=now, every_seconds=every, cron_expr=expr, tz=tz, at=at))
     except schedules.ScheduleError as err:
         raise InvalidJob(str(err)) from None
     return {"kind": kind, "every_seconds": every, "cron_expr": expr, "tz": tz, "at": at}
+
+
+def check_target(settings: Settings, channel: str, chat_id: str) -> None:
+    """Refuse a target no result could reach: every firing would pay for a run whose reply is lost.
+    Any `api` chat id will do: one that names no API conversation (`nanofleet agent` uses its
+    session key) keeps the results in the job's own session, where the API shows them."""
+    if channel == API:
+        return
+    found = get_channel(channel, settings)
+    if found is None:
+        raise InvalidJob(f"unknown channel '{channel}': use {API} or one of {', '.join(sorted(REGISTRY))}")
+    if not found.enabled():
+        raise InvalidJob(f"channel '{channel}' is not configured here")
+    if not chat_id.strip():
+        raise InvalidJob(f"channel '{channel}' needs a chat_id: the chat the results go to")
 
 
 class AlreadyFired(NanofleetError):
@@ -123,7 +163,9 @@ def create(s: Session, settings: Settings, data: JobIn, *, job_id: str | None = 
     if job_id and s.exec(select(CronReceipt.id).where(CronReceipt.job_id == job_id)).first() is not None:
         raise AlreadyFired(f"cron job {job_id} was created by this call and has already run")
     now = now or utcnow()
-    columns = _schedule(settings, every=data.every_seconds, expr=data.cron_expr, tz=data.tz, at=data.at, now=now)
+    columns = _schedule(settings, every=data.every_seconds, expr=data.cron_expr, tz=data.tz, at=data.at, now=now,
+                        tz_given=data.tz is not None)
+    check_target(settings, data.channel, data.chat_id)
     policy = data.missed_policy or ("run_once" if columns["kind"] == "at" else "skip")
     origin = {"channel": data.channel, "chat_id": data.chat_id, "reply_meta": data.reply_meta}
     job = CronJob(name=data.name or data.message[:60], message=data.message, missed_policy=policy,
@@ -153,27 +195,46 @@ def update(s: Session, settings: Settings, job: CronJob, patch: JobPatch, *, now
     _user_owned(job)
     now = now or utcnow()
     changes = patch.model_dump(exclude_unset=True)
-    if {"every_seconds", "cron_expr", "at"} & changes.keys():
-        columns = _schedule(settings, every=patch.every_seconds, expr=patch.cron_expr,
-                            tz=patch.tz or job.tz, at=patch.at, now=now)
-        for name, value in columns.items():
-            setattr(job, name, value)
-        job.last_fired_at = now
-    elif "tz" in changes and job.kind == "cron":
-        job.tz = _schedule(settings, every=None, expr=job.cron_expr, tz=patch.tz, at=None, now=now)["tz"]
-        job.last_fired_at = now
+    _reschedule(settings, job, patch, changes.keys(), now)
     if changes.get("enabled") and not job.enabled:
-        job.last_fired_at = now
+        _revive(job, now)
     for name in ("message", "name", "missed_policy", "enabled"):
         if changes.get(name) is not None:
             setattr(job, name, changes[name])
     if patch.channel is not None or patch.chat_id is not None:
         job.channel = patch.channel if patch.channel is not None else job.channel
         job.chat_id = patch.chat_id if patch.chat_id is not None else job.chat_id
+        check_target(settings, job.channel, job.chat_id)
         job.origin = {"channel": job.channel, "chat_id": job.chat_id, "reply_meta": {}}
     s.add(job)
     s.flush()
     return job
+
+
+def _reschedule(settings: Settings, job: CronJob, patch: JobPatch, changed: Any, now: datetime) -> None:
+    """A new schedule (or a cron job's new zone) replaces the old one from now; `tz` is always checked."""
+    if {"every_seconds", "cron_expr", "at"} & changed:
+        columns = _schedule(settings, every=patch.every_seconds, expr=patch.cron_expr, tz=patch.tz or job.tz,
+                            at=patch.at, now=now, tz_given=patch.tz is not None)
+        for name, value in columns.items():
+            setattr(job, name, value)
+        job.last_fired_at = now
+    elif patch.tz is not None:
+        _zone(patch.tz)
+        if job.kind != "cron":  # an `at` is stored as an instant: a zone cannot move it
+            raise InvalidJob(f"{TZ_ONLY}; to move this {job.kind} job, give a new schedule")
+        job.tz = _schedule(settings, every=None, expr=job.cron_expr, tz=patch.tz, at=None, now=now)["tz"]
+        job.last_fired_at = now
+
+
+def _revive(job: CronJob, now: datetime) -> None:
+    """Re-enabling counts from now, as if the job were new. A one-shot whose time passed meanwhile
+    would then never fire and never be removed: refuse instead, naming the way out."""
+    if job.kind == "at" and (job.at is None or job.at <= now):
+        at = job.at.isoformat() if job.at else "?"
+        raise InvalidJob(f"cron job {job.id} was to run once at {at}, which passed while it was disabled: "
+                         "give it a new `at` to enable it, or remove it")
+    job.last_fired_at = now
 
 
 def delete(s: Session, job: CronJob) -> None:

@@ -40,6 +40,14 @@ class LimitReached(Exception):
         self.limit = limit
 
 
+class ParentStopped(Exception):
+    """The spawning turn ended (a /stop, a cancel) before the spawn: nothing may start for it."""
+
+    def __init__(self, status: RunStatus) -> None:
+        super().__init__(f"the turn was stopped ({status.value}); no subagent was started")
+        self.status = status
+
+
 @dataclass(frozen=True)
 class Spawned:
     run_id: str
@@ -58,9 +66,14 @@ def running(s: Session, conversation_id: str) -> int:
 
 
 def spawn(settings: Settings, *, parent_run_id: str, call_id: str, task: str, label: str | None) -> Spawned:
-    """Create the child run and its session; raises LimitReached. Enqueue its step 0 afterwards."""
+    """Create the child run and its session; raises LimitReached, or ParentStopped when the parent
+    run ended. Enqueue its step 0 afterwards."""
     with session_scope(settings.database_url) as s:
-        parent = s.get_one(Run, parent_run_id)
+        # The parent first, then its conversation, as cancellation locks them: a /stop either ended
+        # the parent before this (refused here) or waits and then cancels the child with it.
+        parent = s.get_one(Run, parent_run_id, with_for_update=True)
+        if parent.status not in ACTIVE:
+            raise ParentStopped(parent.status)
         s.get_one(Conversation, parent.conversation_id, with_for_update=True)  # one count at a time
         cid = derived("subagent", call_key(s, parent.id, call_id))
         if (existing := s.get(Run, cid)) is not None:

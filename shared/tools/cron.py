@@ -14,7 +14,7 @@ from shared.errors import Conflict, NotFound
 from shared.models import CronJob
 from shared.scheduling import jobs
 from shared.scheduling.beat import BeatMirror, beat_app
-from shared.scheduling.ids import call_key, derived
+from shared.scheduling.ids import call_key, derived, is_retry
 from shared.scheduling.schedules import MAX_EVERY
 from shared.settings import Settings
 from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
@@ -40,7 +40,7 @@ class CronTool(Tool):
 
     name = "cron"
     description = (
-        "Schedule messages to yourself that run as tasks later, with the result sent to this chat. "
+        "Schedule messages to yourself that run as tasks later; each run's answer is posted to this chat. "
         "action=add with message and one of every_seconds, cron_expr (+tz) or at (ISO-8601); "
         "action=list; action=remove|enable|disable with job_id."
     )
@@ -71,14 +71,19 @@ class CronTool(Tool):
         if not args.job_id:
             return ToolResult.fail(ErrorCode.INVALID_ARGS, f"action={args.action} needs job_id (see action=list)")
         with session_scope(ctx.settings.database_url) as s:
-            job = _in_chat(jobs.get(s, args.job_id, lock=True), ctx)
-            if args.action == "remove":
-                jobs.delete(s, job)
-                out: dict[str, Any] = {"removed": job.id}
+            current = s.get(CronJob, args.job_id, with_for_update=True)
+            if current is None and args.action == "remove" and ctx.run_id and is_retry(s, ctx.run_id, ctx.call_id):
+                # This call ran before (its worker died before the result was kept): it removed the job.
+                out: dict[str, Any] = {"removed": args.job_id, "note": "already removed by this call's first try"}
+                kept: CronJob | None = None
+            elif args.action == "remove":
+                jobs.delete(s, _in_chat(current or jobs.get(s, args.job_id), ctx))
+                out, kept = {"removed": args.job_id}, None
             else:
-                job = jobs.update(s, ctx.settings, job, jobs.JobPatch(enabled=args.action == "enable"))
-                out = _brief(job)
-        _mirror(ctx.settings, job, removed=args.action == "remove")
+                kept = jobs.update(s, ctx.settings, _in_chat(current or jobs.get(s, args.job_id), ctx),
+                                   jobs.JobPatch(enabled=args.action == "enable"))
+                out = _brief(kept)
+        _mirror(ctx.settings, args.job_id, kept)
         return ToolResult.success(out)
 
     def _add(self, args: CronArgs, ctx: ToolContext) -> ToolResult:
@@ -96,7 +101,7 @@ class CronTool(Tool):
                 job = jobs.create(s, ctx.settings, data, job_id=job_id)
             except jobs.AlreadyFired as err:
                 return ToolResult.success({"job_id": job_id, "status": "already ran", "note": err.message})
-        _mirror(ctx.settings, job)
+        _mirror(ctx.settings, job.id, job)
         return ToolResult.success(_brief(job))
 
 
@@ -115,13 +120,13 @@ def _brief(job: CronJob) -> dict[str, Any]:
             "enabled": job.enabled, "next_run": v["nextRunAt"], "missed_policy": job.missed_policy}
 
 
-def _mirror(settings: Settings, job: CronJob, *, removed: bool = False) -> None:
-    """Update the beat schedule; if Redis is unreachable, reconciliation does it later."""
+def _mirror(settings: Settings, job_id: str, job: CronJob | None) -> None:
+    """Update the beat schedule (None: the job is gone); if Redis is unreachable, reconciliation does it later."""
     try:
         mirror = BeatMirror(beat_app(settings))
-        if removed:
-            mirror.disarm(job.id)
+        if job is None:
+            mirror.disarm(job_id)
         else:
             jobs.sync(mirror, job)
     except Exception as err:
-        log.warning("cron job %s: beat schedule not updated now (%s); reconciliation will", job.id, err)
+        log.warning("cron job %s: beat schedule not updated now (%s); reconciliation will", job_id, err)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import pytest
 from fastapi.testclient import TestClient
 
+from shared.models import utcnow
+from shared.scheduling import jobs
 from shared.scheduling.beat import BeatMirror, beat_app
+from tests.support.scheduling import TELEGRAM, client, db
 from tests.support.stack import Stack
 
 
@@ -16,7 +21,16 @@ def mirror(stack: Stack) -> BeatMirror:
     return BeatMirror(beat_app(stack.settings))
 
 
-def test_create_list_change_delete(stack: Stack, api: Any) -> None:
+@pytest.fixture
+def telegram_api(make_stack: Callable[..., Stack]) -> Iterator[tuple[Stack, Any]]:
+    """The gateway of a stack with Telegram configured (no processes)."""
+    stack = make_stack(**TELEGRAM)
+    with client(stack) as api:
+        yield stack, api
+
+
+def test_create_list_change_delete(telegram_api: tuple[Stack, Any]) -> None:
+    stack, api = telegram_api
     r = api.post("/api/v1/cron", json={"message": "stand-up notes", "cronExpr": "0  9 * * 1-5",
                                        "tz": "Europe/Paris", "channel": "telegram", "chatId": "42"})
     assert r.status_code == 201, r.text
@@ -69,3 +83,75 @@ def test_cron_needs_an_api_key(stack: Stack) -> None:
     with TestClient(create_app(stack.settings)) as anonymous:
         assert anonymous.get("/api/v1/cron").status_code == 401
         assert anonymous.post("/api/v1/cron", json={"message": "x", "everySeconds": 5}).status_code == 401
+
+
+def test_a_time_out_of_range_is_refused(stack: Stack, api: Any) -> None:
+    for at in ("9999-12-31T23:00:00-05:00", "0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59"):
+        r = api.post("/api/v1/cron", json={"message": "x", "at": at, "tz": "America/New_York"})
+        assert r.status_code == 422 and "out of range" in r.text, (at, r.text)
+    far = (datetime.now(UTC) + timedelta(days=11 * 366)).isoformat()
+    r = api.post("/api/v1/cron", json={"message": "x", "at": far})
+    assert r.status_code == 422 and "too far ahead" in r.text
+    jid = api.post("/api/v1/cron", json={"message": "x", "everySeconds": 60}).json()["id"]
+    r = api.patch(f"/api/v1/cron/{jid}", json={"at": "9999-12-31T23:00:00-05:00"})
+    assert r.status_code == 422 and "out of range" in r.text
+    assert api.get(f"/api/v1/cron/{jid}").json()["kind"] == "every"
+
+
+def test_results_must_have_somewhere_to_go(telegram_api: tuple[Stack, Any]) -> None:
+    """Every firing of a job nothing can deliver would pay for a run whose reply is lost."""
+    _, api = telegram_api
+    cases = [
+        ({"channel": "nonexistent", "chatId": "1"}, "unknown channel 'nonexistent'"),
+        ({"channel": "slack", "chatId": "C1"}, "'slack' is not configured"),
+        ({"channel": "telegram", "chatId": ""}, "needs a chat_id"),
+        ({"channel": "telegram", "chatId": "  "}, "needs a chat_id"),
+    ]
+    for target, reason in cases:
+        r = api.post("/api/v1/cron", json={"message": "x", "everySeconds": 60, **target})
+        assert r.status_code == 422 and reason in r.text, (target, r.text)
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    for target in ({"channel": "telegram", "chatId": "42"}, {"channel": "api", "chatId": cid}, {}):
+        assert api.post("/api/v1/cron", json={"message": "x", "everySeconds": 60, **target}).status_code == 201
+    jid = api.post("/api/v1/cron", json={"message": "x", "everySeconds": 60}).json()["id"]
+    for target, reason in [*cases[:3], ({"channel": "telegram"}, "needs a chat_id")]:
+        r = api.patch(f"/api/v1/cron/{jid}", json=target)
+        assert r.status_code == 422 and reason in r.text, (target, r.text)
+    assert api.patch(f"/api/v1/cron/{jid}", json={"channel": "telegram", "chatId": "42"}).status_code == 200
+    assert len(api.get("/api/v1/cron", params={"channel": "telegram", "chatId": "42"}).json()) == 2
+
+
+def test_a_one_shot_whose_time_passed_while_disabled_needs_a_new_time(stack: Stack, api: Any) -> None:
+    """Enabled as it was, it would never fire and never be removed."""
+    now = utcnow()
+    with db(stack) as s:  # made five minutes ago, disabled, to run three minutes ago
+        jid = jobs.create(s, stack.settings, jobs.JobIn(message="x", at=now - timedelta(minutes=3), enabled=False),
+                          now=now - timedelta(minutes=5)).id
+    r = api.patch(f"/api/v1/cron/{jid}", json={"enabled": True})
+    assert r.status_code == 422 and "give it a new `at`" in r.text
+    assert api.get(f"/api/v1/cron/{jid}").json()["enabled"] is False
+    at = (now + timedelta(hours=1)).replace(microsecond=0)
+    r = api.patch(f"/api/v1/cron/{jid}", json={"enabled": True, "at": at.isoformat()})
+    assert r.status_code == 200 and r.json()["nextRunAt"] == at.astimezone(UTC).isoformat()
+    assert mirror(stack).is_armed_for(jid, at)
+
+
+def test_tz_is_checked_and_refused_where_it_means_nothing(stack: Stack, api: Any) -> None:
+    every = api.post("/api/v1/cron", json={"message": "x", "everySeconds": 60}).json()
+    at = api.post("/api/v1/cron", json={"message": "x", "at": (utcnow() + timedelta(hours=1)).isoformat()}).json()
+    daily = api.post("/api/v1/cron", json={"message": "x", "cronExpr": "0 9 * * *", "tz": "UTC"}).json()
+    for job in (every, at, daily):
+        r = api.patch(f"/api/v1/cron/{job['id']}", json={"tz": "Bad/Zone"})
+        assert r.status_code == 422 and "unknown timezone" in r.text
+    for job in (every, at):
+        r = api.patch(f"/api/v1/cron/{job['id']}", json={"tz": "Europe/Paris"})
+        assert r.status_code == 422 and "tz applies only to cron expressions" in r.text
+        assert api.get(f"/api/v1/cron/{job['id']}").json()["tz"] == job["tz"]
+    r = api.patch(f"/api/v1/cron/{daily['id']}", json={"tz": "Asia/Tokyo"})
+    assert r.status_code == 200 and datetime.fromisoformat(r.json()["nextRunAt"]).astimezone(
+        ZoneInfo("Asia/Tokyo")).hour == 9
+    r = api.post("/api/v1/cron", json={"message": "x", "everySeconds": 60, "tz": "Europe/Paris"})
+    assert r.status_code == 422 and "tz applies only to cron expressions" in r.text
+    naive = (utcnow() + timedelta(days=1)).replace(tzinfo=None, hour=9, minute=0, second=0, microsecond=0)
+    moved = api.patch(f"/api/v1/cron/{at['id']}", json={"at": naive.isoformat(), "tz": "Asia/Tokyo"}).json()
+    assert datetime.fromisoformat(moved["at"]).astimezone(ZoneInfo("Asia/Tokyo")).hour == 9

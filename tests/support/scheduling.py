@@ -10,8 +10,10 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
+from shared.agent import conversations
 from shared.db import session_scope
-from shared.models import TERMINAL, Conversation, CronJob, CronReceipt, Message, Run, RunKind, RunStatus
+from shared.models import TERMINAL, Conversation, CronJob, CronReceipt, Message, Run, RunKind, RunStatus, ToolCall
+from shared.tools.base import ToolContext
 from tests.support import services
 from tests.support.processes import wait_until
 from tests.support.stack import Stack, api_client
@@ -21,6 +23,12 @@ FAST = {
     "TOOLS__ALLOWED": json.dumps(ALLOWED),
     "SCHEDULER__RECONCILE_INTERVAL": "1",
     "SCHEDULER__BEAT_LOCK_TIMEOUT": "3",
+}
+# Telegram configured, so jobs may target it; its API is a closed port: sends fail and stay in the outbox
+TELEGRAM = {
+    "CHANNELS__TELEGRAM__TOKEN": "123456:test-bot-token",
+    "CHANNELS__TELEGRAM__WEBHOOK_SECRET": "tg-webhook-secret",
+    "CHANNELS__TELEGRAM__API_BASE": "http://127.0.0.1:9",
 }
 
 
@@ -64,6 +72,18 @@ def new_conversation(api: Any) -> str:
     r = api.post("/api/v1/conversations")
     assert r.status_code == 200, r.text
     return str(r.json()["conversationId"])
+
+
+def parent_call(stack: Stack, name: str) -> ToolContext:
+    """A turn whose step 1 journals a call of `name`, and the context that call runs with."""
+    with db(stack) as s:
+        conv = conversations.get_or_create(s, session_key="api:p", chat_id="p")
+        run = conversations.try_start_turn(s, conv.id, origin={"channel": "api", "chat_id": conv.id},
+                                           lease_seconds=2)
+        assert run is not None
+        s.add(ToolCall(run_id=run.id, step_seq=1, call_id="call_1", name=name))
+        return ToolContext(settings=stack.settings, run_id=run.id, conversation_id=conv.id, channel="api",
+                           chat_id=conv.id, call_id="call_1", extra={"origin": run.origin})
 
 
 def call(name: str, **args: Any) -> str:

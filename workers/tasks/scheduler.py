@@ -43,9 +43,9 @@ def cron_reconcile() -> None:
     dispatch(cron.reconcile(runtime(), BeatMirror(current_app)))
 
 
-@shared_task(name=T_HEARTBEAT, base=NanofleetTask)
-def heartbeat() -> None:
-    dispatch(heartbeat_core.beat(runtime()))
+@shared_task(name=T_HEARTBEAT, base=NanofleetTask, bind=True)
+def heartbeat(self: NanofleetTask) -> None:
+    dispatch(heartbeat_core.beat(runtime(), delivery=self.request.id))  # a redelivery keeps the id
 
 
 @shared_task(name=T_DAILY_SUMMARY, base=NanofleetTask)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from shared.agent.runtime import Runtime
-from shared.scheduling import cron, heartbeat, subagents
+from shared.scheduling import hooks
 from shared.scheduling.beat import BeatMirror, beat_app
 from shared.settings import Settings
 from tests.fakes.llm import FakeLLM
@@ -20,9 +20,7 @@ from tests.support.stack import Stack, clean_db, clean_redis, make_env
 
 def core_runtime(settings: Settings) -> Runtime:
     """The core as a worker runs it, with this issue's finish hooks (outbox deliveries stay queued)."""
-    rt = Runtime.build(settings)
-    rt.finish_hooks.update({"subagent": subagents.announce, "cron": cron.on_finish, "heartbeat": heartbeat.on_finish})
-    return rt
+    return hooks.install(Runtime.build(settings))
 
 
 @pytest.fixture(scope="session")

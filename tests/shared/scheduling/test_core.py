@@ -10,17 +10,18 @@ from datetime import datetime, timedelta
 from sqlmodel import select
 
 from shared.agent import conversations, prompt
-from shared.agent.finish import cancel
+from shared.agent.finish import cancel, cancel_conversation
 from shared.agent.local import drain
 from shared.agent.runtime import Next, Runtime
 from shared.constants import T_CRON_FIRE
-from shared.models import CronJob, Message, MessageType, Role, RunKind, RunStatus, ToolCall, utcnow
+from shared.models import CronJob, Message, MessageType, Role, RunKind, RunStatus, utcnow
 from shared.scheduling import cron, jobs, subagents, summary
 from shared.scheduling.beat import BeatMirror
 from shared.scheduling.schedules import whole_second
-from shared.tools.base import ToolContext
+from shared.tools.base import ErrorCode
 from shared.tools.cron import CronArgs, CronTool
-from tests.support.scheduling import call, db, receipts, runs
+from shared.tools.spawn import SpawnArgs, SpawnTool
+from tests.support.scheduling import call, db, parent_call, receipts, runs
 from tests.support.stack import Stack
 
 Core = Callable[..., tuple[Stack, Runtime, BeatMirror]]
@@ -125,21 +126,9 @@ def test_daily_summaries_are_records_not_memory(core: Core) -> None:
         assert prompt.latest_summary(s, cid).content == "compacted"  # type: ignore[union-attr]
 
 
-def _parent_call(stack: Stack, name: str) -> ToolContext:
-    """A turn whose step 1 journals a call of `name`, and the context that call runs with."""
-    with db(stack) as s:
-        conv = conversations.get_or_create(s, session_key="api:p", chat_id="p")
-        run = conversations.try_start_turn(s, conv.id, origin={"channel": "api", "chat_id": conv.id},
-                                           lease_seconds=2)
-        assert run is not None
-        s.add(ToolCall(run_id=run.id, step_seq=1, call_id="call_1", name=name))
-        return ToolContext(settings=stack.settings, run_id=run.id, conversation_id=conv.id, channel="api",
-                           chat_id=conv.id, call_id="call_1", extra={"origin": run.origin})
-
-
 def test_a_replayed_spawn_finds_its_child(core: Core) -> None:
     stack, rt, _ = core()
-    ctx = _parent_call(stack, "spawn")
+    ctx = parent_call(stack, "spawn")
     first = subagents.spawn(stack.settings, parent_run_id=ctx.run_id, call_id="call_1", task="t", label=None)
     again = subagents.spawn(stack.settings, parent_run_id=ctx.run_id, call_id="call_1", task="t", label=None)
     assert (again.run_id, again.replayed, first.replayed) == (first.run_id, True, False)
@@ -152,7 +141,7 @@ def test_a_replayed_spawn_finds_its_child(core: Core) -> None:
 
 def test_a_replayed_cron_add_finds_its_job(core: Core) -> None:
     stack, _, mirror = core()
-    ctx = _parent_call(stack, "cron")
+    ctx = parent_call(stack, "cron")
     args = CronArgs(action="add", message="standup notes", cron_expr="0 9 * * 1-5", tz="Europe/Berlin")
     first, again = (asyncio.run(CronTool().run(args, ctx)) for _ in range(2))
     assert first.ok and again.ok and first.output["job_id"] == again.output["job_id"]
@@ -166,7 +155,7 @@ def test_a_cron_add_replayed_after_its_job_fired_does_not_fire_it_again(core: Co
     """The replay comes after the `at` passed: re-creating the job would move `at` to now (a new
     fire time, so a new receipt) and run it a second time."""
     stack, rt, mirror = core()
-    ctx = _parent_call(stack, "cron")
+    ctx = parent_call(stack, "cron")
     at = utcnow() + timedelta(seconds=30)
     args = CronArgs(action="add", message=call("record", tag="once"), at=at)
     first = asyncio.run(CronTool().run(args, ctx))
@@ -188,3 +177,14 @@ def test_a_cron_add_replayed_after_its_job_fired_does_not_fire_it_again(core: Co
 def jobs_row_or_none(stack: Stack, jid: str) -> CronJob | None:
     with db(stack) as s:
         return s.get(CronJob, jid)
+
+
+def test_a_spawn_after_stop_starts_nothing(core: Core) -> None:
+    """The /stop came while the turn's spawn call was on its way: the call must not outlive it."""
+    stack, rt, _ = core()
+    ctx = parent_call(stack, "spawn")
+    with db(stack) as s:
+        drain(rt, cancel_conversation(rt, s, ctx.conversation_id, []))
+    result = asyncio.run(SpawnTool().run(SpawnArgs(task="t"), ctx))
+    assert (result.ok, result.error) == (False, ErrorCode.NOT_ALLOWED) and "the turn was stopped" in result.message
+    assert ctx.followups == [] and runs(stack, kind=RunKind.SUBAGENT) == []

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from datetime import timedelta
 
 from sqlmodel import col, select
 
 from shared.constants import T_CRON_FIRE
-from shared.models import TERMINAL, Outbox, Run, RunKind
+from shared.models import TERMINAL, Outbox, Run, RunKind, utcnow
 from shared.queueing import Producer, make_celery
 from shared.scheduling.beat import BeatMirror, beat_app
 from tests.support.processes import wait_until
-from tests.support.scheduling import call, client, db, job, receipts, runs, scheduling_stack
+from tests.support.scheduling import (
+    TELEGRAM,
+    call,
+    client,
+    db,
+    job,
+    new_conversation,
+    receipts,
+    runs,
+    scheduling_stack,
+)
 from tests.support.stack import Stack
 
 
@@ -25,7 +37,7 @@ def tags(stack: Stack) -> list[str]:
 
 
 def test_every_job_fires_repeatedly_and_stops_when_removed(make_stack: Callable[..., Stack]) -> None:
-    stack = scheduling_stack(make_stack, beat=True)
+    stack = scheduling_stack(make_stack, beat=True, **TELEGRAM)
     with client(stack) as api:
         r = api.post("/api/v1/cron", json={"message": call("record", tag="tick"), "everySeconds": 1,
                                            "channel": "telegram", "chatId": "42"})
@@ -91,3 +103,28 @@ def test_cron_tool_in_a_turn(sched: Stack) -> None:
         assert job(stack, jid) is None and mirror.armed(jid) is None
         with db(stack) as s:
             assert s.exec(select(Outbox).where(col(Outbox.channel) != "api")).first() is None
+
+
+def test_a_reminder_set_in_an_api_chat_comes_back_to_it(sched: Stack) -> None:
+    """The job's run is in its own session; its answer is posted to the chat that asked, once."""
+    stack = sched
+    with client(stack) as api:
+        cid = new_conversation(api)
+        at = (utcnow() + timedelta(seconds=30)).isoformat()
+        add = call("cron", action="add", message="remind me: drink water", at=at)
+        [added] = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": add}).json()["toolCalls"]
+        jid = json.loads(added["result"])["job_id"]
+        due = api.get(f"/api/v1/cron/{jid}").json()["nextRunAt"]
+        producer = Producer(make_celery(stack.settings))
+        for _ in range(2):  # beat, at its time, and a duplicate
+            producer.send(T_CRON_FIRE, jid, due)
+
+        def reminders() -> list[str]:
+            done = [r.final_text for r in cron_runs(stack, jid) if r.status in TERMINAL]
+            shown = api.get(f"/api/v1/conversations/{cid}/messages").json()
+            return [m["content"] for m in shown if m["role"] == "ASSISTANT" and m["content"] in done]
+
+        wait_until(reminders, message="the reminder in the chat")
+        [run] = cron_runs(stack, jid)
+        assert reminders() == [run.final_text] and "remind me: drink water" in (run.final_text or "")
+        assert run.conversation_id != cid

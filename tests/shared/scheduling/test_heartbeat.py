@@ -62,7 +62,7 @@ def test_a_due_task_runs_and_reaches_the_latest_chat(core: Core, fake_llm: FakeL
             s.flush()
     fake_llm.handler = decide_with("RUN")
     now = utcnow()
-    drain(rt, heartbeat.beat(rt, now))
+    drain(rt, heartbeat.beat(rt, now, delivery="beat-1"))
     [decision, *_] = fake_llm.requests
     assert decision["model"] == "cheap-model"
     [run] = runs(stack, kind=RunKind.HEARTBEAT)
@@ -71,7 +71,7 @@ def test_a_due_task_runs_and_reaches_the_latest_chat(core: Core, fake_llm: FakeL
         [sent] = s.exec(select(Outbox)).all()
     assert (sent.channel, sent.chat_id, sent.content) == ("telegram", "77", "done: recorded hb")
     calls = fake_llm.calls()
-    assert heartbeat.beat(rt, now) == [] and fake_llm.calls() == calls  # this interval was handled
+    assert heartbeat.beat(rt, now, delivery="beat-1") == [] and fake_llm.calls() == calls  # a replay does nothing
 
 
 def test_a_skip_decision_costs_one_call_and_no_run(core: Core, fake_llm: FakeLLM) -> None:
@@ -98,4 +98,43 @@ def test_the_heartbeat_session_is_trimmed(core: Core) -> None:
 def test_heartbeat_tasks_ignore_headings_comments_and_empty_items() -> None:
     assert heartbeat.tasks("# T\n\n<!-- a\nb -->\n- [ ]\n* \n") == ""
     assert heartbeat.tasks("# T\n- [ ] call mum\n") == "- [ ] call mum"
-    assert heartbeat.slot(utcnow(), 60) <= utcnow() < heartbeat.slot(utcnow(), 60) + timedelta(seconds=60)
+
+
+def decisions(fake_llm: FakeLLM) -> int:
+    return sum("Answer RUN or SKIP" in str(r["messages"][-1].get("content")) for r in fake_llm.requests)
+
+
+def test_every_heartbeat_beat_sends_is_decided_once(sched: Stack, fake_llm: FakeLLM) -> None:
+    """A late heartbeat and the next one fall in one interval of the worker's clock: each is decided.
+    The same message again (redelivered after a worker died) is not."""
+    stack, app = sched, make_celery(sched.settings)
+    (stack.workspace / "HEARTBEAT.md").write_text("- water the plants on Sundays\n")
+    fake_llm.handler = decide_with("SKIP")
+    worker = stack.procs[-1]
+
+    def done(task_id: str, times: int = 1) -> bool:
+        return worker.log().count(f"{T_HEARTBEAT}[{task_id}] succeeded") >= times
+
+    app.send_task(T_HEARTBEAT, task_id="late-beat")
+    wait_until(lambda: done("late-beat"), message="the late heartbeat")
+    app.send_task(T_HEARTBEAT, task_id="late-beat")
+    app.send_task(T_HEARTBEAT, task_id="next-beat")
+    wait_until(lambda: done("late-beat", 2) and done("next-beat"), message="the replay and the next heartbeat")
+    assert decisions(fake_llm) == 2
+
+
+def test_a_failed_decision_is_tried_again(sched: Stack, fake_llm: FakeLLM) -> None:
+    stack = sched
+    (stack.workspace / "HEARTBEAT.md").write_text("- check the deploy\n" + call("record", tag="hb") + "\n")
+    failures = iter(range(3))  # the decision call and both of its own retries (LLM__MAX_RETRIES=2)
+
+    def handler(body: dict[str, Any]) -> Reply:
+        if "Answer RUN or SKIP" in str(body["messages"][-1].get("content")) and next(failures, None) is not None:
+            return Reply(status=503)
+        return decide_with("RUN")(body)
+
+    fake_llm.handler = handler
+    Producer(make_celery(stack.settings)).send(T_HEARTBEAT)
+    wait_until(lambda: [r for r in runs(stack, kind=RunKind.HEARTBEAT) if r.status == RunStatus.SUCCEEDED],
+               timeout=60, message="the heartbeat's run, after its decision was retried")
+    assert decisions(fake_llm) == 4 and stack.executions()[0].endswith(" hb")

@@ -1,0 +1,105 @@
+"""Where a cron job made in a chat sends its results, and replays of the `cron` tool (plain core, no Celery)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import timedelta
+
+from sqlmodel import col, select
+
+from shared.agent import conversations
+from shared.agent.local import drain
+from shared.agent.runtime import Next, Runtime
+from shared.constants import T_AGENT_STEP, T_CRON_RECONCILE
+from shared.models import Conversation, Message, Role, RunKind, RunStatus, ToolCall, utcnow
+from shared.scheduling import cron
+from shared.scheduling.beat import BeatMirror
+from shared.scheduling.schedules import whole_second
+from shared.tools.base import ErrorCode, ToolContext
+from shared.tools.cron import CronArgs, CronTool
+from tests.support.scheduling import db, parent_call, runs
+from tests.support.stack import Stack
+
+Core = Callable[..., tuple[Stack, Runtime, BeatMirror]]
+
+
+def posted(stack: Stack, conversation_id: str) -> list[Message]:
+    with db(stack) as s:
+        return list(s.exec(select(Message).where(Message.conversation_id == conversation_id,
+                                                 col(Message.meta)["kind"].astext == "cron_result")))
+
+
+def set_turn(stack: Stack, conversation_id: str, run_id: str | None) -> None:
+    with db(stack) as s:
+        conv = s.get_one(Conversation, conversation_id)
+        conv.active_run_id = run_id
+        s.add(conv)
+
+
+def add_and_fire(stack: Stack, rt: Runtime, mirror: BeatMirror, ctx: ToolContext, text: str) -> list[str]:
+    """The model adds a one-shot job in its chat; beat fires it; returns the tasks left for Celery."""
+    at = utcnow() + timedelta(seconds=30)
+    added = asyncio.run(CronTool().run(CronArgs(action="add", message=text, at=at), ctx))
+    assert added.ok, added
+    left = drain(rt, cron.fire(rt, mirror, added.output["job_id"], whole_second(at)))
+    return [n.task for n in left]
+
+
+def test_an_api_chat_gets_its_cron_result_once(core: Core) -> None:
+    stack, rt, mirror = core()
+    ctx = parent_call(stack, "cron")
+    set_turn(stack, ctx.conversation_id, None)  # the turn that scheduled it has ended
+    assert add_and_fire(stack, rt, mirror, ctx, "remind me: drink water") == []
+    [run] = runs(stack, kind=RunKind.CRON)
+    [message] = posted(stack, ctx.conversation_id)
+    assert run.status == RunStatus.SUCCEEDED and run.announced
+    assert (message.role, message.content, message.meta["cron_run_id"]) == (Role.ASSISTANT, run.final_text, run.id)
+    drain(rt, cron.reconcile(rt, mirror))
+    assert len(posted(stack, ctx.conversation_id)) == 1  # exactly once
+    with db(stack) as s:  # the chat goes on: its history is one the model accepts
+        turn = conversations.post_message(s, ctx.conversation_id, "thanks", origin=ctx.extra["origin"],
+                                          lease_seconds=2).run_id
+    assert turn is not None
+    drain(rt, [Next(T_AGENT_STEP, (turn, 0))])
+    [*_, last] = runs(stack, conversation_id=ctx.conversation_id)
+    assert last.status == RunStatus.SUCCEEDED and last.final_text == "echo: thanks"
+
+
+def test_a_result_waits_while_the_chat_is_in_a_turn(core: Core) -> None:
+    """Written during a turn, it could land between the turn's tool call and that call's result."""
+    stack, rt, mirror = core()
+    ctx = parent_call(stack, "cron")  # its turn is still going
+    assert add_and_fire(stack, rt, mirror, ctx, "remind me: stretch") == [T_CRON_RECONCILE]  # try again soon
+    assert posted(stack, ctx.conversation_id) == []
+    drain(rt, cron.reconcile(rt, mirror))
+    assert posted(stack, ctx.conversation_id) == []  # still in the turn
+    set_turn(stack, ctx.conversation_id, None)
+    drain(rt, cron.reconcile(rt, mirror))
+    drain(rt, cron.reconcile(rt, mirror))
+    [message] = posted(stack, ctx.conversation_id)
+    [run] = runs(stack, kind=RunKind.CRON)
+    assert message.content == run.final_text and "remind me: stretch" in message.content
+
+
+def test_a_replayed_remove_reports_the_job_removed(core: Core) -> None:
+    """The worker died after the remove committed, before its result was kept: the call runs again."""
+    stack, _, mirror = core()
+    ctx = parent_call(stack, "cron")
+    added = asyncio.run(CronTool().run(CronArgs(action="add", message="x", every_seconds=3600), ctx))
+    jid = added.output["job_id"]
+    with db(stack) as s:
+        s.add(ToolCall(run_id=ctx.run_id, step_seq=3, call_id="call_9", name="cron", attempts=1))
+    ctx.call_id = "call_9"
+    remove = CronArgs(action="remove", job_id=jid)
+    first = asyncio.run(CronTool().run(remove, ctx))
+    with db(stack) as s:  # what the recovery sweeper and the next claim do to the journal row
+        call = s.exec(select(ToolCall).where(ToolCall.call_id == "call_9")).one()
+        call.attempts = 2
+        s.add(call)
+    again = asyncio.run(CronTool().run(remove, ctx))
+    assert first.ok and again.ok and again.output["removed"] == jid, again
+    assert mirror.armed(jid) is None
+    other = asyncio.run(CronTool().run(CronArgs(action="remove", job_id="nosuchjob"), replace(ctx, call_id="call_1")))
+    assert not other.ok and other.error == ErrorCode.NOT_FOUND  # a first try still says what is wrong
