@@ -1,23 +1,32 @@
-"""The FastAPI app factory: routers, request ids, error mapping."""
+"""The FastAPI app factory: routers, request ids, API keys and body size, error mapping."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
-from fastapi import FastAPI, Request
+import redis
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.deps import bearer_token, key_refusal
 from gateway.routes import conversations, cron, health, outbox, runs, skills, subagents, tools, webhooks
+from gateway.schemas import MAX_BODY
 from gateway.state import AppState
 from shared.errors import NanofleetError
 from shared.logs import configure_logging, new_request_id, request_id_var
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger("gateway")
+ECHO_CHARS = 100  # of a string input a 422 quotes back
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -35,8 +44,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.nanofleet = AppState.build(settings)
     for module in (health, conversations, runs, subagents, cron, tools, skills, outbox, webhooks):
         app.include_router(module.router)
-    app.add_middleware(RequestIds)
+    app.add_middleware(ApiGate, settings=settings)
+    app.add_middleware(RequestIds)  # added last, so outermost: every answer has an id and a log line
     app.add_exception_handler(NanofleetError, _nanofleet_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    app.add_exception_handler(redis.ConnectionError, _redis_unavailable)  # type: ignore[arg-type]
     return app
 
 
@@ -70,14 +82,106 @@ class RequestIds:
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            request_id_var.reset(token)
-            if scope["path"] not in self.QUIET:
+            if scope["path"] not in self.QUIET:  # before the reset: the line carries the request id
                 log.info("%s %s %d %.1fms", scope["method"], scope["path"], status,
                          (time.perf_counter() - started) * 1000)
+            request_id_var.reset(token)
+
+
+class ApiGate:
+    """Pure ASGI middleware for /api/v1: a 401 without a valid bearer key, and a 413 for a body over
+    MAX_BODY, both before anything reads the body. FastAPI reads and parses the body before it runs
+    dependencies, so `require_key` alone would let anyone make the gateway take in a large upload
+    first. `require_key` stays on the routers (it shows the security scheme in the OpenAPI schema)
+    and checks with the same function. The webhooks read their raw body themselves, with their own limit."""
+
+    PREFIX = "/api/v1/"
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "").removeprefix(scope.get("root_path", ""))  # as routing sees it, behind a proxy too
+        if scope["type"] != "http" or not path.startswith(self.PREFIX):
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        refusal = key_refusal(self.settings, bearer_token(headers.get("authorization")))
+        if refusal is not None:
+            await JSONResponse({"detail": refusal}, 401, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        elif _declared_length(headers) > MAX_BODY:
+            await JSONResponse({"detail": TooLarge.DETAIL}, 413)(scope, receive, send)
+        else:
+            await self.app(scope, _limited(receive), send)
+
+
+class TooLarge(HTTPException):
+    """A streamed body (no Content-Length) grew past MAX_BODY while the route read it; FastAPI passes
+    an HTTPException from reading the body on to the handler that answers it."""
+
+    DETAIL = f"the body is over {MAX_BODY // 1024 // 1024} MB"
+
+    def __init__(self) -> None:
+        super().__init__(413, self.DETAIL)
+
+
+def _declared_length(headers: Headers) -> int:
+    """The Content-Length; 0 if there is none or it is not a plain number (the count of what arrives holds)."""
+    value = headers.get("content-length", "")
+    return int(value) if value.isascii() and value.isdigit() and len(value) < 19 else 0
+
+
+def _limited(receive: Receive) -> Receive:
+    """`receive`, refusing a body once more than MAX_BODY bytes of it have arrived."""
+    read = 0
+
+    async def receive_limited() -> Message:
+        nonlocal read
+        message = await receive()
+        read += len(message.get("body", b""))
+        if read > MAX_BODY:
+            raise TooLarge()
+        return message
+
+    return receive_limited
+
+
+class AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: a lone surrogate (which JSON may spell, Python
+    keeps, and UTF-8 cannot encode) is written as \\udXXX instead of failing the response."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422, quoting at most a short scalar of the input (its default quotes all of it, a
+    whole body included, and fails with a 500 on what JSON cannot hold)."""
+    return AsciiJSONResponse({"detail": jsonable_encoder([_quoted(e) for e in err.errors()])}, status_code=422)
+
+
+def _quoted(error: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in error.items() if k != "input"}
+    value = error.get("input")
+    if isinstance(value, str):
+        out["input"] = value[:ECHO_CHARS] + ("..." if len(value) > ECHO_CHARS else "")
+    elif value is None or (isinstance(value, int | float) and abs(value) < 2**64):  # NaN, Infinity: not JSON
+        out["input"] = value
+    return out
 
 
 async def _nanofleet_error(request: Request, err: NanofleetError) -> JSONResponse:
     return JSONResponse({"detail": err.message, **err.data}, status_code=err.status_code)
+
+
+async def _redis_unavailable(request: Request, err: redis.ConnectionError) -> JSONResponse:
+    """Redis down, or every connection of the gateway's pool in use (gateway/state.py): a 503 to
+    try again, not a 500. After a stream has started, an error can only end it."""
+    busy = isinstance(err.__cause__, TimeoutError)  # the pool's wait for a free connection ran out
+    detail = ("every Redis connection is in use (too many open event streams or waiting chats)" if busy
+              else "Redis is unreachable")
+    return JSONResponse({"detail": f"{detail}; try again shortly"}, status_code=503, headers={"Retry-After": "5"})
 
 
 def factory() -> FastAPI:

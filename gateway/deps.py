@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 from sqlmodel import Session
 
 from gateway.state import AppState
@@ -36,20 +37,31 @@ def session_dep(state: Annotated[AppState, Depends(app_state)]) -> Iterator[Sess
         yield s
 
 
+def key_refusal(settings: Settings, token: str) -> str | None:
+    """Why `token` is not a valid API key (None when it is); with no keys configured the API is closed."""
+    keys = [k.get_secret_value() for k in settings.api_keys]
+    if not keys:
+        return "no API keys configured (set NANOFLEET_API_KEYS)"
+    # `same` compares UTF-8 bytes: compare_digest on str raises for non-ASCII, a 500 instead of a 401
+    return None if any(same(token, k) for k in keys) else "missing or invalid API key"
+
+
+def bearer_token(authorization: str | None) -> str:
+    """The token of an `Authorization: Bearer <token>` header, read the way HTTPBearer reads it; "" if none."""
+    scheme, token = get_authorization_scheme_param(authorization)
+    return token if scheme.lower() == "bearer" else ""
+
+
 def require_key(
     state: Annotated[AppState, Depends(app_state)],
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> None:
-    """Bearer API keys; with none configured the API is closed."""
-    keys = [k.get_secret_value() for k in state.settings.api_keys]
-    given = creds.credentials if creds else ""
-    # `same` compares UTF-8 bytes: compare_digest on str raises for non-ASCII, a 500 instead of a 401
-    if not keys or not any(same(given, k) for k in keys):
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            "missing or invalid API key" if keys else "no API keys configured (set NANOFLEET_API_KEYS)",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+    """Bearer API keys. The gateway's ApiGate middleware (gateway/app.py) has already refused a bad key
+    before the body was read; this dependency is what shows the security scheme in the OpenAPI schema
+    (and holds if the routers are ever served without that middleware)."""
+    refusal = key_refusal(state.settings, creds.credentials if creds else "")
+    if refusal is not None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, refusal, headers={"WWW-Authenticate": "Bearer"})
 
 
 SettingsDep = Annotated[Settings, Depends(settings_dep)]

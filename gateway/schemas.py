@@ -10,9 +10,19 @@ from pydantic.alias_generators import to_camel
 
 from shared.contracts import NO_NUL
 
+MAX_MESSAGE = 100_000  # characters
+# The largest body the REST API reads (gateway/app.py answers 413 past it). The longest message is
+# 100,000 characters; written as JSON \u escapes of characters outside the BMP (\ud83d\ude00, 12 bytes
+# each, what json.dumps sends by default) that is 1.2 MB, so 1 MB would refuse a valid request.
+MAX_BODY = 2 * 1024 * 1024
+
 # Every /api/v1 route answers 401 without a valid bearer key; documented so clients (and schemathesis) know.
 UNAUTHORIZED: dict[int | str, dict[str, Any]] = {401: {"description": "missing or invalid API key"}}
-BAD_BODY: dict[int | str, dict[str, Any]] = {400: {"description": "the body is not JSON"}}
+# A body that is not JSON, or not the model, is a 422 (FastAPI documents that one itself).
+BAD_BODY: dict[int | str, dict[str, Any]] = {
+    400: {"description": "the body cannot be read as JSON: not UTF-8, nested too deep, or a number too long"},
+    413: {"description": f"the body is over {MAX_BODY // 1024 // 1024} MB"},
+}
 BIGINT_MAX = 2**63 - 1  # offsets past Postgres' bigint are refused with 422, not a database error
 
 
@@ -35,7 +45,7 @@ class ConversationOut(CamelModel):
 
 
 class ChatIn(CamelModel):
-    message: Text = Field(min_length=1, max_length=100_000)
+    message: Text = Field(min_length=1, max_length=MAX_MESSAGE)
     model: Text | None = Field(default=None, max_length=200)
 
 
@@ -55,6 +65,14 @@ class ChatOut(CamelModel):
     tool_calls: list[ToolCallOut] = Field(default_factory=list)
     run_id: str | None = None
     status: str = "succeeded"
+
+
+class TimedOut(CamelModel):
+    """/chat got no answer in time; the run goes on."""
+
+    detail: str
+    conversation_id: str
+    run_id: str | None = Field(description="the run handling the message; null while it waits its turn")
 
 
 class Accepted(CamelModel):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
+import redis
 from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -11,7 +13,15 @@ from gateway.state import AppState
 from shared.agent import events
 from shared.agent.events import stream_key
 from shared.db import get_engine
+from shared.errors import NanofleetError
 from shared.models import TERMINAL, Message, Run
+
+
+class NoAnswer(NanofleetError):
+    """The wait ran out; the run goes on. Carries `conversationId` and `runId` (None while the
+    message waits for the conversation's current run to end)."""
+
+    status_code = 504
 
 
 async def last_event_id(state: AppState, conversation_id: str) -> str:
@@ -30,8 +40,8 @@ def _run_for(state: AppState, message_id: int, run_id: str | None) -> Run | None
 
 async def wait_for_run(
     state: AppState, *, conversation_id: str, message_id: int, run_id: str | None, since: str, timeout: float
-) -> Run | None:
-    """The run that answered the message, once it has ended; None on timeout."""
+) -> Run:
+    """The run that answered the message, once it has ended; NoAnswer on timeout."""
     deadline = time.monotonic() + timeout
     check = True
     while True:
@@ -43,9 +53,22 @@ async def wait_for_run(
                     return run
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return None
-        batch = await events.read(state.aredis, conversation_id, since, int(min(remaining, 1.0) * 1000) or 1)
+            raise _no_answer(conversation_id, run_id, timeout)
+        try:
+            batch = await events.read(state.aredis, conversation_id, since, int(min(remaining, 1.0) * 1000) or 1)
+        except redis.ConnectionError:  # Redis down or every connection in use: Postgres alone still tells the end
+            await asyncio.sleep(min(remaining, 1.0))
+            batch = []
         check = not batch  # confirm against Postgres on a final event, or every second
         for entry_id, fields in batch:
             since = entry_id
             check = check or fields.get("event") in events.FINAL
+
+
+def _no_answer(conversation_id: str, run_id: str | None, timeout: float) -> NoAnswer:
+    if run_id is None:
+        where = (f"the message waits for the conversation's current run to end: "
+                 f"poll GET /api/v1/conversations/{conversation_id}/messages")
+    else:
+        where = f"the run goes on: poll GET /api/v1/runs/{run_id} for its status and result"
+    return NoAnswer(f"no answer within {timeout:g}s; {where}", conversationId=conversation_id, runId=run_id)

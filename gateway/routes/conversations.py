@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -9,6 +10,7 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Query
 from sqlmodel import Session
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from gateway.deps import SessionDep, StateDep, require_key
 from gateway.schemas import (
@@ -22,6 +24,7 @@ from gateway.schemas import (
     ConversationOut,
     Id,
     MessageOut,
+    TimedOut,
     ToolCallOut,
 )
 from gateway.state import AppState
@@ -64,7 +67,9 @@ def _submit(state: AppState, conversation_id: str, body: ChatIn) -> Submitted:
 
 
 @router.post("/{conversation_id}/chat", response_model=ChatOut,
-             responses={**BAD_BODY, 404: {"description": "no such conversation"}, 504: {"description": "timed out"}})
+             responses={**BAD_BODY, 404: {"description": "no such conversation"},
+                        503: {"description": "Redis is unreachable or busy; nothing was sent"},
+                        504: {"model": TimedOut, "description": "no answer in time; the run goes on"}})
 async def chat(conversation_id: Id, body: ChatIn, state: StateDep) -> ChatOut:
     """Send a message and wait for the agent's answer (and the tool calls it made)."""
     since = await last_event_id(state, conversation_id)
@@ -73,9 +78,6 @@ async def chat(conversation_id: Id, body: ChatIn, state: StateDep) -> ChatOut:
         return ChatOut(conversation_id=conversation_id, assistant_message=out.reply or "")
     run = await wait_for_run(state, conversation_id=conversation_id, message_id=out.message_id,
                              run_id=out.run_id, since=since, timeout=state.settings.agent.chat_timeout)
-    if run is None:
-        raise HTTPException(504, f"no answer within {state.settings.agent.chat_timeout:g}s; "
-                                 "the run goes on: see GET /api/v1/conversations/{id}/messages")
     calls = await run_in_threadpool(_tool_calls, state, run.id)
     text = run.final_text or ("Stopped." if run.status == RunStatus.CANCELLED else "")
     return ChatOut(conversation_id=conversation_id, assistant_message=text, tool_calls=calls,
@@ -108,7 +110,32 @@ def list_messages(
     return [MessageOut.model_validate(m) for m in views.messages(s, conversation_id, limit=limit, offset=offset)]
 
 
-@router.get("/{conversation_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
+READ_BLOCK_MS = 15_000  # one blocking read of a stream; gateway/state.py's read timeout outlasts it
+# A Redis stream id (milliseconds-sequence, each part a 64-bit unsigned number, the sequence optional)
+STREAM_ID = re.compile(r"(\d{1,20})(?:-(\d{1,20}))?", re.ASCII)
+
+
+def _resume_after(last_event: str | None) -> str | None:
+    """The stream id a `Last-Event-ID` header names (None without one); 400 for anything Redis refuses."""
+    if not last_event:
+        return None
+    match = STREAM_ID.fullmatch(last_event)
+    if match is None or any(int(part) >= 2**64 for part in match.groups() if part):
+        raise HTTPException(400, "Last-Event-ID must be the id of an event from this stream "
+                                 "(like 1718000000000-0), or 0 to replay what the stream still holds")
+    return last_event
+
+
+def _require_conversation(state: AppState, conversation_id: str) -> None:
+    with Session(get_engine(state.settings.database_url)) as s:
+        if s.get(Conversation, conversation_id) is None:
+            raise HTTPException(404, f"no conversation {conversation_id}")
+
+
+@router.get("/{conversation_id}/events",
+            responses={200: {"content": {"text/event-stream": {}}}, 400: {"description": "a malformed Last-Event-ID"},
+                       404: {"description": "no such conversation"},
+                       503: {"description": "too many open streams, or Redis unreachable or busy"}})
 async def events(
     conversation_id: Id, state: StateDep,
     last_event: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
@@ -117,15 +144,38 @@ async def events(
     Text deltas are produced only while at least one client reads this stream. `Last-Event-ID`
     resumes after that event (`0` replays what the stream still holds); without it, the stream
     starts at the newest event now, and every read goes on from the last id seen."""
-    since = last_event or await last_event_id(state, conversation_id)  # never "$": a gap between reads
-    await watch(state.aredis, conversation_id)  # before the response starts: the next LLM call streams
+    # Everything that can refuse the request runs before the response starts: after that, an error
+    # can only cut the stream short, and the client would see a 200 and reconnect forever.
+    resume = _resume_after(last_event)
+    await run_in_threadpool(_require_conversation, state, conversation_id)
+    since = resume or await last_event_id(state, conversation_id)  # never "$": a gap between reads
+    await watch(state.aredis, conversation_id)  # the next LLM call streams
+    if state.streams >= state.max_streams:  # checked after the last await: no other request slips in between
+        raise HTTPException(503, f"too many open event streams ({state.max_streams}); try again shortly",
+                            headers={"Retry-After": "5"})
 
     async def stream() -> AsyncIterator[dict[str, str]]:
         nonlocal since
         while True:
             await watch(state.aredis, conversation_id)
-            for entry_id, fields in await read_events(state.aredis, conversation_id, since, 15_000):
+            for entry_id, fields in await read_events(state.aredis, conversation_id, since, READ_BLOCK_MS):
                 since = entry_id
                 yield {"id": entry_id, "event": fields.get("event", "message"), "data": fields.get("data", "{}")}
 
-    return EventSourceResponse(stream(), ping=15)
+    return CountedStream(state, stream())
+
+
+class CountedStream(EventSourceResponse):
+    """An event stream counted in `state.streams` from the moment it is made until it ends, however it
+    ends (the generator's own `finally` would miss a stream that ends before its first read)."""
+
+    def __init__(self, state: AppState, content: AsyncIterator[dict[str, str]]) -> None:
+        super().__init__(content, ping=15)
+        self.state = state
+        state.streams += 1
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.state.streams -= 1

@@ -10,7 +10,7 @@ from pydantic import ConfigDict
 from sqlmodel import col, select
 
 from gateway.deps import SessionDep, StateDep, require_key
-from gateway.schemas import UNAUTHORIZED, CamelModel
+from gateway.schemas import UNAUTHORIZED, CamelModel, Id
 from shared.channels import delivery
 from shared.models import Outbox, OutboxStatus
 
@@ -54,7 +54,7 @@ def list_outbox(
 @router.post("/{outbox_id}/retry", status_code=202, response_model=OutboxOut,
              responses={404: {"description": "no such row"},
                         409: {"description": "not a dead letter: delivered, or pending (maybe being sent)"}})
-def retry(outbox_id: str, s: SessionDep, state: StateDep) -> OutboxOut:
+def retry(outbox_id: Id, s: SessionDep, state: StateDep) -> OutboxOut:
     """Send a dead-lettered reply again from its first failed chunk: attempts start from zero."""
     row = s.get(Outbox, outbox_id, with_for_update=True)
     if row is None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,3 +30,42 @@ def test_any_wrong_token_is_a_401(tmp_path: Path, token: str) -> None:
     for client in api_client(load_settings(workspace=tmp_path, api_keys=[API_KEY])):
         answer = client.get("/api/v1/tools", headers={"Authorization": f"Bearer {token}".encode("latin-1")})
         assert answer.status_code == (200 if token == API_KEY else 401), (token, answer.text)
+
+
+def test_an_unauthenticated_body_is_not_read(tmp_path: Path) -> None:
+    """The key is checked before anything reads the body: a client without one cannot make the
+    gateway take in (and parse) a large upload first."""
+    sent: list[int] = []
+
+    def upload() -> Iterator[bytes]:
+        for n in range(1, 65):
+            sent.append(n)
+            yield b"a" * 64 * 1024
+
+    for client in api_client(load_settings(workspace=tmp_path, api_keys=[API_KEY])):
+        answer = client.post("/api/v1/conversations/c/messages", content=upload(),
+                             headers={"Authorization": "Bearer wrong", "content-type": "application/json"})
+        assert answer.status_code == 401 and answer.headers["www-authenticate"] == "Bearer"
+        assert answer.json() == {"detail": "missing or invalid API key"}
+        assert sent == []
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {API_KEY}"},
+                                     {"Authorization": API_KEY}])
+def test_no_key_is_a_401_whatever_the_body(tmp_path: Path, headers: dict[str, str]) -> None:
+    """Without a valid key the answer is 401, not a verdict on the body (a 422 would mean it was parsed)."""
+    for client in api_client(load_settings(workspace=tmp_path, api_keys=[API_KEY])):
+        client.headers.pop("Authorization")
+        for method, path in (("POST", "/api/v1/conversations"), ("POST", "/api/v1/conversations/c/chat"),
+                             ("POST", "/api/v1/cron"), ("GET", "/api/v1/runs/x"), ("GET", "/api/v1/no-such-route")):
+            answer = client.request(method, path, content=b"not json",
+                                    headers={**headers, "content-type": "application/json"})
+            assert answer.status_code == 401, (method, path, answer.text)
+
+
+def test_with_no_keys_configured_the_api_is_closed(tmp_path: Path) -> None:
+    for client in api_client(load_settings(workspace=tmp_path, api_keys=[])):
+        answer = client.post("/api/v1/conversations", content=b"not json", headers={"content-type": "application/json"})
+        assert answer.status_code == 401
+        assert "NANOFLEET_API_KEYS" in answer.json()["detail"]
+        assert client.get("/healthz").status_code == 200

@@ -1,0 +1,52 @@
+"""/chat when the answer is slow: a 504 that says which run to follow, and a wait that does not
+depend on Redis to notice the end."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+from typing import Any
+
+from gateway.state import async_redis
+from gateway.waiting import wait_for_run
+from shared.models import TERMINAL, Run, RunStatus
+from tests.support.processes import wait_until
+from tests.support.stack import Stack, api_client
+
+
+def test_a_chat_that_times_out_names_the_run_to_follow(stack: Stack) -> None:
+    quick = stack.settings.model_copy(update={"agent": stack.settings.agent.model_copy(update={"chat_timeout": 0.2})})
+    for api in api_client(quick):
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        answer = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "sleep:3"})
+        assert answer.status_code == 504, answer.text
+        body = answer.json()
+        assert body["conversationId"] == cid and body["runId"]
+        assert isinstance(body["detail"], str) and "{" not in body["detail"]
+        assert f"GET /api/v1/runs/{body['runId']}" in body["detail"]
+        run = wait_until(functools.partial(_finished, api, body["runId"]), timeout=30, message="the run to end")
+        assert run["result"] == "echo: sleep:3"  # type: ignore[index]
+
+
+def _finished(api: Any, run_id: str) -> dict[str, Any] | None:
+    run: dict[str, Any] = api.get(f"/api/v1/runs/{run_id}").json()
+    return run if RunStatus(run["status"]) in TERMINAL else None
+
+
+def test_waiting_for_a_run_needs_no_redis(stack: Stack, api: Any) -> None:
+    """With Redis unreachable (or every connection in use) the wait confirms the end in Postgres."""
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    posted = api.post(f"/api/v1/conversations/{cid}/messages", json={"message": "sleep:1"}).json()
+
+    async def wait_cut_off() -> Run:
+        nowhere = async_redis("redis://127.0.0.1:1/0", wait=0.1)
+        try:
+            cut_off = dataclasses.replace(api.app.state.nanofleet, aredis=nowhere)
+            return await wait_for_run(cut_off, conversation_id=cid, message_id=posted["messageId"], run_id=None,
+                                      since="0-0", timeout=30)
+        finally:
+            await nowhere.aclose()
+
+    run = asyncio.run(wait_cut_off())
+    assert run.id == posted["runId"] and run.status == RunStatus.SUCCEEDED

@@ -1,0 +1,84 @@
+"""The SSE endpoint's answers before a stream starts: a bad Last-Event-ID, an unknown conversation,
+and no Redis connection free. Each is a clear 4xx/503 instead of a stream that breaks or never ends."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from gateway.app import create_app
+from gateway.state import async_redis
+from shared.agent.events import read as read_events
+from shared.agent.events import watch_key
+from tests.support.processes import wait_until
+from tests.support.stack import API_KEY, Stack
+
+
+def _open(api: Any, path: str, headers: Mapping[str, str | bytes] | None = None) -> tuple[int, str]:
+    """Status and, for anything but a stream, the body (a stream is left unread)."""
+    with api.stream("GET", path, headers=headers or {}) as answer:
+        return answer.status_code, "" if answer.status_code == 200 else answer.read().decode()
+
+
+@pytest.mark.parametrize("last_id", ["garbage", "1-", "-1", "1-2-3", "$", "\u00b2".encode("latin-1"), "1" * 21,
+                                     "18446744073709551616-0", "1-18446744073709551616"])
+def test_a_malformed_last_event_id_is_400(stack: Stack, api: Any, last_id: str | bytes) -> None:
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    status, body = _open(api, f"/api/v1/conversations/{cid}/events", {"Last-Event-ID": last_id})
+    assert status == 400, body
+    assert "Last-Event-ID" in body
+
+
+@pytest.mark.parametrize("last_id", ["0", "0-0", "1718000000000-0", "1718000000000", "18446744073709551615-5"])
+def test_stream_ids_redis_takes_are_accepted(stack: Stack, api: Any, last_id: str) -> None:
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    assert _open(api, f"/api/v1/conversations/{cid}/events", {"Last-Event-ID": last_id})[0] == 200
+
+
+@pytest.mark.parametrize("headers", [{}, {"Last-Event-ID": "0"}])
+def test_an_unknown_conversation_is_404_and_not_watched(stack: Stack, api: Any, headers: dict[str, str]) -> None:
+    status, body = _open(api, "/api/v1/conversations/no-such-conversation/events", headers)
+    assert status == 404 and "no conversation" in body
+    client = redis.Redis.from_url(stack.settings.redis_url)
+    assert not client.exists(watch_key("no-such-conversation"))
+
+
+def test_with_every_redis_connection_in_use_a_stream_is_503(stack: Stack) -> None:
+    """The gateway's Redis pool is full (each open stream holds a connection while it waits): a new
+    stream waits a moment for one, then gets a 503 that says why; once one is free, streams open."""
+    app = create_app(stack.settings)
+    state = app.state.nanofleet
+    state.aredis = async_redis(stack.settings.redis_url, connections=1, wait=0.1)
+    with TestClient(app, headers={"Authorization": f"Bearer {API_KEY}"}) as api:
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        pool = state.aredis.connection_pool
+        held = api.portal.call(pool.get_connection)  # type: ignore[union-attr]
+        status, body = _open(api, f"/api/v1/conversations/{cid}/events")
+        assert status == 503, body
+        assert "Redis" in body and "try again" in body
+        api.portal.call(pool.release, held)  # type: ignore[union-attr]
+        assert _open(api, f"/api/v1/conversations/{cid}/events")[0] == 200
+
+
+def test_past_the_stream_limit_a_new_stream_is_503_until_one_closes(stack: Stack, api: Any) -> None:
+    state = api.app.state.nanofleet
+    state.max_streams = 1
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    path = f"/api/v1/conversations/{cid}/events"
+    with api.stream("GET", path) as first:
+        assert first.status_code == 200
+        status, body = _open(api, path)
+        assert status == 503 and "too many open event streams" in body, body
+    wait_until(lambda: state.streams == 0, timeout=30, message="the first stream to end")
+    assert _open(api, path)[0] == 200
+
+
+def test_a_quiet_stream_outlasts_a_blocking_read(stack: Stack, api: Any) -> None:
+    """A stream waits up to 15 s per read; the read must not time out first (redis-py's default
+    socket timeout is 5 s), or every stream quiet for 5 s would be cut off."""
+    state = api.app.state.nanofleet
+    assert api.portal.call(read_events, state.aredis, "quiet-conversation", "$", 6_000) == []
