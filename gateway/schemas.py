@@ -85,6 +85,7 @@ class Accepted(CamelModel):
 
 class MessageOut(CamelModel):
     id: int
+    seq: int = Field(description="position in the transcript: ask for messages after the largest one not pending")
     conversation_id: str
     role: str
     type: str

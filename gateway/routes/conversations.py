@@ -103,11 +103,17 @@ async def post_message(conversation_id: Id, body: ChatIn, state: StateDep) -> Ac
 def list_messages(
     conversation_id: Id, s: SessionDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200, offset: Annotated[int, Query(ge=0, le=BIGINT_MAX)] = 0,
+    after: Annotated[int | None, Query(ge=0, le=BIGINT_MAX, description="only messages with a larger seq")] = None,
 ) -> list[MessageOut]:
-    """The conversation's messages in order, including any still waiting in the mailbox."""
+    """The conversation's messages in transcript order (`seq`), including any still waiting in the
+    mailbox (`pending`). To follow a conversation, ask again with `after` = the largest seq of a
+    message that is not pending: every message joins the transcript with a seq above all before it,
+    and a waiting one is listed again, with a new seq, once a turn takes it in. (`offset` pages
+    shift while a message waits: it moves to the end when taken in.)"""
     if s.get(Conversation, conversation_id) is None:
         raise HTTPException(404, f"no conversation {conversation_id}")
-    return [MessageOut.model_validate(m) for m in views.messages(s, conversation_id, limit=limit, offset=offset)]
+    rows = views.messages(s, conversation_id, limit=limit, offset=offset, after=after)
+    return [MessageOut.model_validate(m) for m in rows]
 
 
 READ_BLOCK_MS = 15_000  # one blocking read of a stream; gateway/state.py's read timeout outlasts it

@@ -40,6 +40,7 @@ def tool_calls(s: Session, run_ids: list[str]) -> list[dict[str, Any]]:
 def message(m: Message) -> dict[str, Any]:
     return {
         "id": m.id,
+        "seq": m.seq,
         "conversationId": m.conversation_id,
         "role": m.role.value,
         "type": m.type.value,
@@ -52,12 +53,13 @@ def message(m: Message) -> dict[str, Any]:
     }
 
 
-def messages(s: Session, conversation_id: str, *, limit: int = 200, offset: int = 0) -> list[dict[str, Any]]:
-    rows = s.exec(
-        select(Message).where(Message.conversation_id == conversation_id)
-        .order_by(col(Message.seq)).offset(offset).limit(limit)
-    ).all()
-    return [message(m) for m in rows]
+def messages(s: Session, conversation_id: str, *, limit: int = 200, offset: int = 0,
+             after: int | None = None) -> list[dict[str, Any]]:
+    """In transcript order (`seq`); `after` a seq, for a client that follows the conversation."""
+    query = select(Message).where(Message.conversation_id == conversation_id)
+    if after is not None:
+        query = query.where(col(Message.seq) > after)
+    return [message(m) for m in s.exec(query.order_by(col(Message.seq)).offset(offset).limit(limit)).all()]
 
 
 def run(s: Session, r: Run) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """/chat when the answer is slow: a 504 that says which run to follow, and a wait that does not
-depend on Redis to notice the end."""
+depend on Redis to notice the end; following a conversation's messages with `after`."""
 
 from __future__ import annotations
 
@@ -50,3 +50,33 @@ def test_waiting_for_a_run_needs_no_redis(stack: Stack, api: Any) -> None:
 
     run = asyncio.run(wait_cut_off())
     assert run.id == posted["runId"] and run.status == RunStatus.SUCCEEDED
+
+
+def test_following_a_conversation_with_after_misses_nothing(stack: Stack, api: Any) -> None:
+    """A message sent while a turn runs waits in the mailbox, then joins the transcript at its end:
+    a client that asks for what comes after the largest seq it saw (not pending) gets every message."""
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    url = f"/api/v1/conversations/{cid}/messages"
+    api.post(url, json={"message": 'call:record {"tag": "a", "seconds": 1.5}'})
+    wait_until(functools.partial(_has_role, api, url, "ASSISTANT"), timeout=30, message="the tool call")
+    api.post(url, json={"message": "meanwhile"})
+    first = api.get(url).json()
+    assert [m["pending"] for m in first if m["content"] == "meanwhile"] == [True]
+    seen = {m["id"] for m in first if not m["pending"]}
+    after = max(m["seq"] for m in first if not m["pending"])
+    wait_until(functools.partial(_settled, api, url), timeout=30, message="both messages answered")
+    later = api.get(url, params={"after": after}).json()
+    everything = api.get(url).json()
+    assert seen | {m["id"] for m in later} == {m["id"] for m in everything}
+    assert [m["seq"] for m in everything] == sorted(m["seq"] for m in everything)
+    assert api.get(url, params={"after": -1}).status_code == 422
+
+
+def _has_role(api: Any, url: str, role: str) -> bool:
+    return any(m["role"] == role for m in api.get(url).json())
+
+
+def _settled(api: Any, url: str) -> bool:
+    rows = api.get(url).json()
+    last = rows[-1]
+    return not any(m["pending"] for m in rows) and last["role"] == "ASSISTANT" and "meanwhile" in last["content"]
