@@ -119,9 +119,9 @@ def _cancel_all(rt: Runtime, s: Session, which: ColumnElement[bool], conversatio
 
 
 def _answer_tool_calls(s: Session, run: Run) -> None:
-    """A run that ends during its tools (cancelled; failed by the sweeper) still answers each call
-    of the step in the transcript, as every model provider requires of a history: with its result,
-    or with why there is none. A call no worker took yet ends now, failed without running (its
+    """A run that ends during its tools (a cancel) still answers each call of the step in the
+    transcript, as every model provider requires of a history: with its result, or with why there
+    is none. A call no worker took yet ends now, failed without running (its
     task then finds nothing to do); a running one goes on and records its result on its row."""
     calls = s.exec(select(ToolCall).where(ToolCall.run_id == run.id, ToolCall.step_seq == run.step_seq)
                    .order_by(col(ToolCall.position))).all()

@@ -62,7 +62,10 @@ def compact(rt: Runtime, conversation_id: str, *, everything: bool = False, keep
             return False
         summary = prompt.latest_summary(s, conversation_id)
         rows = list(s.exec(_normal_after(s, conversation_id, prompt.covered(summary)).order_by(col(Message.seq))))
-        keep = 0 if everything else rt.settings.memory.window if keep is None else keep
+        if everything:
+            keep = 0
+        elif keep is None:
+            keep = rt.settings.memory.window
         old = rows[: len(rows) - keep] if keep else rows
         if not old:
             return False
@@ -125,7 +128,7 @@ def _rounds(history: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     calls together with the tool results that answer it."""
     out: list[list[dict[str, Any]]] = []
     for m in history:
-        if m["role"] == "tool" and out and (out[-1][0].get("tool_calls")):
+        if m["role"] == "tool" and out and out[-1][0].get("tool_calls"):
             out[-1].append(m)
         else:
             out.append([m])
