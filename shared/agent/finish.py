@@ -108,8 +108,9 @@ def _cancel_all(rt: Runtime, s: Session, which: ColumnElement[bool], conversatio
     run is locked first, in id order, before any conversation: a run that finishes meanwhile locks
     its run and then conversations, so the two can wait for each other but never deadlock."""
     children = col(Run.parent_run_id).in_(select(Run.id).where(Run.conversation_id == conversation_id))
-    runs = s.exec(select(Run).where(or_(which, children), col(Run.status).in_(ACTIVE))
-                  .order_by(col(Run.id)).with_for_update()).all()
+    # populate_existing: the runs as locked, not a copy the caller's session read before a step moved them
+    runs = s.exec(select(Run).where(or_(which, children), col(Run.status).in_(ACTIVE)).order_by(col(Run.id))
+                  .with_for_update().execution_options(populate_existing=True)).all()
     nexts: list[Next] = []
     for run in runs:
         if run.status not in TERMINAL:  # re-read under the lock

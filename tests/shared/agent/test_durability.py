@@ -12,9 +12,12 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
+from shared.agent import conversations, memory
+from shared.agent.finish import cancel
+from shared.agent.runtime import Runtime
 from shared.constants import T_TOOL_EXECUTE
 from shared.db import get_engine
-from shared.models import Message, MessageType, Role, Run, ToolCall
+from shared.models import Message, MessageType, Phase, Role, Run, ToolCall
 from tests.fakes.llm import FakeLLM, Reply, default_handler
 from tests.support.processes import Proc, wait_until
 from tests.support.stack import Stack, api_client
@@ -345,3 +348,57 @@ def test_the_summarize_strategy_summarises_what_the_token_guard_cut(make_stack: 
         api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "what do you remember?"})
         system = [m["content"] for m in fake_llm.requests[-1]["messages"] if m["role"] == "system"]
         assert any("Summary of the earlier conversation" in c for c in system)
+
+
+def test_a_cancel_reads_the_run_as_it_locks_it(stack: Stack) -> None:
+    """The caller had the run in its session from before a step moved it into its tools phase: the
+    cancel still answers the step's calls (it must not decide on the stale copy)."""
+    with Session(get_engine(stack.settings.database_url), expire_on_commit=False) as s:
+        conv = conversations.get_or_create(s, session_key="t:stale")
+        run = Run(conversation_id=conv.id, status="running")
+        s.add(run)
+        s.commit()
+        assert s.get(Run, run.id) is not None  # the caller's copy: phase llm, step 0
+        with Session(get_engine(stack.settings.database_url)) as other:  # a step moves on meanwhile
+            moved = other.get_one(Run, run.id)
+            moved.phase, moved.step_seq = Phase.TOOLS, 1
+            other.add(ToolCall(run_id=run.id, step_seq=1, position=0, call_id="c1", name="time", arguments={}))
+            other.add(moved)
+            other.commit()
+        cancelled: list[Run] = []
+        cancel(Runtime.build(stack.settings), s, run.id, "test", cancelled)
+        s.commit()
+        call = s.exec(select(ToolCall).where(ToolCall.run_id == run.id)).one()
+        s.refresh(call)
+        assert (call.status, len(cancelled)) == ("FAILED", 1)
+        assert s.exec(select(Message).where(Message.run_id == run.id, Message.role == Role.TOOL)).one()
+
+
+def test_compaction_stops_at_the_running_turn(stack: Stack, fake_llm: FakeLLM) -> None:
+    """The running turn's messages are in its prompt whatever a summary covers: summarising them
+    (each step of a long turn, with `summarize`) would cost a call and shrink nothing."""
+    rt = Runtime.build(stack.settings)
+    with Session(get_engine(stack.settings.database_url), expire_on_commit=False) as s:
+        conv = conversations.get_or_create(s, session_key="t:compact")
+        done, running = Run(conversation_id=conv.id, status="succeeded"), Run(conversation_id=conv.id)
+        conv.active_run_id = running.id
+        s.add_all([done, running, conv])
+        s.add_all([Message(conversation_id=conv.id, run_id=done.id, role=Role.USER, content="old question"),
+                   Message(conversation_id=conv.id, run_id=done.id, role=Role.ASSISTANT, content="old answer"),
+                   Message(conversation_id=conv.id, run_id=running.id, role=Role.USER, content="the request")])
+        s.commit()
+
+        def tool_round(i: int) -> None:
+            call = {"id": f"c{i}", "type": "function", "function": {"name": "time", "arguments": "{}"}}
+            s.add(Message(conversation_id=conv.id, run_id=running.id, role=Role.ASSISTANT, tool_calls=[call]))
+            s.add(Message(conversation_id=conv.id, run_id=running.id, role=Role.TOOL, content=f"r{i}",
+                          tool_call_id=f"c{i}", tool_name="time"))
+            s.commit()
+
+        tool_round(1)
+        assert memory.compact(rt, conv.id, keep=2)
+        asked = fake_llm.requests[-1]["messages"][0]["content"]
+        assert "old question" in asked and "the request" not in asked
+        calls = fake_llm.calls()
+        tool_round(2)
+        assert not memory.compact(rt, conv.id, keep=2) and fake_llm.calls() == calls
