@@ -12,7 +12,7 @@ from sqlmodel import Session, col, select
 from shared.agent import prompt
 from shared.errors import Retryable
 from shared.llm import LLMError
-from shared.models import Message, MessageType, Role
+from shared.models import Conversation, Message, MessageType, Role
 from shared.settings import MemorySettings
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def needs_compaction(s: Session, conversation_id: str, settings: MemorySettings)
 
 def compact(rt: Runtime, conversation_id: str, *, everything: bool = False, keep: int | None = None) -> bool:
     """Summarise what the window no longer shows (or everything, for /new; or all but the last
-    `keep` messages, the ones the token guard kept); True if it wrote one."""
+    `keep` messages, the ones the token guard kept), up to the running turn; True if it wrote one."""
     with rt.session() as s:
         if not s.execute(text("select pg_try_advisory_xact_lock(hashtext(:c))"), {"c": conversation_id}).scalar():
             if everything:  # /new was promised: it runs after the automatic compaction holding the lock
@@ -67,6 +67,9 @@ def compact(rt: Runtime, conversation_id: str, *, everything: bool = False, keep
         elif keep is None:
             keep = rt.settings.memory.window
         old = rows[: len(rows) - keep] if keep else rows
+        active = s.get_one(Conversation, conversation_id).active_run_id
+        if active and not everything:  # the running turn's messages stay in its prompt whatever a summary says
+            old = old[:next((i for i, m in enumerate(old) if m.run_id == active), len(old))]
         if not old:
             return False
         transcript = "\n".join(f"{m.role.value}: {m.content[:TRIM_CHARS]}" for m in old if m.content)
