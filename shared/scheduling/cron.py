@@ -228,9 +228,9 @@ def post_result(s: Session, run: Run) -> list[Next]:
     assistant's own words and cost no second LLM call. A conversation in the middle of a turn gets
     it later (reconciliation), so it never lands between a tool call and its result."""
     origin = run.origin or {}
-    if origin.get("channel", API) != API or run.announced:
+    if run.announced:
         return []
-    chat_id = str(origin.get("chat_id") or "")
+    chat_id = str(origin.get("chat_id") or "") if origin.get("channel", API) == API else ""  # else: the outbox
     text = "" if run.suppress_reply else run.final_text or ""
     conv = s.get(Conversation, chat_id, with_for_update=True) if chat_id and text else None
     if conv is not None and conv.channel == API and conv.id != run.conversation_id:
@@ -238,7 +238,7 @@ def post_result(s: Session, run: Run) -> list[Next]:
             return [Next(T_CRON_RECONCILE, countdown=POST_RETRY)]
         s.add(Message(conversation_id=conv.id, role=Role.ASSISTANT, content=text, meta={
             "kind": "cron_result", "cron_job_id": origin.get("cron_job_id"), "cron_run_id": run.id}))
-    run.announced = True  # posted, or nothing to post
+    run.announced = True  # posted, or nothing to post here (which also keeps it out of ix_runs_cron_unannounced)
     s.add(run)
     return []
 
