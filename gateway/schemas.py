@@ -85,7 +85,8 @@ class Accepted(CamelModel):
 
 class MessageOut(CamelModel):
     id: int
-    seq: int = Field(description="position in the transcript: ask for messages after the largest one not pending")
+    seq: int = Field(description="position in the transcript: follow it with ?after= the largest seq of a "
+                                 "NORMAL message that is not pending")
     conversation_id: str
     role: str
     type: str

@@ -107,9 +107,11 @@ def list_messages(
 ) -> list[MessageOut]:
     """The conversation's messages in transcript order (`seq`), including any still waiting in the
     mailbox (`pending`). To follow a conversation, ask again with `after` = the largest seq of a
-    message that is not pending: every message joins the transcript with a seq above all before it,
-    and a waiting one is listed again, with a new seq, once a turn takes it in. (`offset` pages
-    shift while a message waits: it moves to the end when taken in.)"""
+    NORMAL message that is not pending: the transcript's messages are written one turn at a time,
+    each with a seq above all before it, and a waiting one is listed again, with a new seq, once a
+    turn takes it in. SUMMARY messages are written beside the transcript (by compaction and the
+    daily summary) and may land below such a cursor. (`offset` pages shift while a message waits:
+    it moves to the end when taken in.)"""
     if s.get(Conversation, conversation_id) is None:
         raise HTTPException(404, f"no conversation {conversation_id}")
     rows = views.messages(s, conversation_id, limit=limit, offset=offset, after=after)
