@@ -38,6 +38,7 @@ KEY_EVENTS = KEY_PREFIX + "events:"  # + conversation id: a capped stream of run
 KEY_WATCH = KEY_PREFIX + "watch:"  # + conversation id: set while an SSE client reads its events
 KEY_RATE = KEY_PREFIX + "rate:"  # + bucket name: shared rate limits for outbound sends
 KEY_CACHE = KEY_PREFIX + "cache:"  # + name: small shared caches (platform access tokens)
+KEY_UNDELIVERED = KEY_PREFIX + "undelivered:"  # + channel:message id: reported failed before the send was marked
 KEY_SENT = KEY_PREFIX + "sent:"  # + outbox id: sent, but the database could not be told (see delivery)
 REDBEAT_PREFIX = KEY_PREFIX + "redbeat:"
 

@@ -88,11 +88,6 @@ def _ingest(state: AppState, ch: Channel, messages: list[InboundMessage]) -> Ing
     return out
 
 
-def _undelivered(state: AppState, ch: Channel, failures: dict[str, str]) -> None:
-    with state.runtime.session() as s:
-        delivery.undelivered(s, ch.name, failures)
-
-
 async def receive(name: str, request: Request, state: AppState) -> Response:
     ch = channel(state, name)
     body = await read_body(request)
@@ -101,7 +96,8 @@ async def receive(name: str, request: Request, state: AppState) -> Response:
     except WebhookError as err:
         return JSONResponse({"detail": err.message}, status_code=err.status_code)
     if parsed.undelivered:
-        await anyio.to_thread.run_sync(_undelivered, state, ch, parsed.undelivered, limiter=_ingest_limiter())
+        await anyio.to_thread.run_sync(delivery.undelivered, state.runtime, ch.name, parsed.undelivered,
+                                       limiter=_ingest_limiter())
     if not parsed.messages:
         return JSONResponse(parsed.response or {"ok": True})
     out = await anyio.to_thread.run_sync(_ingest, state, ch, parsed.messages, limiter=_ingest_limiter())

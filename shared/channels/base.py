@@ -79,6 +79,7 @@ class Channel(Protocol):
     name: ClassVar[str]
     max_chars: ClassVar[int]
     typing_indicator: ClassVar[bool]  # shows "typing..." while a turn runs (see typing())
+    reports_failures: ClassVar[bool]  # reports later, by webhook, a sent message it could not deliver
 
     def enabled(self) -> bool: ...
 
@@ -112,6 +113,7 @@ class BaseChannel:
     max_chars: ClassVar[int]
     required: ClassVar[tuple[str, ...]] = ()  # settings fields that must be set for the channel to be on
     typing_indicator: ClassVar[bool] = False
+    reports_failures: ClassVar[bool] = False
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings

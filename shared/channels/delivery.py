@@ -23,6 +23,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from redis import RedisError
 from sqlalchemy import func, text, type_coerce, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import OperationalError
@@ -34,7 +35,7 @@ from shared.channels import REGISTRY
 from shared.channels.base import Channel, RateLimited, Rejected, SendResult
 from shared.channels.clients import redis_client
 from shared.channels.ratelimit import Limiter
-from shared.constants import KEY_SENT, T_OUTBOUND_DELIVER, T_OUTBOUND_TYPING
+from shared.constants import KEY_SENT, KEY_UNDELIVERED, T_OUTBOUND_DELIVER, T_OUTBOUND_TYPING
 from shared.errors import Retryable
 from shared.models import TERMINAL, Outbox, OutboxStatus, Run
 from shared.settings import Settings
@@ -229,6 +230,7 @@ def _delivered(rt: Runtime, row: Outbox, result: SendResult, claimed_at: float) 
         redis_client(rt.settings.redis_url).set(
             KEY_SENT + row.id, json.dumps({"platform_message_id": result.platform_message_id}), ex=SENT_TTL)
         raise
+    _reported_early(rt, row, result)
 
 
 def _sent_marker(rt: Runtime, outbox_id: str) -> SendResult | None:
@@ -265,20 +267,45 @@ def retry(s: Session, row: Outbox) -> list[Next]:
     return [Next(T_OUTBOUND_DELIVER, (first.id,))]
 
 
-def undelivered(s: Session, channel: str, failures: dict[str, str]) -> list[str]:
+def undelivered(rt: Runtime, channel: str, failures: dict[str, str]) -> list[str]:
     """Dead-letter delivered rows the platform reported, later, as not delivered (WhatsApp's
     failed statuses: the 24-hour window had closed, the number is not on WhatsApp...), so they
-    show at GET /api/v1/outbox?status=failed and can be retried. Returns the rows' ids; ids of
-    messages we did not send (or a report repeated) change nothing."""
-    rows = s.exec(select(Outbox).where(Outbox.channel == channel, Outbox.status == OutboxStatus.DELIVERED,
-                                       col(Outbox.platform_message_id).in_(list(failures)))).all()
-    for row in rows:
-        why = failures[str(row.platform_message_id)][:MAX_ERROR]
-        log.error("outbox %s (%s %s): the platform reports it was not delivered: %s", row.id, channel,
-                  row.chat_id, why)
-        row.status, row.last_error = OutboxStatus.FAILED, f"not delivered: {why}"
-        s.add(row)
-    return [row.id for row in rows]
+    show at GET /api/v1/outbox?status=failed and can be retried. Returns the rows' ids. A report
+    about a send not recorded yet (the platform answered; the mark is on its way) waits in Redis
+    for that mark (_delivered); a repeated one, or one about a message we did not send, changes nothing."""
+    with rt.session() as s:
+        rows = s.exec(select(Outbox).where(Outbox.channel == channel,
+                                           col(Outbox.platform_message_id).in_(list(failures)))).all()
+        hit = [row for row in rows if row.status == OutboxStatus.DELIVERED]
+        for row in hit:
+            why = failures[str(row.platform_message_id)][:MAX_ERROR]
+            log.error("outbox %s (%s %s): the platform reports it was not delivered: %s", row.id, channel,
+                      row.chat_id, why)
+            row.status, row.last_error = OutboxStatus.FAILED, f"not delivered: {why}"
+            s.add(row)
+    known = {row.platform_message_id for row in rows}
+    early = {pid: why for pid, why in failures.items() if pid not in known}
+    if early:
+        pipe = redis_client(rt.settings.redis_url).pipeline(transaction=False)
+        for pid, why in early.items():
+            pipe.set(f"{KEY_UNDELIVERED}{channel}:{pid}", why[:MAX_ERROR], ex=SENT_TTL)
+        pipe.execute()
+    return [row.id for row in hit]
+
+
+def _reported_early(rt: Runtime, row: Outbox, result: SendResult) -> None:
+    """The platform's failure report for this send, if it came before the send was recorded. The
+    row went out and is marked: an error here is logged, never a reason to send it again."""
+    ch = channel_for(rt.settings, row.channel)
+    if ch is None or not ch.reports_failures or not result.platform_message_id:
+        return
+    try:
+        why = redis_client(rt.settings.redis_url).getdel(f"{KEY_UNDELIVERED}{row.channel}:{result.platform_message_id}")
+        if why:
+            text = why.decode(errors="replace") if isinstance(why, bytes) else str(why)
+            undelivered(rt, row.channel, {result.platform_message_id: text})
+    except (RedisError, OperationalError) as err:
+        log.warning("outbox %s: could not check for an early failure report: %s", row.id, err)
 
 
 # Pending rows nobody touched for a while (their task was lost), whose previous chunk is not

@@ -22,6 +22,7 @@ class WhatsAppChannel(BaseChannel):
     name: ClassVar[str] = "whatsapp"
     max_chars: ClassVar[int] = 4096
     required: ClassVar[tuple[str, ...]] = ("access_token", "app_secret", "verify_token", "phone_number_id")
+    reports_failures: ClassVar[bool] = True  # `failed` statuses
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)

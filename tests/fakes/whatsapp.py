@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import itertools
 import json
 import time
 from typing import Any
@@ -22,7 +21,7 @@ class FakeWhatsApp(FakePlatform):
 
     def __init__(self, access_token: str, app_secret: str, phone_number_id: str) -> None:
         self.access_token, self.app_secret, self.phone_number_id = access_token, app_secret, phone_number_id
-        self.seq = itertools.count(1)
+        self.sent_ids = 0
         super().__init__()
 
     def routes(self) -> list[Route]:
@@ -51,9 +50,14 @@ class FakeWhatsApp(FakePlatform):
         if not text.strip() or len(text) > 4096:
             self.refuse(f"text body of {len(text)} characters")
             return 400, _error(100, "Param text['body'] must be at most 4096 characters long")
-        wamid = f"wamid.out{next(self.seq)}"
+        wamid = self.next_wamid()
+        self.sent_ids += 1
         return 200, {"messaging_product": "whatsapp", "contacts": [{"input": body["to"], "wa_id": body["to"]}],
                      "messages": [{"id": wamid}]}
+
+    def next_wamid(self) -> str:
+        """The id the next accepted message will get."""
+        return f"wamid.out{self.sent_ids + 1}"
 
     def rate_limit(self, times: int = 1) -> None:
         self.script("messages", 429, _error(130429, "Rate limit hit"), times=times)

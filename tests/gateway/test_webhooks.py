@@ -161,6 +161,20 @@ def test_a_whatsapp_reply_reported_failed_later_becomes_a_dead_letter_that_can_b
     assert channels.scalar("select platform_message_id from outbox where chat_id = :c", c=chat) != wamid
 
 
+def test_a_whatsapp_failure_reported_before_the_send_was_recorded_is_not_lost(channels: ChannelStack) -> None:
+    """Meta may report a failure while our worker is still marking the send delivered: the report
+    waits for the mark."""
+    wa, d = channels.fakes["whatsapp"], channels.driver("whatsapp")
+    chat = d.new_chat()
+    early = wa.signed(wa.status(recipient=chat, wamid=wa.next_wamid(), status="failed", code=131026,
+                                title="Message undeliverable"))
+    assert channels.post("whatsapp", early).status_code == 200
+    channels.post("whatsapp", d.request(chat=chat, text=marker()))
+    wait_until(lambda: channels.scalar("select status from outbox where chat_id = :c", c=chat) == "failed",
+               timeout=30, message="the reply marked failed")
+    assert "131026" in channels.scalar("select last_error from outbox where chat_id = :c", c=chat)
+
+
 def test_whatsapp_get_verification(channels: ChannelStack) -> None:
     params = {"hub.mode": "subscribe", "hub.verify_token": "wa-verify-token", "hub.challenge": "1158201444"}
     r = channels.http.get("/webhooks/whatsapp", params=params)
