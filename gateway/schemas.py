@@ -46,7 +46,9 @@ class ConversationOut(CamelModel):
 
 class ChatIn(CamelModel):
     message: Text = Field(min_length=1, max_length=MAX_MESSAGE)
-    model: Text | None = Field(default=None, max_length=200)
+    model: Text | None = Field(default=None, max_length=200, description=(
+        "a profile name or a litellm model string (422 when NANOFLEET_LLM__ALLOWED_MODELS is set and it is "
+        "neither the default, a profile, nor listed there)"))
 
 
 class ToolCallOut(CamelModel):

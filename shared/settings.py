@@ -74,6 +74,16 @@ class LLMSettings(LLMProfile):
     # Concurrent HTTP connections to the model endpoints per process: an LLM call waiting on the
     # network holds one, so this caps the calls a worker keeps in flight (httpx's default is 100).
     max_connections: int = Field(default=1000, ge=1)
+    # Models an API request may name (its "model") besides the default and the profiles; empty: any
+    # litellm model string, called on the default endpoint with the default key.
+    allowed_models: list[str] = Field(default_factory=list)
+
+    def refuses(self, model: str) -> str | None:
+        """Why an API request may not ask for `model` (None when it may)."""
+        if not self.allowed_models or model == self.model or model in self.profiles or model in self.allowed_models:
+            return None
+        choices = ", ".join(sorted({self.model, *self.profiles, *self.allowed_models}))
+        return f"model {model!r} is not allowed here; ask for one of: {choices}"
 
 
 class ExecSettings(BaseModel):

@@ -55,6 +55,8 @@ def create_conversation(s: SessionDep, body: ConversationIn | None = None) -> Co
 
 
 def _submit(state: AppState, conversation_id: str, body: ChatIn) -> Submitted:
+    if body.model and (refusal := state.settings.llm.refuses(body.model)):
+        raise HTTPException(422, refusal)
     with Session(get_engine(state.settings.database_url), expire_on_commit=False) as s:
         conv = s.get(Conversation, conversation_id)
         if conv is None:

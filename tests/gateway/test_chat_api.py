@@ -81,3 +81,21 @@ def _settled(api: Any, url: str) -> bool:
     rows = api.get(url).json()
     last = rows[-1]
     return not any(m["pending"] for m in rows) and last["role"] == "ASSISTANT" and "meanwhile" in last["content"]
+
+
+def test_an_operator_can_limit_the_models_a_request_names(stack: Stack) -> None:
+    llm = stack.settings.llm.model_copy(update={"allowed_models": ["openai/cheap"]})
+    for api in api_client(stack.settings.model_copy(update={"llm": llm})):
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        url = f"/api/v1/conversations/{cid}"
+        refused = api.post(f"{url}/chat", json={"message": "hi", "model": "openai/expensive"})
+        assert refused.status_code == 422 and "openai/cheap" in refused.json()["detail"]
+        assert api.post(f"{url}/messages", json={"message": "hi", "model": "openai/expensive"}).status_code == 422
+        assert api.get(f"{url}/messages").json() == []  # nothing stored, no LLM call
+        for model in ("openai/cheap", llm.model):
+            answer = api.post(f"{url}/chat", json={"message": "hi", "model": model})
+            assert answer.json()["assistantMessage"] == "echo: hi", answer.text
+    for api in api_client(stack.settings):  # not set: any model string, as before
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        answer = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "hi", "model": "openai/expensive"})
+        assert answer.status_code == 200
