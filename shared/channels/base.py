@@ -7,10 +7,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from shared.channel_settings import ChannelBase
 from shared.channels.markdown import plain_text
 from shared.channels.text import format_chunks
 from shared.contracts import InboundMessage
-from shared.settings import ChannelBase, Settings
+from shared.settings import Settings
 
 
 class WebhookError(Exception):

@@ -15,10 +15,10 @@ from pydantic import BaseModel, Field
 from sqlalchemy import update
 from sqlmodel import col
 
+from shared.channel_settings import ChannelBase, ChannelsSettings
 from shared.channels import get_channel
 from shared.db import session_scope
 from shared.models import Run
-from shared.settings import ChannelBase, ChannelsSettings
 from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
 
 API = "api"

@@ -281,7 +281,7 @@ def test_a_platform_without_its_secrets_is_off(channels: ChannelStack) -> None:
     from fastapi.testclient import TestClient
 
     from gateway.app import create_app
-    from shared.settings import ChannelsSettings
+    from shared.channel_settings import ChannelsSettings
 
     bare = channels.stack.settings.model_copy(update={"channels": ChannelsSettings()})
     with TestClient(create_app(bare)) as client:

@@ -1,0 +1,91 @@
+"""Chat platform settings (one model per platform, and outbound delivery), and the placeholder
+check that every secret setting passes."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+
+PLACEHOLDERS = {"changeme", "change-me", "your-key-here", "xxx", "todo", "replace-me"}
+
+
+def not_placeholder(value: SecretStr | None) -> SecretStr | None:
+    """A secret as given, unless it is a placeholder left from an example file."""
+    if value is not None and value.get_secret_value().strip().lower() in PLACEHOLDERS:
+        raise ValueError("is a placeholder; set a real secret or leave it unset")
+    return value
+
+
+class ChannelBase(BaseModel):
+    """What every channel has: an API base and who may talk to the agent."""
+
+    api_base: str = ""
+    allow_from: list[str] = Field(default_factory=list)
+
+    @field_validator("*")
+    @classmethod
+    def _check_secrets(cls, v: object) -> object:
+        return not_placeholder(v) if isinstance(v, SecretStr) else v
+
+
+class TelegramSettings(ChannelBase):
+    api_base: str = "https://api.telegram.org"
+    token: SecretStr | None = None
+    webhook_secret: SecretStr | None = None
+    bot_username: str | None = None  # set: in groups, answer only mentions of it and replies to the bot
+
+
+class SlackSettings(ChannelBase):
+    api_base: str = "https://slack.com/api"
+    bot_token: SecretStr | None = None
+    signing_secret: SecretStr | None = None
+
+
+class WhatsAppSettings(ChannelBase):
+    api_base: str = "https://graph.facebook.com/v21.0"
+    access_token: SecretStr | None = None
+    app_secret: SecretStr | None = None
+    verify_token: SecretStr | None = None
+    phone_number_id: str | None = None
+
+
+class FeishuSettings(ChannelBase):
+    api_base: str = "https://open.feishu.cn/open-apis"
+    app_id: str | None = None
+    app_secret: SecretStr | None = None
+    verification_token: SecretStr | None = None
+    encrypt_key: SecretStr | None = None
+
+
+class DiscordSettings(ChannelBase):
+    api_base: str = "https://discord.com/api/v10"
+    application_id: str | None = None
+    public_key: str | None = None
+    bot_token: SecretStr | None = None
+
+
+class GenericWebhookSettings(ChannelBase):
+    secret: SecretStr | None = None
+    callback_url: str | None = None
+
+
+class DeliverySettings(BaseModel):
+    """How outbox rows are sent: timeouts, the per-row claim, retries, redelivery of lost tasks."""
+
+    send_timeout: float = 10.0
+    claim_seconds: float = 60.0  # a row being sent is another worker's only after this
+    max_attempts: int = 10
+    retry_base_delay: float = 2.0
+    retry_max_delay: float = 300.0
+    redeliver_after: float = 30.0  # a pending row untouched this long has lost its task
+
+
+class ChannelsSettings(BaseModel):
+    """Per-platform settings; a platform with no secrets configured is off."""
+
+    delivery: DeliverySettings = Field(default_factory=DeliverySettings)
+    telegram: TelegramSettings = Field(default_factory=TelegramSettings)
+    slack: SlackSettings = Field(default_factory=SlackSettings)
+    whatsapp: WhatsAppSettings = Field(default_factory=WhatsAppSettings)
+    feishu: FeishuSettings = Field(default_factory=FeishuSettings)
+    discord: DiscordSettings = Field(default_factory=DiscordSettings)
+    webhook: GenericWebhookSettings = Field(default_factory=GenericWebhookSettings)
