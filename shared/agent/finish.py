@@ -134,6 +134,16 @@ def _answer_tool_calls(s: Session, run: Run) -> None:
         elif call.status == ToolStatus.RUNNING:
             result = ToolResult.fail(ErrorCode.FAILED, CUT_OFF)
         else:
-            result = ToolResult.model_validate(call.result or {"ok": False, "message": "no result"})
-        s.add(Message(conversation_id=run.conversation_id, run_id=run.id, role=Role.TOOL,
-                      content=result.for_model(), tool_name=call.name, tool_call_id=call.call_id))
+            result = recorded(call)
+        s.add(tool_message(run, call, result))
+
+
+def recorded(call: ToolCall) -> ToolResult:
+    """The result a finished tool call recorded."""
+    return ToolResult.model_validate(call.result or {"ok": False, "message": "no result"})
+
+
+def tool_message(run: Run, call: ToolCall, result: ToolResult) -> Message:
+    """The transcript's answer to one tool call: what the model reads."""
+    return Message(conversation_id=run.conversation_id, run_id=run.id, role=Role.TOOL, content=result.for_model(),
+                   tool_name=call.name, tool_call_id=call.call_id)

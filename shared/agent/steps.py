@@ -13,7 +13,7 @@ from sqlalchemy import func, insert, update
 from sqlmodel import Session, col, select
 
 from shared.agent import conversations, events, lease, memory, prompt
-from shared.agent.finish import NOT_RUN, finish, publish_final
+from shared.agent.finish import NOT_RUN, finish, publish_final, recorded, tool_message
 from shared.agent.runtime import Next, Runtime
 from shared.aio import run_sync
 from shared.constants import T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EXECUTE
@@ -254,9 +254,7 @@ def _advance(rt: Runtime, s: Session, run: Run, step_seq: int) -> list[Next]:
     if any(c.status not in DONE for c in calls):
         return []
     for c in calls:
-        result = ToolResult.model_validate(c.result or {"ok": False, "message": "no result"})
-        s.add(Message(conversation_id=run.conversation_id, run_id=run.id, role=Role.TOOL,
-                      content=result.for_model(), tool_name=c.name, tool_call_id=c.call_id))
+        s.add(tool_message(run, c, recorded(c)))
     s.add(RunStep(run_id=run.id, seq=step_seq, kind=Phase.TOOLS, elapsed_ms=sum(c.elapsed_ms for c in calls)))
     run.phase = Phase.LLM
     run.step_seq += 1

@@ -28,7 +28,7 @@ from shared.constants import T_AGENT_STEP, T_CRON_FIRE, T_CRON_RECONCILE, T_DAIL
 from shared.models import TERMINAL, Conversation, CronJob, CronReceipt, Message, Role, Run, RunKind, utcnow
 from shared.scheduling import schedules
 from shared.scheduling.beat import BeatMirror
-from shared.scheduling.jobs import cursor, spec_of, upcoming
+from shared.scheduling.jobs import API, cursor, spec_of, upcoming
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,6 @@ PLAN_GRACE = timedelta(minutes=1)  # a daily firing's fan-out task normally runs
 PLAN_LOOKBACK = timedelta(hours=24)  # older daily firings are not re-sent
 POST_RETRY = 5.0  # seconds before a result that waited for a busy conversation is tried again
 POST_WINDOW = timedelta(hours=1)  # a result not posted within this is given up (logged)
-API = "api"
 
 
 def receipt(s: Session, job_id: str, scheduled_for: datetime) -> CronReceipt | None:
