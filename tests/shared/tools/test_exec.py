@@ -44,6 +44,17 @@ def gone(pid: int) -> bool:
         return True
 
 
+def describe(pid: int) -> dict[str, object]:
+    """What a failure message needs to know of a process that should be gone."""
+    try:
+        proc = psutil.Process(pid)
+        return {"pid": pid, "status": proc.status(), "ppid": proc.ppid(), "sid": os.getsid(pid),
+                "pgid": os.getpgid(pid), "uids": proc.uids().real, "cmdline": proc.cmdline(),
+                "marked": MARKER in proc.environ()}
+    except (psutil.Error, OSError) as err:
+        return {"pid": pid, "error": repr(err)}
+
+
 def test_output_and_exit_code(reg: Callable[..., ToolRegistry]) -> None:
     result = call(reg(), "exec", {"command": "echo out; echo err >&2; exit 3"})
     assert result.ok and result.output == "out\nerr\n[exit code: 3]"
@@ -56,7 +67,10 @@ def test_timeout_kills_the_whole_process_tree(reg: Callable[..., ToolRegistry], 
     result = call(reg(), "exec", {"command": command, "timeout": 1})
     assert result.error == ErrorCode.TIMEOUT and "killed" in result.message
     pids = [int((workspace / f"{name}.pid").read_text()) for name in ("shell", "child", "escaped", "grandchild")]
-    wait_until(lambda: all(gone(pid) for pid in pids), timeout=10, message=f"processes {pids} to be gone")
+    try:
+        wait_until(lambda: all(gone(pid) for pid in pids), timeout=10, message=f"processes {pids} to be gone")
+    except AssertionError as err:  # once in CI (2026-11-23), not reproduced since: say what was left
+        raise AssertionError(f"{err}; still there: {[describe(pid) for pid in pids if not gone(pid)]}") from None
 
 
 def test_background_processes_do_not_outlive_the_command(reg: Callable[..., ToolRegistry], workspace: Path) -> None:
