@@ -23,6 +23,7 @@ T_CRON_FIRE = "nanofleet.scheduler.cron_fire"
 T_HEARTBEAT = "nanofleet.scheduler.heartbeat"
 T_DAILY_SUMMARY = "nanofleet.scheduler.daily_summary"
 T_CRON_RECONCILE = "nanofleet.scheduler.cron_reconcile"
+T_RETENTION = "nanofleet.scheduler.retention"
 
 TASK_ROUTES = {
     "nanofleet.agent.*": {"queue": Q_AGENT},

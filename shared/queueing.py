@@ -15,6 +15,7 @@ from shared.constants import (
     REQUEST_ID_HEADER,
     T_CRON_RECONCILE,
     T_HEARTBEAT,
+    T_RETENTION,
     T_SWEEP,
     TASK_ROUTES,
 )
@@ -84,6 +85,8 @@ def beat_schedule(settings: Settings) -> dict[str, Any]:
     }
     if settings.heartbeat.enabled:
         schedule["nanofleet-heartbeat"] = every(T_HEARTBEAT, settings.heartbeat.interval)
+    if settings.retention.days > 0:
+        schedule["nanofleet-retention"] = every(T_RETENTION, settings.retention.interval)
     return schedule
 
 

@@ -197,6 +197,13 @@ class SchedulerSettings(BaseModel):
     beat_lock_timeout: int = 15  # seconds before a standby beat takes over from one that died
 
 
+class RetentionSettings(BaseModel):
+    """How long operational records are kept (see shared/housekeeping.py); messages are kept."""
+
+    days: int = Field(default=30, ge=0)  # 0 keeps everything
+    interval: float = Field(default=3600.0, gt=0)  # seconds between retention passes
+
+
 class HeartbeatSettings(BaseModel):
     """Periodic look at HEARTBEAT.md in the workspace."""
 
@@ -229,6 +236,7 @@ class Settings(BaseSettings):
     channels: ChannelsSettings = Field(default_factory=ChannelsSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     heartbeat: HeartbeatSettings = Field(default_factory=HeartbeatSettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
 
     @field_validator("database_url")
     @classmethod

@@ -18,6 +18,9 @@ from shared.constants import KEY_EVENTS, KEY_WATCH
 
 log = logging.getLogger(__name__)
 STREAM_MAXLEN = 2000
+# A conversation's stream goes this long after its last event: enough for any SSE client to resume,
+# and Redis does not keep a stream for every conversation there ever was (the messages stay).
+STREAM_TTL = 24 * 3600  # seconds
 
 RUN_STARTED = "run.started"
 STEP_STARTED = "step.started"
@@ -77,13 +80,13 @@ class RedisEvents:
         self.client = client
 
     def publish(self, conversation_id: str, event: str, data: dict[str, Any]) -> None:
+        key = stream_key(conversation_id)
         try:
-            self.client.xadd(
-                stream_key(conversation_id),
-                {"event": event, "data": json.dumps(data, default=str)},
-                maxlen=STREAM_MAXLEN,
-                approximate=True,
-            )
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.xadd(key, {"event": event, "data": json.dumps(data, default=str)}, maxlen=STREAM_MAXLEN,
+                          approximate=True)
+                pipe.expire(key, STREAM_TTL)
+                pipe.execute()
         except redis.RedisError as err:
             log.warning("could not publish %s: %s", event, err)
 

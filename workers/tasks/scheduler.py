@@ -7,8 +7,17 @@ from datetime import datetime
 
 from celery import current_app, shared_task
 
+from shared import housekeeping
 from shared.agent import recovery
-from shared.constants import T_CRON_FIRE, T_CRON_RECONCILE, T_DAILY_SUMMARY, T_HEARTBEAT, T_PING, T_SWEEP
+from shared.constants import (
+    T_CRON_FIRE,
+    T_CRON_RECONCILE,
+    T_DAILY_SUMMARY,
+    T_HEARTBEAT,
+    T_PING,
+    T_RETENTION,
+    T_SWEEP,
+)
 from shared.scheduling import cron, summary
 from shared.scheduling import heartbeat as heartbeat_core
 from shared.scheduling.beat import BeatMirror
@@ -27,6 +36,11 @@ def ping(payload: str = "") -> str:
 @shared_task(name=T_SWEEP, base=NanofleetTask)
 def sweep() -> None:
     dispatch(recovery.sweep(runtime()))
+
+
+@shared_task(name=T_RETENTION, base=NanofleetTask)
+def retention() -> None:
+    housekeeping.prune(runtime())
 
 
 def _when(iso: str) -> datetime | None:

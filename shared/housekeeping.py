@@ -1,0 +1,106 @@
+"""Retention: deletes the operational records older than `retention.days`, so that a deployment
+that runs for years keeps tables of the same size. What goes: the inbound ledger (platforms retry
+for hours, WhatsApp for up to a week), delivered and dead-lettered outbox rows, cron receipts (a
+job's cursor is past them), and finished runs with their steps and tool calls. What stays: the
+conversations, their messages (the memory) and their usage totals, and every unfinished record.
+
+Each batch is one short transaction, so a pass never holds locks for long, and two passes at once
+(a redelivered task) skip each other's rows."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import Select, delete
+from sqlalchemy.orm import Mapped, QueryableAttribute
+from sqlmodel import Session, col, select
+
+from shared.agent.runtime import Runtime
+from shared.models import (
+    TERMINAL,
+    CronReceipt,
+    InboundEvent,
+    Outbox,
+    OutboxStatus,
+    Run,
+    RunStep,
+    ToolCall,
+    utcnow,
+)
+
+log = logging.getLogger(__name__)
+BATCH = 2000
+
+# One batch of a table: deletes up to `limit` rows older than the cutoff; returns how many went.
+Batch = Callable[[Session, datetime, int], int]
+
+
+def prune(rt: Runtime, now: datetime | None = None, batch: int = BATCH) -> dict[str, int]:
+    """One retention pass; returns the rows deleted per table (nothing when `days` is 0)."""
+    days = rt.settings.retention.days
+    if days <= 0:
+        return {}
+    cutoff = (now or utcnow()) - timedelta(days=days)
+    counts = {name: _drain(rt, step, cutoff, batch) for name, step in BATCHES.items()}
+    if any(counts.values()):
+        log.info("retention (older than %s): deleted %s", cutoff.isoformat(),
+                 ", ".join(f"{n} {name}" for name, n in counts.items() if n))
+    return counts
+
+
+def _drain(rt: Runtime, step: Batch, cutoff: datetime, batch: int) -> int:
+    total = 0
+    while True:
+        with rt.session() as s:
+            n = step(s, cutoff, batch)
+        total += n
+        if n < batch:
+            return total
+
+
+def _inbound(s: Session, cutoff: datetime, limit: int) -> int:
+    key = col(InboundEvent.id)
+    return _delete(s, key, _ids(s, select(key).where(col(InboundEvent.received_at) < cutoff), limit))
+
+
+def _outbox(s: Session, cutoff: datetime, limit: int) -> int:
+    key = col(Outbox.id)
+    done = col(Outbox.status).in_((OutboxStatus.DELIVERED, OutboxStatus.FAILED))
+    return _delete(s, key, _ids(s, select(key).where(done, col(Outbox.created_at) < cutoff), limit))
+
+
+def _receipts(s: Session, cutoff: datetime, limit: int) -> int:
+    key = col(CronReceipt.id)
+    return _delete(s, key, _ids(s, select(key).where(col(CronReceipt.created_at) < cutoff), limit))
+
+
+def _runs(s: Session, cutoff: datetime, limit: int) -> int:
+    """Finished runs, with their steps and tool calls (the journal of a run that can never replay)."""
+    key = col(Run.id)
+    ids = _ids(s, select(key).where(col(Run.status).in_(TERMINAL), col(Run.finished_at) < cutoff), limit)
+    _delete(s, col(ToolCall.run_id), ids)
+    _delete(s, col(RunStep.run_id), ids)
+    return _delete(s, key, ids)
+
+
+def _ids(s: Session, query: Select[Any], limit: int) -> list[Any]:
+    """Up to `limit` keys of the query's rows, locked (rows another pass holds are skipped)."""
+    return list(s.execute(query.limit(limit).with_for_update(skip_locked=True)).scalars())
+
+
+def _delete(s: Session, key: Mapped[Any], ids: list[Any]) -> int:
+    """Delete the rows of `key`'s table whose `key` is one of `ids`."""
+    if ids:
+        s.execute(delete(cast(QueryableAttribute[Any], key).class_).where(key.in_(ids)))
+    return len(ids)
+
+
+BATCHES: dict[str, Batch] = {
+    "inbound_events": _inbound,
+    "outbox": _outbox,
+    "cron_receipts": _receipts,
+    "runs": _runs,
+}

@@ -1,0 +1,120 @@
+"""Retention: old operational records go, in batches; the memory and anything unfinished stay.
+Real Postgres; the last test runs the pass the way a deployment does (beat and a worker)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import redis
+from sqlmodel import Session, func, select
+
+from shared import housekeeping
+from shared.agent.events import STREAM_TTL, RedisEvents, stream_key
+from shared.agent.runtime import Runtime
+from shared.db import get_engine
+from shared.models import (
+    Conversation,
+    CronReceipt,
+    InboundEvent,
+    Message,
+    Outbox,
+    OutboxStatus,
+    Role,
+    Run,
+    RunStatus,
+    RunStep,
+    ToolCall,
+    utcnow,
+)
+from tests.support.processes import wait_until
+from tests.support.stack import Stack
+
+OLD = utcnow() - timedelta(days=40)
+NEW = utcnow() - timedelta(days=2)
+
+
+def _run(s: Session, conv: Conversation, status: RunStatus, when: object) -> Run:
+    run = Run(conversation_id=conv.id, status=status, created_at=when,
+              finished_at=when if status in (RunStatus.SUCCEEDED, RunStatus.FAILED) else None)
+    s.add(run)
+    s.flush()
+    s.add(RunStep(run_id=run.id, seq=0, started_at=when, finished_at=when))
+    s.add(ToolCall(run_id=run.id, step_seq=0, call_id="c1", name="time", created_at=when))
+    s.add(Message(conversation_id=conv.id, run_id=run.id, role=Role.ASSISTANT, content=f"{status} answer"))
+    return run
+
+
+def _count(s: Session, table: type) -> int:
+    return int(s.exec(select(func.count()).select_from(table)).one())
+
+
+def _fill(s: Session) -> dict[str, str]:
+    conv = Conversation(session_key="api:keep", prompt_tokens=1234, cost=0.5)
+    s.add(conv)
+    s.flush()
+    ids = {"old_done": _run(s, conv, RunStatus.SUCCEEDED, OLD).id,
+           "old_failed": _run(s, conv, RunStatus.FAILED, OLD).id,
+           "old_running": _run(s, conv, RunStatus.RUNNING, OLD).id,  # a stuck run is the sweeper's, not ours
+           "new_done": _run(s, conv, RunStatus.SUCCEEDED, NEW).id}
+    for i in range(5):  # more than one batch of 2
+        s.add(InboundEvent(channel="telegram", event_id=f"old{i}", received_at=OLD))
+    s.add(InboundEvent(channel="telegram", event_id="new", received_at=NEW))
+    for key, status, when in (("o1", OutboxStatus.DELIVERED, OLD), ("o2", OutboxStatus.FAILED, OLD),
+                              ("o3", OutboxStatus.PENDING, OLD), ("o4", OutboxStatus.DELIVERED, NEW)):
+        s.add(Outbox(key=key, channel="telegram", chat_id="1", content="hi", status=status, created_at=when))
+    s.add(CronReceipt(job_id="j", scheduled_for=OLD, created_at=OLD))
+    s.add(CronReceipt(job_id="j", scheduled_for=NEW, created_at=NEW))
+    s.commit()
+    return ids
+
+
+def test_a_pass_deletes_old_finished_records_and_keeps_memory_and_unfinished_work(
+        make_stack: Callable[..., Stack]) -> None:
+    stack = make_stack()
+    rt = Runtime.build(stack.settings)
+    with Session(get_engine(stack.settings.database_url)) as s:
+        ids = _fill(s)
+    counts = housekeeping.prune(rt, batch=2)
+    assert counts == {"inbound_events": 5, "outbox": 2, "cron_receipts": 1, "runs": 2}
+    with Session(get_engine(stack.settings.database_url)) as s:
+        assert set(s.exec(select(Run.id)).all()) == {ids["old_running"], ids["new_done"]}
+        assert set(s.exec(select(RunStep.run_id)).all()) == {ids["old_running"], ids["new_done"]}
+        assert set(s.exec(select(ToolCall.run_id)).all()) == {ids["old_running"], ids["new_done"]}
+        assert s.exec(select(InboundEvent.event_id)).all() == ["new"]
+        assert set(s.exec(select(Outbox.key)).all()) == {"o3", "o4"}
+        assert s.exec(select(CronReceipt.created_at)).one() > OLD
+        assert _count(s, Message) == 4  # the transcript is memory: every message stays
+        conv = s.exec(select(Conversation)).one()
+        assert (conv.prompt_tokens, conv.cost) == (1234, 0.5)
+    assert set(housekeeping.prune(rt).values()) == {0}  # a second pass finds nothing
+
+
+def test_zero_days_keeps_everything(make_stack: Callable[..., Stack]) -> None:
+    stack = make_stack(RETENTION__DAYS="0")
+    with Session(get_engine(stack.settings.database_url)) as s:
+        _fill(s)
+    assert housekeeping.prune(Runtime.build(stack.settings)) == {}
+    with Session(get_engine(stack.settings.database_url)) as s:
+        assert (_count(s, Run), _count(s, InboundEvent), _count(s, Outbox)) == (4, 6, 4)
+
+
+def test_beat_and_a_worker_run_the_retention_pass(make_stack: Callable[..., Stack]) -> None:
+    stack = make_stack(RETENTION__INTERVAL="1")
+    with Session(get_engine(stack.settings.database_url)) as s:
+        _fill(s)
+    stack.worker(queues="scheduler")
+    stack.beat()
+
+    def pruned() -> bool:
+        with Session(get_engine(stack.settings.database_url)) as s:
+            return _count(s, InboundEvent) == 1 and _count(s, Run) == 2
+
+    wait_until(pruned, timeout=60, message="the retention pass to delete the old records")
+
+
+def test_an_event_stream_expires_a_day_after_its_newest_event(make_stack: Callable[..., Stack]) -> None:
+    client = redis.Redis.from_url(make_stack().settings.redis_url)
+    RedisEvents(client).publish("conv-ttl", "run.started", {"run_id": "r"})
+    assert STREAM_TTL - 60 < client.ttl(stream_key("conv-ttl")) <= STREAM_TTL
+    assert client.xlen(stream_key("conv-ttl")) == 1
