@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import redis
 import redis.asyncio as aioredis
+from kombu.exceptions import OperationalError
 
 from shared.agent.events import RedisEvents
 from shared.agent.runtime import Next, Runtime
@@ -14,6 +16,7 @@ from shared.queueing import Producer, make_celery
 from shared.scheduling import hooks
 from shared.settings import Settings
 
+log = logging.getLogger(__name__)
 # Each open event stream holds an async connection while it waits for events (a blocking read of up
 # to 15 s), so the streams served at once are capped below the pool's size: past MAX_STREAMS a new
 # one gets a 503, and the rest of the pool stays for /chat and the streams' first commands. When even
@@ -63,5 +66,12 @@ class AppState:
         )
 
     def dispatch(self, nexts: list[Next]) -> None:
-        for nxt in nexts:
-            self.producer.send(nxt.task, *nxt.args, countdown=nxt.countdown)
+        """Enqueue what a committed request asks for. Its state is in Postgres already, so a broker
+        that is down fails nothing: the sweeper enqueues queued runs and pending sends once it is back."""
+        for i, nxt in enumerate(nexts):
+            try:
+                self.producer.send(nxt.task, *nxt.args, countdown=nxt.countdown)
+            except OperationalError as err:
+                log.warning("could not enqueue %d task(s) (%s); the sweeper will once the broker answers",
+                            len(nexts) - i, err)
+                return

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import random
+import socket
 import time
 import uuid
 import warnings
@@ -288,8 +289,25 @@ HINTS = {
 }
 
 
+def _unreachable(err: BaseException) -> bool:
+    """A refused connection or an unknown host (litellm reports both as an InternalServerError)."""
+    seen: BaseException | None = err
+    for _ in range(10):  # the chain: litellm's error, the SDK's, httpx's, the socket's
+        if seen is None:
+            return False
+        if isinstance(seen, httpx.ConnectError | ConnectionRefusedError | socket.gaierror):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _user_message(err: Exception, wait: float | None = None) -> str:
     kind = type(err).__name__
+    if _unreachable(err):
+        return "Sorry, I couldn't reach the language model (no connection to it). Please try again in a moment."
+    if kind == "BadRequestError" and "LLM Provider NOT provided" in str(err):
+        return ("Sorry, the configured model names no provider litellm knows: check the model name "
+                "(a litellm model string such as openai/gpt-4.1-mini).")
     if retryable(err):
         when = f"in {wait:.0f} seconds" if wait else "in a moment"
         return f"Sorry, I couldn't get an answer from the language model right now ({kind}). Please try again {when}."

@@ -105,7 +105,10 @@ class Producer:
 
     def send(self, task_name: str, *args: Any, countdown: float | None = None, **kwargs: Any) -> str:
         headers = {REQUEST_ID_HEADER: request_id_var.get()}
+        # ignore_result: nothing waits on these results. Without it, Celery subscribes to each task's
+        # result channel in a process that is not a worker (the gateway): two more Redis round trips a
+        # send, and with Redis down a 19 s retry of the result store before the send fails.
         result = self.app.send_task(
-            task_name, args=args, kwargs=kwargs, headers=headers, countdown=countdown
+            task_name, args=args, kwargs=kwargs, headers=headers, countdown=countdown, ignore_result=True
         )
         return str(result.id)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sqlmodel import Session
@@ -17,6 +19,8 @@ from shared.llm import LLMClient
 from shared.settings import Settings
 from shared.tools import build_registry
 from shared.tools.registry import ToolRegistry
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class Runtime:
 
     @classmethod
     def build(cls, settings: Settings, *, events: EventSink | None = None) -> Runtime:
+        _make_workspace(settings.workspace)
         return cls(
             settings=settings,
             llm=LLMClient(settings.llm),
@@ -61,3 +66,12 @@ class Runtime:
     def owner(self) -> str:
         """A fresh lease owner token for one step execution."""
         return f"{self.worker_id}:{uuid.uuid4().hex[:8]}"
+
+
+def _make_workspace(folder: Path) -> None:
+    """The agent's folder exists from the start: file tools write into it, and the prompt and skills
+    read from it. One that cannot be made leaves the tools to say why, with the path."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        log.warning("cannot create the workspace %s (NANOFLEET_WORKSPACE): %s", folder, err)

@@ -1,16 +1,19 @@
 """/chat when the answer is slow: a 504 that says which run to follow, and a wait that does not
-depend on Redis to notice the end; following a conversation's messages with `after`."""
+depend on Redis to notice the end; a message posted while the broker is down is kept and answered;
+following a conversation's messages with `after`."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from gateway.state import async_redis
 from gateway.waiting import wait_for_run
 from shared.models import TERMINAL, Run, RunStatus
+from shared.queueing import Producer, make_celery
 from tests.support.processes import wait_until
 from tests.support.stack import Stack, api_client
 
@@ -50,6 +53,25 @@ def test_waiting_for_a_run_needs_no_redis(stack: Stack, api: Any) -> None:
 
     run = asyncio.run(wait_cut_off())
     assert run.id == posted["runId"] and run.status == RunStatus.SUCCEEDED
+
+
+def test_a_message_posted_while_the_broker_is_down_is_accepted_and_answered(
+        make_stack: Callable[..., Stack]) -> None:
+    """The message and its run are in Postgres before the enqueue: a broker that refuses the task
+    fails nothing. (It used to retry Celery's result store for 19 s and answer 500, and a client
+    that then sent again had its message twice.) The sweeper enqueues the run once Redis answers."""
+    s = make_stack()
+    s.worker()
+    s.beat()
+    nowhere = s.settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0"})
+    for api in api_client(s.settings):
+        api.app.state.nanofleet.producer = Producer(make_celery(nowhere, name="cut-off"))
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        posted = api.post(f"/api/v1/conversations/{cid}/messages", json={"message": "while down"})
+        assert posted.status_code == 202, posted.text
+        run = wait_until(functools.partial(_finished, api, posted.json()["runId"]), timeout=60,
+                         message="the sweeper to start the run")
+        assert run["status"] == "succeeded" and run["result"] == "echo: while down"  # type: ignore[index]
 
 
 def test_following_a_conversation_with_after_misses_nothing(stack: Stack, api: Any) -> None:

@@ -43,6 +43,23 @@ def test_a_refused_request_is_not_retried(client: LLMClient, fake_llm: FakeLLM, 
     assert hint in err.value.user_message and fake_llm.calls() == 1
 
 
+@pytest.mark.parametrize("api_base", ["http://127.0.0.1:1/v1", "http://no-such-host.invalid/v1"])
+def test_a_model_nobody_can_reach_is_reported_as_such(api_base: str) -> None:
+    """litellm reports a refused connection and an unknown host as an InternalServerError, which the
+    reply used to name, as if the provider had failed."""
+    client = LLMClient(LLMSettings(model="openai/fake", api_base=api_base, api_key="k", max_retries=0))
+    with pytest.raises(LLMError) as err:
+        client.complete(USER)
+    assert "couldn't reach the language model" in err.value.user_message
+    assert "InternalServerError" not in err.value.user_message
+
+
+def test_a_model_string_without_a_provider_says_so() -> None:
+    with pytest.raises(LLMError) as err:
+        LLMClient(LLMSettings(model="nosuchprovider/foo", api_key="k", max_retries=0)).complete(USER)
+    assert "names no provider" in err.value.user_message
+
+
 @pytest.mark.parametrize("status", [503, 520, 529])  # 520/529: a proxy's or an overloaded provider's
 def test_server_errors_are_retried_then_reported(client: LLMClient, fake_llm: FakeLLM, status: int) -> None:
     answers = iter([Reply(status=status)])

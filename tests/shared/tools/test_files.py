@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from shared.agent.runtime import Runtime
 from shared.aio import run_sync
 from shared.tools import edit_file
 from shared.tools.base import ErrorCode, ToolContext
 from shared.tools.edit_file import MAX_HINT_NEEDLE
 from shared.tools.registry import ToolRegistry
-from tests.shared.tools.conftest import call
+from tests.shared.tools.conftest import call, tool_settings
 
 
 @pytest.fixture
@@ -123,3 +124,13 @@ def test_read_file_serves_builtin_skills_unless_the_workspace_has_them(reg: Tool
     (workspace / "skills" / "github" / "SKILL.md").write_text("---\nname: github\n---\nmine")
     assert call(reg, "read_file", {"path": "skills/github/SKILL.md"}).output.endswith("mine")
     assert call(reg, "read_file", {"path": "skills/../../etc/passwd"}).status == "REJECTED"
+
+
+def test_a_fresh_install_can_write_before_anything_made_the_workspace(tmp_path: Path) -> None:
+    """The runtime (worker, gateway, `nanofleet agent`) makes the workspace; file tools used to
+    answer "No such file or directory" on a fresh install until the exec tool happened to run."""
+    fresh = tmp_path / "home" / ".nanofleet" / "workspace"
+    rt = Runtime.build(tool_settings(fresh, allowed=["write_file", "list_dir"]))
+    assert call(rt.tools, "write_file", {"path": "todo.md", "content": "- milk\n"}).ok
+    assert (fresh / "todo.md").read_text() == "- milk\n"
+    assert "todo.md" in str(call(rt.tools, "list_dir", {"path": "."}).output)
