@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
 from gateway.cli_channels import app as channels_app
 from gateway.cli_cron import app as cron_app
-from shared.constants import QUEUES
+from shared.constants import QUEUES, REDBEAT_PREFIX
 from shared.settings import Settings, SettingsError, get_settings
 
 POOLS = ("threads", "prefork", "solo")  # Celery pools the workers are built and tested for
 
+# Plain help (no rich panels): those show a type even for flags, `--help <bool>`.
 app = typer.Typer(help="nanofleet: a self-hosted AI agent runtime.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+                  pretty_exceptions_enable=False, rich_markup_mode=None)
 app.add_typer(channels_app, name="channels")
 app.add_typer(cron_app, name="cron")
 
@@ -30,12 +31,33 @@ def settings_or_exit() -> Settings:
         raise typer.Exit(2) from None
 
 
+def refuse(err: Exception | str) -> NoReturn:
+    """Say why a command cannot go on, in a line, and exit 1 (no traceback)."""
+    typer.echo(f"nanofleet: {err}", err=True)
+    raise typer.Exit(1)
+
+
+def database_or_exit(settings: Settings, *, may_create: bool = False) -> Settings:
+    """`settings`, once its database answers (with `may_create`, once its server does)."""
+    from gateway.status import Unavailable, require_database
+
+    try:
+        require_database(settings.database_url, may_create=may_create)
+    except Unavailable as err:
+        refuse(err)
+    return settings
+
+
 @app.command()
 def gateway(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
     """Run the HTTP gateway (REST API, webhooks, SSE)."""
     import uvicorn
 
+    from gateway.status import port_problem
+
     settings_or_exit()
+    if (problem := port_problem(host, port)) is not None:
+        refuse(problem)
     uvicorn.run("gateway.app:factory", factory=True, host=host, port=port, workers=workers,
                 log_config=None, proxy_headers=True, access_log=False)
 
@@ -49,23 +71,41 @@ def worker(
 ) -> None:
     """Run a Celery worker for some or all queues."""
     settings_or_exit()
-    unknown = set(queues.split(",")) - set(QUEUES)
-    if unknown:
-        typer.echo(f"nanofleet: unknown queue(s) {', '.join(sorted(unknown))}; known: {', '.join(QUEUES)}", err=True)
+    names = [name.strip() for name in queues.split(",") if name.strip()]
+    unknown = set(names) - set(QUEUES)
+    if unknown or not names:
+        what = f"unknown queue(s) {', '.join(sorted(unknown))}" if unknown else "no queue given"
+        typer.echo(f"nanofleet: {what}; known: {', '.join(QUEUES)}", err=True)
         raise typer.Exit(2)
     if pool not in POOLS:
         typer.echo(f"nanofleet: unknown pool {pool!r}; known: {', '.join(POOLS)}", err=True)
         raise typer.Exit(2)
+    queues = ",".join(names)
     name = hostname or f"nanofleet-{queues.replace(',', '-')}@%h"
     argv = [sys.executable, "-m", "celery", "-A", "workers.app:app", "worker", "-Q", queues,
             "-c", str(concurrency), "-P", pool, "-n", name, "-E", "--without-mingle", "--without-gossip"]
     os.execvp(argv[0], argv)
 
 
+def _say_if_standby(settings: Settings) -> None:
+    """redbeat waits for another beat's lock without a word (its log line is at debug level)."""
+    import redis
+
+    key = f"{REDBEAT_PREFIX}:lock"  # redbeat's lock: its key prefix + ":lock"
+    try:
+        with redis.Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=2) as client:
+            held = bool(client.exists(key))
+    except redis.RedisError:
+        return  # beat says so itself
+    if held:
+        typer.echo(f"nanofleet: another beat holds the lock {key}; this one waits for it: it takes over "
+                   f"when that one stops (at most {settings.scheduler.beat_lock_timeout}s after it dies)", err=True)
+
+
 @app.command()
 def beat() -> None:
     """Run the scheduler (exactly one per deployment; a second one waits for the lock)."""
-    settings_or_exit()
+    _say_if_standby(settings_or_exit())
     argv = [sys.executable, "-m", "celery", "-A", "workers.beat:app", "beat", "-S", "redbeat.RedBeatScheduler",
             "--max-interval", "1"]
     os.execvp(argv[0], argv)
@@ -76,7 +116,7 @@ def migrate() -> None:
     """Create the database if needed and apply migrations (safe to run again)."""
     from shared.migrate import current, upgrade
 
-    settings = settings_or_exit()
+    settings = database_or_exit(settings_or_exit(), may_create=True)
     upgrade(settings.database_url)
     typer.echo(f"database at revision {current(settings.database_url)}")
 
@@ -99,10 +139,20 @@ def up(
 ) -> None:
     """Everything on one machine: migrations, gateway, a worker for all queues, beat.
     Without NANOFLEET_REDIS_URL / NANOFLEET_DATABASE_URL and nothing on the default ports,
-    embedded servers start under the data dir."""
+    embedded servers start under the data dir (their URLs are printed for other terminals).
+    One per data dir."""
+    from gateway.status import ServiceDown, Unavailable
     from gateway.supervisor import run_all
 
-    code = run_all(settings_or_exit(), host=host, port=port, concurrency=concurrency, embedded=embedded)
+    settings = settings_or_exit()
+    try:
+        code = run_all(settings, host=host, port=port, concurrency=concurrency, embedded=embedded)
+    except Unavailable as err:
+        typer.echo(f"nanofleet: {err}", err=True)
+        field = err.setting.removeprefix("NANOFLEET_").lower() if isinstance(err, ServiceDown) else None
+        if field is not None and field not in settings.model_fields_set and not embedded:
+            typer.echo("nanofleet: or run `nanofleet up --embedded` to use servers of its own", err=True)
+        raise typer.Exit(1) from None
     raise typer.Exit(code)
 
 
@@ -112,12 +162,14 @@ def agent(
     session: Annotated[str, typer.Option(help="conversation to continue")] = "cli:default",
     model: str | None = None,
 ) -> None:
-    """One turn in-process (no broker); prints the reply. Exits 1 when the turn failed."""
+    """One turn in-process: needs PostgreSQL, not Redis or workers. Prints the reply; exits 1 when
+    the turn failed."""
     from gateway.local_agent import one_turn
 
     if not message.strip():
         raise typer.BadParameter("say something", param_hint="'-m' / '--message'")
-    answer = one_turn(settings_or_exit(), message=message, session=session, model=model)
+    settings = database_or_exit(settings_or_exit(), may_create=True)
+    answer = one_turn(settings, message=message, session=session, model=model)
     typer.echo(answer.text)
     raise typer.Exit(0 if answer.ok else 1)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Annotated
 
@@ -19,10 +20,19 @@ app = typer.Typer(help="Scheduled jobs: their results go to a chat (for api: a c
                   no_args_is_help=True)
 
 
-def _settings() -> Settings:
-    from gateway.cli import settings_or_exit  # the main CLI module imports this one
+# The core names the schedule's fields; the CLI names its own flags.
+_FLAGS = {"every_seconds": "--every", "cron_expr": "--cron", "chat_id": "--chat-id", "missed_policy": "--missed-policy"}
 
-    return settings_or_exit()
+
+def _settings() -> Settings:
+    """Settings whose database answers (else a one-line reason and exit 1)."""
+    from gateway.cli import database_or_exit, settings_or_exit  # the main CLI module imports this one
+
+    return database_or_exit(settings_or_exit())
+
+
+def _in_flags(message: str) -> str:
+    return re.sub(r"\b(" + "|".join(_FLAGS) + r")\b", lambda m: _FLAGS[m.group(1)], message)
 
 
 def _mirror(settings: Settings, job: CronJob | None, job_id: str) -> None:
@@ -68,7 +78,7 @@ def add(
     every: Annotated[int | None, typer.Option(help="run every N seconds")] = None,
     cron: Annotated[str | None, typer.Option(help="5-field cron expression, e.g. '0 9 * * 1-5'")] = None,
     tz: Annotated[str | None, typer.Option(help="IANA timezone for --cron")] = None,
-    at: Annotated[datetime | None, typer.Option(help="run once at this ISO-8601 time",
+    at: Annotated[datetime | None, typer.Option(help="run once at this ISO-8601 time", metavar="<datetime>",
                                                 formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S",
                                                          "%Y-%m-%dT%H:%M%z", "%Y-%m-%dT%H:%M"])] = None,
     name: Annotated[str, typer.Option(help="a short name")] = "",
@@ -77,6 +87,9 @@ def add(
     missed_policy: Annotated[str | None, typer.Option(help="skip, run_once or catch_up")] = None,
 ) -> None:
     """Schedule a job."""
+    if sum(x is not None for x in (every, cron, at)) != 1:
+        typer.echo("nanofleet: give exactly one of --every, --cron or --at", err=True)
+        raise typer.Exit(2)
     settings = _settings()
     try:
         data = jobs.JobIn.model_validate({
@@ -87,7 +100,7 @@ def add(
             job = jobs.create(s, settings, data)
             view = jobs.view(job)
     except (NanofleetError, ValueError) as err:
-        typer.echo(f"nanofleet: {getattr(err, 'message', err)}", err=True)
+        typer.echo(f"nanofleet: {_in_flags(str(getattr(err, 'message', err)))}", err=True)
         raise typer.Exit(2) from None
     _mirror(settings, job, job.id)
     typer.echo(f"added {view['id']}: {_schedule(view)}, next run {view['nextRunAt']}")

@@ -10,7 +10,8 @@ one the OS picks), with all state under the data dir so a restart keeps the data
 Each server runs in its own process group (a terminal Ctrl-C reaches only ``up``, which calls
 ``stop()``). Where util-linux ``setpriv`` exists the server is exec'd with ``--pdeathsig``, so it
 shuts down cleanly if the thread that started it dies: start them from the main thread. A server
-left on the same data dir by a killed earlier run is stopped first.
+left on the same data dir by a killed earlier run is stopped first; callers hold the data dir's
+lock (``nanofleet up`` does: gateway/supervisor.py), so that is never a live run's server.
 
 As root (PostgreSQL refuses root) Postgres runs as the ``postgres`` system user, else as a
 ``nanofleet`` one created with ``useradd --system``. If that user cannot traverse the data dir

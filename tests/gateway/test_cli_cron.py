@@ -48,7 +48,7 @@ def test_cron_add_list_remove(stack: Stack, cli: CliRunner) -> None:
     assert (shown["id"], shown["name"], shown["enabled"]) == (job_id, "report", True)
 
     bad = cli.invoke(app, ["cron", "add", "-m", "x", "--every", "5", "--cron", "* * * * *"])
-    assert bad.exit_code == 2 and "exactly one" in bad.output
+    assert bad.exit_code == 2 and "give exactly one of --every, --cron or --at" in bad.output
 
     assert cli.invoke(app, ["cron", "remove", job_id]).exit_code == 0
     assert BeatMirror(beat_app(stack.settings)).armed(job_id) is None
@@ -61,7 +61,8 @@ def test_cron_add_refuses_what_cannot_run_or_reach_anyone(cli: CliRunner) -> Non
         (["--at", "9999-12-31T23:00:00-0500"], "out of range"),
         (["--every", "60", "--channel", "nosuch", "--chat-id", "1"], "unknown channel 'nosuch'"),
         (["--every", "60", "--channel", "slack", "--chat-id", "C1"], "'slack' is not configured"),
-        (["--every", "60", "--channel", "telegram"], "needs a chat_id"),
+        (["--every", "60", "--channel", "telegram"], "needs a --chat-id"),
+        (["--name", "no schedule"], "give exactly one of --every, --cron or --at"),
         (["--every", "60", "--tz", "Europe/Paris"], "tz applies only to cron expressions"),
     ]
     for args, reason in cases:

@@ -1,0 +1,81 @@
+"""A command that cannot reach Postgres or Redis says which, where (password masked), why and what
+to set, in a line or two and without a traceback; `up` checks both before it starts anything."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from gateway.status import masked
+from tests.fakes.server import free_port
+from tests.support.processes import ROOT
+from tests.support.stack import make_env
+
+SECRET = "s3cret-pw"
+
+
+def _env(tmp_path: Path, *, database_url: str, redis_url: str) -> dict[str, str]:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir(exist_ok=True)
+    return make_env(database_url=database_url, redis_url=redis_url, llm_url="http://127.0.0.1:1",
+                    workspace=workspace)
+
+
+def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _closed_url(scheme: str, path: str) -> str:
+    return f"{scheme}://nanofleet:{SECRET}@127.0.0.1:{free_port()}/{path}"
+
+
+def _assert_explained(done: subprocess.CompletedProcess[str], *expected: str) -> None:
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and SECRET not in done.stderr + done.stdout
+    assert len(done.stderr.strip().splitlines()) <= 2, done.stderr
+    for text in expected:
+        assert text in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("args", [["migrate"], ["agent", "-m", "hello"], ["cron", "list"], ["up", "--port", "0"]],
+                         ids=["migrate", "agent", "cron", "up"])
+def test_an_unreachable_database_is_named_with_the_reason(args: list[str], redis_server: str,
+                                                          tmp_path: Path) -> None:
+    url = _closed_url("postgresql+psycopg", "nanofleet")
+    done = _run(_env(tmp_path, database_url=url, redis_url=f"{redis_server}/0"), *args)
+    _assert_explained(done, f"nanofleet: PostgreSQL at {masked(url)}: Connection refused",
+                      "(check NANOFLEET_DATABASE_URL)")
+    assert "up at" not in done.stdout
+
+
+def test_a_role_that_does_not_exist_is_named(database_url: str, tmp_path: Path) -> None:
+    url = make_url(database_url).set(username="no_such_role", password=None).render_as_string(hide_password=False)
+    done = _run(_env(tmp_path, database_url=url, redis_url="redis://127.0.0.1:1/0"), "migrate")
+    _assert_explained(done, 'role "no_such_role" does not exist', "NANOFLEET_DATABASE_URL")
+
+
+def test_up_checks_redis_before_it_starts_anything(database_url: str, tmp_path: Path) -> None:
+    url = _closed_url("redis", "9")
+    done = _run(_env(tmp_path, database_url=database_url, redis_url=url), "up", "--port", str(free_port()))
+    _assert_explained(done, f"nanofleet: Redis at {masked(url)}: Connection refused", "(check NANOFLEET_REDIS_URL)")
+    assert "up at" not in done.stdout and "starting" not in done.stdout
+
+
+def test_status_names_redis_url_and_reason(database_url: str, tmp_path: Path) -> None:
+    url = _closed_url("redis", "9")
+    done = _run(_env(tmp_path, database_url=database_url, redis_url=url), "status")
+    assert done.returncode == 1
+    assert "database   ok" in done.stdout
+    assert f"redis      DOWN: {masked(url)}: Connection refused (check NANOFLEET_REDIS_URL)" in done.stdout
+    assert SECRET not in done.stdout
+
+
+def test_masked_hides_only_the_password() -> None:
+    assert masked(f"redis://:{SECRET}@host:6379/1") == "redis://:***@host:6379/1"
+    assert masked(f"postgresql+psycopg://me:{SECRET}@db:5432/x") == "postgresql+psycopg://me:***@db:5432/x"
+    assert masked("redis://host:6379/0") == "redis://host:6379/0"
