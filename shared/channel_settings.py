@@ -3,9 +3,12 @@ check that every secret setting passes."""
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
 PLACEHOLDERS = {"changeme", "change-me", "your-key-here", "xxx", "todo", "replace-me"}
+TELEGRAM_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")  # what setWebhook's secret_token accepts
 
 
 def not_placeholder(value: SecretStr | None) -> SecretStr | None:
@@ -19,12 +22,18 @@ class ChannelBase(BaseModel):
     """What every channel has: an API base and who may talk to the agent."""
 
     api_base: str = ""
-    allow_from: list[str] = Field(default_factory=list)
+    allow_from: list[str] = Field(default_factory=list, examples=[["*"]])
 
     @field_validator("*")
     @classmethod
     def _check_secrets(cls, v: object) -> object:
         return not_placeholder(v) if isinstance(v, SecretStr) else v
+
+    def started(self, required: tuple[str, ...]) -> bool:
+        """Whether any of the `required` fields or any secret is set: someone meant to turn the
+        platform on (when some required field is still unset, it is off, which is likely a mistake)."""
+        any_secret = any(isinstance(getattr(self, f), SecretStr) for f in type(self).model_fields)
+        return any_secret or any(getattr(self, f, None) not in (None, "") for f in required)
 
 
 class TelegramSettings(ChannelBase):
@@ -32,6 +41,14 @@ class TelegramSettings(ChannelBase):
     token: SecretStr | None = None
     webhook_secret: SecretStr | None = None
     bot_username: str | None = None  # set: in groups, answer only mentions of it and replies to the bot
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _telegram_accepts(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and not TELEGRAM_SECRET.fullmatch(v.get_secret_value()):
+            raise ValueError("Telegram accepts 1-256 characters of A-Z a-z 0-9 _ - only "
+                             "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')")
+        return v
 
 
 class SlackSettings(ChannelBase):

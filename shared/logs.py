@@ -1,17 +1,28 @@
-"""Structured logging: JSON lines, a request id that follows the work, secrets redacted."""
+"""Structured logging: JSON lines, a request id that follows the work, secrets redacted, and the
+per-second recovery sweep's task lines at DEBUG."""
 
 from __future__ import annotations
 
 import logging
 import sys
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
+from typing import Any
 
+from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
+
+from shared.constants import T_SWEEP
 
 request_id_var: ContextVar[str | None] = ContextVar("request_id", default=None)
 REDACTED = "***"
+# Attributes other libraries put on records that mean nothing in a log line: uvicorn's copy of the
+# message with terminal colours, litellm's "already redacted" marker (a bare object()).
+NOT_FIELDS = ("color_message", "litellm_redacted")
+# Tasks beat sends so often (the sweep: every second) that Celery's INFO lines about them would be
+# most of an idle system's log; they go out at DEBUG. What a sweep does, it logs itself.
+QUIET_TASKS = (T_SWEEP,)
 
 
 def new_request_id() -> str:
@@ -25,6 +36,44 @@ class ContextFilter(logging.Filter):
         if not hasattr(record, "request_id") or record.request_id is None:
             record.request_id = request_id_var.get()
         return True
+
+
+class QuietTasks(logging.Filter):
+    """Demotes Celery's INFO lines about the quiet tasks (beat's "Sending due task", the worker's
+    "received", "succeeded", "Discarding revoked task") to DEBUG, and drops them unless DEBUG is on.
+    Their warnings and errors, and every other task's lines, pass unchanged."""
+
+    def __init__(self, tasks: Iterable[str]) -> None:
+        super().__init__()
+        self.tasks = frozenset(tasks)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO or not record.name.startswith("celery.") or not self._quiet(record.args):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+    def _quiet(self, args: object) -> bool:
+        """Celery passes the task's name among the arguments: a tuple (beat: entry, task name), or
+        the one dict of the worker's task lines (its "name")."""
+        values = args.values() if isinstance(args, Mapping) else args if isinstance(args, tuple) else ()
+        return any(isinstance(v, str) and v in self.tasks for v in values)
+
+
+class CleanJsonFormatter(JsonFormatter):
+    """JSON lines without extras that carry nothing readable: the NOT_FIELDS, and any value that
+    would print only as `<object object at 0x...>`."""
+
+    def __init__(self, fmt: str, **kwargs: Any) -> None:
+        super().__init__(fmt, reserved_attrs=[*RESERVED_ATTRS, *NOT_FIELDS], **kwargs)
+
+    def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in log_data.items() if _readable(v)}
+
+
+def _readable(value: object) -> bool:
+    kind = type(value)
+    return kind.__repr__ is not object.__repr__ or kind.__str__ is not object.__str__
 
 
 class RedactingFormatter(logging.Formatter):
@@ -44,12 +93,13 @@ class RedactingFormatter(logging.Formatter):
         return text
 
 
-def configure_logging(*, level: str = "INFO", json: bool = True, secrets: Iterable[str] = ()) -> None:
-    """Route every logger through one handler with the context filter."""
+def configure_logging(*, level: str = "INFO", json: bool = True, secrets: Iterable[str] = (),
+                      quiet_tasks: Iterable[str] = QUIET_TASKS) -> None:
+    """Route every logger through one handler with the context filter and the quiet tasks' filter."""
     handler = logging.StreamHandler(sys.stderr)
     inner: logging.Formatter
     if json:
-        inner = JsonFormatter(
+        inner = CleanJsonFormatter(
             "%(asctime)s %(levelname)s %(name)s %(message)s %(request_id)s",
             rename_fields={"levelname": "level", "asctime": "time"},
         )
@@ -57,6 +107,7 @@ def configure_logging(*, level: str = "INFO", json: bool = True, secrets: Iterab
         inner = logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
     handler.setFormatter(RedactingFormatter(inner, secrets))
     handler.addFilter(ContextFilter())
+    handler.addFilter(QuietTasks(quiet_tasks))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tomllib
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
@@ -17,10 +18,14 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+from pydantic_settings import SettingsError as SourceError
 
 from shared.channel_settings import ChannelsSettings, not_placeholder
+from shared.settings_errors import SettingsError as SettingsError  # raised here; callers import it from here
+from shared.settings_errors import describe_unparsable, describe_validation
 
 CONFIG_FILE_ENV = "NANOFLEET_CONFIG_FILE"
+POSTGRES_SCHEMES = ("postgresql+psycopg", "postgresql", "postgres")  # hosted Postgres URLs often say postgres://
 
 
 class Permission(StrEnum):
@@ -131,8 +136,8 @@ class MCPServer(BaseModel):
 class ToolsSettings(BaseModel):
     """Which tools may run (default deny) and their groups' settings."""
 
-    allowed: list[str] = Field(default_factory=list)
-    plugins: list[str] = Field(default_factory=list)  # "package.module:ToolClass" for your own tools
+    allowed: list[str] = Field(default_factory=list, examples=[["time", "read_file"]])
+    plugins: list[str] = Field(default_factory=list, examples=[["mytools.weather:WeatherTool"]])  # your own tools
     disabled_groups: list[str] = Field(default_factory=list)
     default_timeout: float = 60.0
     exec: ExecSettings = Field(default_factory=ExecSettings)
@@ -145,7 +150,7 @@ class ToolsSettings(BaseModel):
 class PermissionsSettings(BaseModel):
     """Permissions granted to tools; none by default."""
 
-    granted: list[Permission] = Field(default_factory=list)
+    granted: list[Permission] = Field(default_factory=list, examples=[["NET_HTTP", "FS_READ"]])
 
 
 class MemorySettings(BaseModel):
@@ -221,7 +226,7 @@ class Settings(BaseSettings):
 
     database_url: str = "postgresql+psycopg://postgres@127.0.0.1:5432/nanofleet"
     redis_url: str = "redis://127.0.0.1:6379/0"
-    api_keys: list[SecretStr] = Field(default_factory=list)
+    api_keys: list[SecretStr] = Field(default_factory=list, examples=[["a-long-random-key"]])
     workspace: Path = Path("~/.nanofleet/workspace")
     data_dir: Path = Path("~/.nanofleet")
     log_level: str = "INFO"
@@ -241,9 +246,11 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _check_db(cls, v: str) -> str:
-        if not v.startswith(("postgresql+psycopg://", "postgresql://")):
-            raise ValueError("must be a postgresql+psycopg:// URL")
-        return v.replace("postgresql://", "postgresql+psycopg://", 1)
+        scheme, sep, rest = v.partition("://")
+        if not sep or scheme not in POSTGRES_SCHEMES:
+            raise ValueError("must be a PostgreSQL URL: postgresql+psycopg://, postgresql:// or postgres:// "
+                             "(the last two are read as postgresql+psycopg://)")
+        return f"postgresql+psycopg://{rest}"
 
     @field_validator("redis_url")
     @classmethod
@@ -278,7 +285,10 @@ class Settings(BaseSettings):
         if config_file:
             if not Path(config_file).is_file():
                 raise SettingsError(f"{CONFIG_FILE_ENV}: no such file: {config_file}")
-            sources += (TomlConfigSettingsSource(settings_cls, toml_file=config_file),)
+            try:
+                sources += (TomlConfigSettingsSource(settings_cls, toml_file=config_file),)
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as err:
+                raise SettingsError(f"{CONFIG_FILE_ENV}: {config_file} is not a readable TOML file: {err}") from None
         return sources
 
     def secrets(self) -> list[str]:
@@ -302,24 +312,14 @@ class Settings(BaseSettings):
         return [s for s in found if len(s) >= 4]
 
 
-class SettingsError(Exception):
-    """Configuration that prevents start-up; the message names the variable."""
-
-
-def _describe(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        var = "NANOFLEET_" + "__".join(str(p).upper() for p in e["loc"])
-        lines.append(f"{var}: {e['msg']}")
-    return "invalid configuration:\n  " + "\n  ".join(lines)
-
-
 def load_settings(**overrides: object) -> Settings:
     """Build Settings or raise SettingsError naming every bad variable."""
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as err:
-        raise SettingsError(_describe(err)) from None
+        raise SettingsError(describe_validation(err)) from None
+    except SourceError as err:  # a value that should be JSON and is not
+        raise SettingsError(describe_unparsable(Settings, os.environ, err)) from None
 
 
 @lru_cache(maxsize=1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 
+from shared import startup_checks
 from shared.settings import Settings, SettingsError
 from shared.tools import mcp
 from shared.tools.base import Tool
@@ -55,7 +56,11 @@ def plugin_tools(settings: Settings) -> list[Tool]:
 
 
 def build_registry(settings: Settings) -> ToolRegistry:
-    """Built-in and plugin tools, then the tools of the configured MCP servers."""
-    registry = ToolRegistry(settings, [*builtin_tools(settings), *plugin_tools(settings)])
+    """Built-in and plugin tools, then the tools of the configured MCP servers. Built once per process
+    at start-up (gateway, worker, `nanofleet agent`), so the settings that look like mistakes are
+    reported here too."""
+    tools = [*builtin_tools(settings), *plugin_tools(settings)]
+    registry = ToolRegistry(settings, tools)
     mcp.attach(settings, registry)
+    startup_checks.warn(settings, [*registry.names(), *(t.name for t in tools)])  # a disabled group's too
     return registry

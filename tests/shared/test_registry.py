@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from shared.aio import run_sync
 from shared.settings import Permission, Settings, load_settings
+from shared.startup_checks import unknown_allowed
+from shared.tools import build_registry
 from shared.tools.base import ErrorCode, ToolContext
 from shared.tools.registry import ToolRegistry, decide, is_allowed
 from shared.tools.time import TimeTool
@@ -93,3 +95,38 @@ def test_decision_is_allowed_and_granted(allowed: list[str], granted: list[Permi
     assert (verdict is None) == runs
     if verdict is not None:
         assert verdict.status == "REJECTED"
+
+
+def test_allowed_entries_that_name_no_tool_are_warned_about_at_start(caplog: pytest.LogCaptureFixture) -> None:
+    """A typo in NANOFLEET_TOOLS__ALLOWED is named when the registry is built (gateway and worker
+    start-up), not only when the model's call is refused later."""
+    s = load_settings(tools={"allowed": ["tme", "read-file", "time", "web_*", "exec", "nothing_*"],
+                             "disabled_groups": ["shell"]})
+    with caplog.at_level(logging.WARNING):
+        build_registry(s)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert all(f"'{e}'" in warnings[0] for e in ("tme", "read-file", "nothing_*"))
+    assert all(f"'{e}'" not in warnings[0] for e in ("time", "web_*", "exec"))  # exec: known, in a disabled group
+    assert "NANOFLEET_TOOLS__ALLOWED" in warnings[0] and "read_file, spawn, time" in warnings[0]
+
+
+def test_a_correct_allow_list_starts_without_warnings(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        build_registry(load_settings(tools={"allowed": ["time", "read_file", "web_*", "*"]}))
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_mcp_entries_wait_for_a_server_that_has_not_listed_its_tools() -> None:
+    s = load_settings(tools={"allowed": ["mcp_gh_*", "mcp_gh_issues", "tme"],
+                             "mcp_servers": {"gh": {"command": "gh-mcp"}}})
+    assert unknown_allowed(s, ["time"]) == ["tme"]  # gh listed nothing yet: its tools may come
+    assert unknown_allowed(s, ["time", "mcp_gh_search"]) == ["mcp_gh_issues", "tme"]
+
+
+@given(allowed=st.lists(names, max_size=4), tools=st.lists(names.filter(lambda n: "*" not in n), max_size=4))
+def test_the_unknown_entries_are_those_that_allow_no_tool(allowed: list[str], tools: list[str]) -> None:
+    unknown = unknown_allowed(settings(allowed), tools)
+    kept = [e for e in allowed if e not in unknown]
+    assert [is_allowed(t, kept) for t in tools] == [is_allowed(t, allowed) for t in tools]  # they allowed nothing
+    assert all(any(is_allowed(t, [e]) for t in tools) for e in kept)  # and every other entry allows something

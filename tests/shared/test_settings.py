@@ -98,3 +98,74 @@ def test_a_price_needs_both_halves(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NANOFLEET_LLM__OUTPUT_COST_PER_TOKEN", "0.000004")
     llm = load_settings().llm
     assert (llm.input_cost_per_token, llm.output_cost_per_token) == (1e-6, 4e-6)
+
+
+@pytest.mark.parametrize(("var", "value", "expected"), [
+    ("NANOFLEET_API_KEYS", "[a-long-random-key]", "single-quote it"),  # `set -a; . ./.env` dropped the quotes
+    ("NANOFLEET_API_KEYS", "a-long-random-key", "a JSON list is expected"),
+    ("NANOFLEET_TOOLS__ALLOWED", '["time",]', '["time","read_file"]'),
+    ("NANOFLEET_TOOLS__ALLOWED", "time,read_file", "a JSON list is expected"),
+    ("NANOFLEET_CHANNELS__TELEGRAM__ALLOW_FROM", "[123]x", "a JSON list is expected"),
+    ("NANOFLEET_TOOLS__MCP_SERVERS__GH__HEADERS", "{Authorization: x}", "a JSON object is expected"),
+])
+def test_malformed_json_names_the_exact_variable(monkeypatch: pytest.MonkeyPatch, var: str, value: str,
+                                                 expected: str) -> None:
+    monkeypatch.setenv("NANOFLEET_TOOLS__EXEC__ENV__GH_TOKEN", "[not json, and need not be]")  # a mapping's value
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    lines = str(err.value).splitlines()[1:]
+    assert len(lines) == 1 and lines[0].strip().startswith(f"{var}: not valid JSON (") and expected in lines[0]
+    assert "a-long-random-key]" not in lines[0]  # a secret's value is not repeated
+
+
+@pytest.mark.parametrize("value", ["[a-long-random-key]", '["time",]'])
+def test_cli_names_a_malformed_json_variable_without_a_traceback(value: str) -> None:
+    env = {"PATH": "/usr/bin:/bin", "NANOFLEET_TOOLS__ALLOWED": value, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    for command in (["status"], ["agent", "-m", "hi"]):
+        done = subprocess.run([sys.executable, "-m", "gateway.cli", *command], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert "NANOFLEET_TOOLS__ALLOWED: not valid JSON" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_malformed_config_file_is_named_with_the_parsers_message(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    path = tmp_path / "nanofleet.toml"
+    path.write_text('[tools]\nallowed = ["time"\n')
+    monkeypatch.setenv("NANOFLEET_CONFIG_FILE", str(path))
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert f"NANOFLEET_CONFIG_FILE: {path}" in str(err.value) and "Unclosed array" in str(err.value)
+
+
+def test_a_list_item_is_named_by_its_position_not_as_a_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NANOFLEET_PERMISSIONS__GRANTED", '["FS_READ", "ROOT"]')
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert "NANOFLEET_PERMISSIONS__GRANTED (item 2): " in str(err.value)
+    assert "GRANTED__1" not in str(err.value)
+
+
+@pytest.mark.parametrize("scheme", ["postgres", "postgresql", "postgresql+psycopg"])
+def test_postgres_urls_as_hosts_write_them_are_accepted(monkeypatch: pytest.MonkeyPatch, scheme: str) -> None:
+    monkeypatch.setenv("NANOFLEET_DATABASE_URL", f"{scheme}://u:p@db.example:5432/app?sslmode=require")
+    assert load_settings().database_url == "postgresql+psycopg://u:p@db.example:5432/app?sslmode=require"
+
+
+def test_a_refused_database_url_says_what_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NANOFLEET_DATABASE_URL", "mysql://u@db/app")
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert all(s in str(err.value) for s in ("postgresql+psycopg://", "postgresql://", "postgres://"))
+
+
+@pytest.mark.parametrize("secret", ["bad secret!", "a" * 257, "", "tøken"])
+def test_telegram_webhook_secret_outside_its_alphabet_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                                                 secret: str) -> None:
+    monkeypatch.setenv("NANOFLEET_CHANNELS__TELEGRAM__WEBHOOK_SECRET", secret)
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert "NANOFLEET_CHANNELS__TELEGRAM__WEBHOOK_SECRET: " in str(err.value) and "A-Z a-z 0-9 _ -" in str(err.value)
+    monkeypatch.setenv("NANOFLEET_CHANNELS__TELEGRAM__WEBHOOK_SECRET", "Ok_secret-1" * 20)
+    assert load_settings().channels.telegram.webhook_secret is not None
