@@ -33,6 +33,9 @@ from shared.models import (
 
 log = logging.getLogger(__name__)
 BATCH = 2000
+# Batches per table and pass: a long backlog (the first pass over a year of records) is worked off
+# over several passes, each well within a task's time limit.
+MAX_BATCHES = 50
 
 # One batch of a table: deletes up to `limit` rows older than the cutoff; returns how many went.
 Batch = Callable[[Session, datetime, int], int]
@@ -53,12 +56,13 @@ def prune(rt: Runtime, now: datetime | None = None, batch: int = BATCH) -> dict[
 
 def _drain(rt: Runtime, step: Batch, cutoff: datetime, batch: int) -> int:
     total = 0
-    while True:
+    for _ in range(MAX_BATCHES):
         with rt.session() as s:
             n = step(s, cutoff, batch)
         total += n
         if n < batch:
-            return total
+            break
+    return total
 
 
 def _inbound(s: Session, cutoff: datetime, limit: int) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 
+import pytest
 import redis
 from sqlmodel import Session, func, select
 
@@ -88,6 +89,18 @@ def test_a_pass_deletes_old_finished_records_and_keeps_memory_and_unfinished_wor
         conv = s.exec(select(Conversation)).one()
         assert (conv.prompt_tokens, conv.cost) == (1234, 0.5)
     assert set(housekeeping.prune(rt).values()) == {0}  # a second pass finds nothing
+
+
+def test_a_backlog_is_worked_off_over_several_passes(make_stack: Callable[..., Stack],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass stops after MAX_BATCHES batches a table, so that it stays within a task's time limit."""
+    stack = make_stack()
+    with Session(get_engine(stack.settings.database_url)) as s:
+        _fill(s)
+    monkeypatch.setattr(housekeeping, "MAX_BATCHES", 2)
+    rt = Runtime.build(stack.settings)
+    assert housekeeping.prune(rt, batch=2)["inbound_events"] == 4
+    assert housekeeping.prune(rt, batch=2)["inbound_events"] == 1
 
 
 def test_zero_days_keeps_everything(make_stack: Callable[..., Stack]) -> None:
