@@ -18,7 +18,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.deps import bearer_token, key_refusal
-from gateway.routes import conversations, cron, health, outbox, runs, skills, subagents, tools, webhooks
+from gateway.routes import conversations, cron, health, outbox, runs, skills, subagents, tools, web, webhooks
 from gateway.schemas import MAX_BODY
 from gateway.state import AppState
 from shared.errors import NanofleetError
@@ -42,7 +42,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="nanofleet", version="0.1.0", lifespan=lifespan,
                   description="A self-hosted AI agent runtime: REST API, webhooks and event streams.")
     app.state.nanofleet = AppState.build(settings)
-    for module in (health, conversations, runs, subagents, cron, tools, skills, outbox, webhooks):
+    for module in (health, conversations, runs, subagents, cron, tools, skills, outbox, webhooks, web):
         app.include_router(module.router)
     app.add_middleware(ApiGate, settings=settings)
     app.add_middleware(RequestIds)  # added last, so outermost: every answer has an id and a log line

@@ -1,0 +1,198 @@
+// nanofleet's web chat: a client of the REST API (/api/v1) and its event stream, and the page that
+// drives it. The client runs in a browser or in Node (tests/gateway/web_client.mjs uses it).
+// Everything the model or a tool wrote is shown as text (textContent), never parsed as HTML.
+
+const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+const POLL_MS = 2000;
+
+export class ApiError extends Error {
+  constructor(status, detail) {
+    super(`${status}: ${detail}`);
+    this.status = status;
+  }
+}
+
+export class Client {
+  constructor(base, key) {
+    this.base = base.replace(/\/$/, "");
+    this.key = key;
+  }
+
+  headers(extra = {}) {
+    return { Authorization: `Bearer ${this.key}`, ...extra };
+  }
+
+  async call(method, path, body) {
+    const init = { method, headers: this.headers({ "Content-Type": "application/json" }) };
+    if (body !== undefined) init.body = JSON.stringify(body);
+    const res = await fetch(this.base + path, init);
+    const data = await res.json().catch(() => ({}));
+    if (!res.ok && res.status !== 504) {
+      const detail = typeof data.detail === "string" ? data.detail : JSON.stringify(data.detail ?? data);
+      throw new ApiError(res.status, detail);
+    }
+    return { status: res.status, data };
+  }
+
+  async newConversation() {
+    const { data } = await this.call("POST", "/api/v1/conversations", {});
+    return data.conversationId;
+  }
+
+  // The answer to `text`: {text, status, toolCalls}. A turn longer than the gateway's wait (504)
+  // is followed through its run until it ends.
+  async chat(conversationId, text) {
+    const { status, data } = await this.call("POST", `/api/v1/conversations/${conversationId}/chat`,
+      { message: text });
+    if (status !== 504) {
+      return { text: data.assistantMessage, status: data.status, toolCalls: data.toolCalls ?? [] };
+    }
+    const run = await this.waitRun(data.runId);
+    return { text: run.result ?? "", status: run.status, toolCalls: [] };
+  }
+
+  async waitRun(runId) {
+    for (;;) {
+      const { data } = await this.call("GET", `/api/v1/runs/${runId}`);
+      if (TERMINAL.has(data.status)) return data;
+      await new Promise((done) => setTimeout(done, POLL_MS));
+    }
+  }
+
+  // The conversation's events as they come: {id, event, data}, after the event `since` (an id seen
+  // before, or "0" for what the stream holds; none: from now); ends when `signal` aborts.
+  async *events(conversationId, signal, since = "") {
+    const headers = this.headers({ Accept: "text/event-stream", ...(since ? { "Last-Event-ID": since } : {}) });
+    const res = await fetch(`${this.base}/api/v1/conversations/${conversationId}/events`, { headers, signal });
+    if (!res.ok) throw new ApiError(res.status, await res.text());
+    const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += value.replace(/\r\n?/g, "\n");
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const event = parseEvent(buffer.slice(0, end));
+        buffer = buffer.slice(end + 2);
+        if (event) yield event;
+      }
+    }
+  }
+}
+
+// One SSE block ("id: ...\nevent: ...\ndata: ..."); null for comments and pings.
+export function parseEvent(block) {
+  const event = { id: "", event: "message", data: "" };
+  const data = [];
+  for (const line of block.split("\n")) {
+    const colon = line.indexOf(":");
+    if (colon === 0) continue;
+    const field = colon < 0 ? line : line.slice(0, colon);
+    const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+    if (field === "data") data.push(value);
+    else if (field === "id" || field === "event") event[field] = value;
+  }
+  if (!data.length) return null;
+  try {
+    event.data = JSON.parse(data.join("\n"));
+  } catch {
+    event.data = data.join("\n");
+  }
+  return event;
+}
+
+// The page: only in a browser.
+function page() {
+  const $ = (id) => document.getElementById(id);
+  const store = window.localStorage;
+  let client = null;
+  let conversation = store.getItem("nanofleet.conversation");
+  let watching = null;
+  let live = null;
+
+  function bubble(kind, text) {
+    const div = document.createElement("div");
+    div.className = `msg ${kind}`;
+    div.textContent = text;
+    $("log").append(div);
+    div.scrollIntoView({ block: "end" });
+    return div;
+  }
+
+  async function follow() {
+    watching?.abort();
+    watching = new AbortController();
+    const signal = watching.signal;
+    let since = "";
+    while (!signal.aborted) {
+      try {
+        for await (const { id, event, data } of client.events(conversation, signal, since)) {
+          since = id;
+          if (event === "text.delta" && live) live.textContent += data.text;
+          if (event === "tool.started") bubble("tool", `⚙ ${data.tool} …`);
+          if (event === "tool.finished") bubble("tool", `⚙ ${data.tool}: ${data.status} (${Math.round(data.elapsed_ms)} ms)`);
+        }
+      } catch (err) {
+        if (signal.aborted) return;
+      }
+      await new Promise((done) => setTimeout(done, POLL_MS));
+    }
+  }
+
+  async function connect(event) {
+    event.preventDefault();
+    const key = $("key").value.trim();
+    if (!key) return;
+    if ($("remember").checked) store.setItem("nanofleet.key", key);
+    else store.removeItem("nanofleet.key");
+    client = new Client(window.location.origin, key);
+    try {
+      conversation ||= await client.newConversation();
+      store.setItem("nanofleet.conversation", conversation);
+      $("status").textContent = `conversation ${conversation}`;
+      $("send").disabled = false;
+      follow();
+    } catch (err) {
+      $("status").textContent = err.status === 401 ? "that API key is not accepted" : String(err);
+    }
+  }
+
+  async function send(event) {
+    event.preventDefault();
+    const text = $("text").value.trim();
+    if (!text || !client) return;
+    $("text").value = "";
+    $("send").disabled = true;
+    bubble("user", text);
+    live = bubble("assistant pending", "");
+    try {
+      const answer = await client.chat(conversation, text);
+      live.textContent = answer.text || (answer.status === "cancelled" ? "Stopped." : "");
+      live.classList.remove("pending");
+    } catch (err) {
+      live.textContent = String(err);
+      live.className = "msg error";
+    } finally {
+      live = null;
+      $("send").disabled = false;
+      $("text").focus();
+    }
+  }
+
+  function fresh() {
+    store.removeItem("nanofleet.conversation");
+    conversation = null;
+    $("log").replaceChildren();
+    if (client) connect(new Event("submit"));
+  }
+
+  $("key").value = store.getItem("nanofleet.key") ?? "";
+  $("remember").checked = Boolean($("key").value);
+  $("connect").addEventListener("submit", connect);
+  $("compose").addEventListener("submit", send);
+  $("new").addEventListener("click", fresh);
+  if ($("key").value) connect(new Event("submit"));
+}
+
+if (typeof document !== "undefined") page();

@@ -1,0 +1,51 @@
+"""The web chat page: served with a strict policy, and its client (gateway/web/chat.js, run by Node)
+holds a conversation with a real gateway, worker and event stream."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gateway.app import create_app
+from tests.fakes.server import ThreadServer
+from tests.support.stack import API_KEY, Stack
+
+CLIENT = Path(__file__).with_name("web_client.mjs")
+
+
+def test_the_page_is_served_without_a_key_and_with_a_strict_policy(stack: Stack) -> None:
+    with TestClient(create_app(stack.settings)) as anonymous:
+        page = anonymous.get("/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert '<script type="module" src="/web/chat.js">' in page.text
+        policy = page.headers["content-security-policy"]
+        assert "default-src 'none'" in policy and "script-src 'self'" in policy and "connect-src 'self'" in policy
+        assert anonymous.get("/web/chat.js").headers["content-type"].startswith("text/javascript")
+        assert anonymous.get("/web/chat.css").status_code == 200
+        assert anonymous.get("/web/index.py").status_code == 404
+        assert anonymous.get("/web/..%2Froutes%2Fweb.py").status_code == 404
+        assert anonymous.get("/api/v1/tools").status_code == 401  # the page opens nothing else
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+def test_the_pages_client_chats_and_follows_the_event_stream(stack: Stack) -> None:
+    server = ThreadServer(create_app(stack.settings)).start()
+    try:
+        done = subprocess.run(["node", str(CLIENT), server.url, API_KEY, "hello", "call:time"],
+                              capture_output=True, text=True, timeout=90, check=False)
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr
+    out: dict[str, Any] = json.loads(done.stdout)
+    first, second = out["replies"]
+    assert (first["text"], first["status"]) == ("echo: hello", "succeeded")
+    assert [c["toolName"] for c in second["toolCalls"]] == ["time"] and second["status"] == "succeeded"
+    events = out["events"]
+    assert events.count("run.started") == 2 and events.count("run.finished") == 2
+    assert events.index("tool.started") < events.index("tool.finished")

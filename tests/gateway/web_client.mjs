@@ -1,0 +1,27 @@
+// Drives the web page's client (gateway/web/chat.js) against a running gateway, as the page does:
+// node web_client.mjs BASE KEY MESSAGE... prints {"replies": [...], "events": [...]} as JSON.
+import { Client } from "../../gateway/web/chat.js";
+
+const [base, key, ...messages] = process.argv.slice(2);
+const client = new Client(base, key);
+const conversation = await client.newConversation();
+const stop = new AbortController();
+const events = [];
+let finished = 0;
+const following = (async () => {
+  try {
+    for await (const { event } of client.events(conversation, stop.signal, "0")) {
+      events.push(event);
+      if (event === "run.finished" && ++finished === messages.length) return;
+    }
+  } catch (err) {
+    if (!stop.signal.aborted) throw err;
+  }
+})();
+const replies = [];
+for (const message of messages) replies.push(await client.chat(conversation, message));
+const deadline = setTimeout(() => stop.abort(), 20000);
+await following;
+clearTimeout(deadline);
+stop.abort();
+console.log(JSON.stringify({ replies, events }));
