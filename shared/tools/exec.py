@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import collections
 import contextlib
 import ctypes
 import functools
@@ -225,6 +226,7 @@ class Leftovers:
     token: str
     exec_uid: int | None  # the unprivileged user's uid when it is not the worker's own
     in_tree: bool  # the worker is a subreaper: everything of the call is among its descendants
+    started: psutil.Process | None = None  # the shell as started (pid and start time): below it, all is ours
 
     def owns(self, proc: psutil.Process) -> bool:
         """In the shell's session or group, carrying this call's marker, or (among the worker's own
@@ -245,29 +247,52 @@ class Leftovers:
         return self.in_tree and uid == self.exec_uid and marker not in tokens and proc.pid not in shells
 
 
-def _candidates(in_tree: bool) -> list[psutil.Process]:
-    if not in_tree:
-        return list(psutil.process_iter())
-    try:
-        return psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return []
+def _below(table: dict[int, psutil.Process], root: int) -> set[int]:
+    """The pids under `root`, by the parent links read into `table`. A process that is gone by now
+    still links its children here (psutil's children() drops them with it: they would go unseen)."""
+    kids: dict[int, list[int]] = collections.defaultdict(list)
+    for pid, proc in table.items():
+        kids[proc.info["ppid"]].append(pid)
+    found: set[int] = set()
+    stack = [root]
+    while stack:
+        for pid in kids.pop(stack.pop(), []):
+            found.add(pid)
+            stack.append(pid)
+    return found
+
+
+def _call_processes(leftovers: Leftovers) -> list[psutil.Process]:
+    """The call's processes now: those below its shell while the shell is still the one started,
+    and those `owns` recognises (among the worker's descendants when it is a subreaper)."""
+    table = {proc.pid: proc for proc in psutil.process_iter(["ppid"])}
+    started = leftovers.started  # is_running() compares the start time too: the pid may be another's by now
+    below_shell = _below(table, leftovers.shell) if started is not None and started.is_running() else set()
+    pool = _below(table, os.getpid()) if leftovers.in_tree else set(table)
+    return [table[pid] for pid in pool if pid in below_shell or leftovers.owns(table[pid])]
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
 
 def kill_call(leftovers: Leftovers) -> list[psutil.Process]:
-    """SIGKILL every process of the call: stopped first, round by round, so that none can fork a
-    new one meanwhile. Returns those to reap (all but the shell, which asyncio waits for)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(leftovers.shell, signal.SIGKILL)
+    """SIGKILL every process of the call once all are stopped, round by round, so that none can fork
+    a new one meanwhile. The shell's group is stopped first, not killed: asyncio reaps a dead shell
+    at once, and the links by which what the shell started is found would go with it. Returns those
+    to reap (all but the shell, which asyncio waits for)."""
+    _signal_group(leftovers.shell, signal.SIGSTOP)
     stopped: set[psutil.Process] = set()
     for _ in range(KILL_ROUNDS):
-        found = {p for p in _candidates(leftovers.in_tree) if p not in stopped and leftovers.owns(p)}
+        found = {p for p in _call_processes(leftovers) if p not in stopped}
         if not found:
             break
         for proc in found:
             with contextlib.suppress(psutil.Error):
                 proc.send_signal(signal.SIGSTOP)
         stopped |= found
+    _signal_group(leftovers.shell, signal.SIGKILL)
     for proc in stopped:
         with contextlib.suppress(psutil.Error):
             proc.kill()
@@ -303,13 +328,16 @@ async def run_command(argv: list[str], *, cwd: Path, env: dict[str, str], who: R
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, cwd=cwd, env={**env, MARKER: token}, start_new_session=True, **ids)
         CALLS.started(token, proc.pid)
+        started: psutil.Process | None = None
+        with contextlib.suppress(psutil.Error):  # already exited and reaped
+            started = psutil.Process(proc.pid)
         assert proc.stdout is not None
         pump = asyncio.create_task(_pump(proc.stdout, output, progress))
         try:
             finished = await _exited(proc, timeout)
         finally:  # also when the call itself is cancelled
             exec_uid = who.uid if who and who.uid != os.geteuid() else None
-            reaper = _reap(kill_call(Leftovers(proc.pid, token, exec_uid, in_tree)))
+            reaper = _reap(kill_call(Leftovers(proc.pid, token, exec_uid, in_tree, started)))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(pump), READ_GRACE)
         pump.cancel()
