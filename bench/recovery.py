@@ -4,6 +4,8 @@ Each worker gets its own fake LLM, so which worker holds the call is known for c
 
 from __future__ import annotations
 
+import functools
+import json
 import random
 import re
 import signal
@@ -14,10 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import redis
 
 from bench.context import Ctx
 from bench.report import Figure
 from bench.stack import AUTH, BenchStack
+from shared.constants import REDBEAT_PREFIX
 from tests.fakes.llm import FakeLLM, Reply, last_user_text
 from tests.support.processes import Proc, wait_until
 
@@ -84,6 +88,13 @@ def _warm(http: httpx.Client, llm: FakeLLM) -> None:
             return
 
 
+def _swept(stack: BenchStack) -> bool:
+    """Beat has sent a sweep (redbeat counts the runs of each entry; its log says so only at DEBUG)."""
+    with redis.Redis.from_url(stack.settings.redis_url) as client:
+        meta = json.loads(client.hget(f"{REDBEAT_PREFIX}nanofleet-sweep", "meta") or "{}")
+    return int(meta.get("total_run_count", 0)) >= 1
+
+
 def run(ctx: Ctx) -> None:
     stack, cfg = ctx.stack, ctx.cfg
     stack.reset_data()
@@ -96,7 +107,7 @@ def run(ctx: Ctx) -> None:
     with httpx.Client(base_url=stack.gateway_url, headers=AUTH, timeout=60) as http:
         for llm, _ in slots:
             _warm(http, llm)
-    wait_until(lambda: "nanofleet-sweep" in beat.log(), timeout=60, interval=0.2, message="beat's first sweep")
+    wait_until(functools.partial(_swept, stack), timeout=60, interval=0.2, message="beat's first sweep")
     times: list[float] = []
     try:
         with httpx.Client(base_url=stack.gateway_url, headers=AUTH, timeout=30) as http:

@@ -1,8 +1,9 @@
 """Retention: deletes the operational records older than `retention.days`, so that a deployment
-that runs for years keeps tables of the same size. What goes: the inbound ledger (platforms retry
-for hours, WhatsApp for up to a week), delivered and dead-lettered outbox rows, cron receipts (a
-job's cursor is past them), and finished runs with their steps and tool calls. What stays: the
-conversations, their messages (the memory) and their usage totals, and every unfinished record.
+that runs for years keeps tables of the same size. What goes: the inbound ledger (kept at least
+LEDGER_DAYS: platforms retry for hours, WhatsApp for up to a week), delivered and dead-lettered
+outbox rows, cron receipts (a job's cursor is past them), and finished runs with their steps and
+tool calls. What stays: the conversations, their messages (the memory) and their usage totals, and
+every unfinished record.
 
 Each batch is one short transaction, so a pass never holds locks for long, and two passes at once
 (a redelivered task) skip each other's rows."""
@@ -33,6 +34,9 @@ from shared.models import (
 
 log = logging.getLogger(__name__)
 BATCH = 2000
+# The inbound ledger is kept at least this long whatever `days` says: platforms retry an event for
+# up to a week (WhatsApp), and a retry the ledger has forgotten would start a second turn.
+LEDGER_DAYS = 8
 # Batches per table and pass: a long backlog (the first pass over a year of records) is worked off
 # over several passes, each well within a task's time limit.
 MAX_BATCHES = 50
@@ -41,13 +45,15 @@ MAX_BATCHES = 50
 Batch = Callable[[Session, datetime, int], int]
 
 
-def prune(rt: Runtime, now: datetime | None = None, batch: int = BATCH) -> dict[str, int]:
+def prune(rt: Runtime, *, now: datetime | None = None, batch: int = BATCH) -> dict[str, int]:
     """One retention pass; returns the rows deleted per table (nothing when `days` is 0)."""
     days = rt.settings.retention.days
     if days <= 0:
         return {}
-    cutoff = (now or utcnow()) - timedelta(days=days)
-    counts = {name: _drain(rt, step, cutoff, batch) for name, step in BATCHES.items()}
+    now = now or utcnow()
+    cutoff = now - timedelta(days=days)
+    counts = {name: _drain(rt, step, now - timedelta(days=max(days, LEDGER_DAYS)) if name == LEDGER else cutoff,
+                           batch) for name, step in BATCHES.items()}
     if any(counts.values()):
         log.info("retention (older than %s): deleted %s", cutoff.isoformat(),
                  ", ".join(f"{n} {name}" for name, n in counts.items() if n))
@@ -102,8 +108,9 @@ def _delete(s: Session, key: Mapped[Any], ids: list[Any]) -> int:
     return len(ids)
 
 
+LEDGER = "inbound_events"
 BATCHES: dict[str, Batch] = {
-    "inbound_events": _inbound,
+    LEDGER: _inbound,
     "outbox": _outbox,
     "cron_receipts": _receipts,
     "runs": _runs,

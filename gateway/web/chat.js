@@ -40,15 +40,33 @@ export class Client {
   }
 
   // The answer to `text`: {text, status, toolCalls}. A turn longer than the gateway's wait (504)
-  // is followed through its run until it ends.
+  // is followed through its run until it ends; a message still waiting behind another turn then
+  // (no run yet) is answered later: {status: "queued"}.
   async chat(conversationId, text) {
     const { status, data } = await this.call("POST", `/api/v1/conversations/${conversationId}/chat`,
       { message: text });
     if (status !== 504) {
       return { text: data.assistantMessage, status: data.status, toolCalls: data.toolCalls ?? [] };
     }
+    if (!data.runId) return { text: "", status: "queued", toolCalls: [] };
     const run = await this.waitRun(data.runId);
     return { text: run.result ?? "", status: run.status, toolCalls: [] };
+  }
+
+  // The conversation's user and assistant messages with text, oldest first (404 if it is gone).
+  async history(conversationId) {
+    const path = `/api/v1/conversations/${conversationId}/messages?limit=1000`;
+    const shown = [];
+    for (let after = null; ;) {
+      const { data } = await this.call("GET", after === null ? path : `${path}&after=${after}`);
+      for (const m of data) {
+        if (m.type === "NORMAL" && !m.pending && ["USER", "ASSISTANT"].includes(m.role) && m.content.trim()) {
+          shown.push({ role: m.role, content: m.content });
+        }
+      }
+      if (data.length < 1000) return shown;
+      after = Math.max(...data.map((m) => m.seq));
+    }
   }
 
   async waitRun(runId) {
@@ -135,6 +153,10 @@ function page() {
         }
       } catch (err) {
         if (signal.aborted) return;
+        if (err.status === 401 || err.status === 404) {  // trying again will not help
+          $("status").textContent = `live updates stopped: ${err.message}`;
+          return;
+        }
       }
       await new Promise((done) => setTimeout(done, POLL_MS));
     }
@@ -147,9 +169,21 @@ function page() {
     if ($("remember").checked) store.setItem("nanofleet.key", key);
     else store.removeItem("nanofleet.key");
     client = new Client(window.location.origin, key);
+    $("send").disabled = true;
     try {
+      let earlier = [];
+      if (conversation) {
+        try {
+          earlier = await client.history(conversation);
+        } catch (err) {
+          if (err.status !== 404) throw err;
+          conversation = null;  // gone (a reset database): start a new one
+        }
+      }
       conversation ||= await client.newConversation();
       store.setItem("nanofleet.conversation", conversation);
+      $("log").replaceChildren();
+      for (const m of earlier.slice(-50)) bubble(m.role === "USER" ? "user" : "assistant", m.content);
       $("status").textContent = `conversation ${conversation}`;
       $("send").disabled = false;
       follow();
@@ -168,7 +202,9 @@ function page() {
     live = bubble("assistant pending", "");
     try {
       const answer = await client.chat(conversation, text);
-      live.textContent = answer.text || (answer.status === "cancelled" ? "Stopped." : "");
+      live.textContent = answer.status === "queued"
+        ? "No answer yet: this message waits behind a turn that is still running. Its answer will be in the conversation (reload the page to see it)."
+        : answer.text || (answer.status === "cancelled" ? "Stopped." : "");
       live.classList.remove("pending");
     } catch (err) {
       live.textContent = String(err);

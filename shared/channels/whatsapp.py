@@ -3,6 +3,8 @@ dedupe), plain-text replies out through the Graph API messages endpoint."""
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, ClassVar
 
 from shared.channels.base import BaseChannel, Bucket, Parsed, RateLimited, SendResult, WebhookError, json_object
@@ -10,6 +12,11 @@ from shared.channels.clients import body, check, http
 from shared.channels.signing import hmac_hex, same
 from shared.contracts import InboundMessage
 from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+# WhatsApp retries a webhook for up to 7 days. Its signature has no timestamp, so a message older than
+# that is a replayed request (the ledger keeps ids only so long: see shared/housekeeping.py).
+MAX_AGE = 7 * 24 * 3600  # seconds
 
 # Graph API error codes that mean "slow down", and how long to wait (seconds).
 THROTTLED = {4: 60.0, 80007: 60.0, 130429: 1.0, 131056: 6.0}
@@ -63,6 +70,9 @@ class WhatsAppChannel(BaseChannel):
             sender, wamid, text = m.get("from"), m.get("id"), _text(m)
             if not (isinstance(sender, str) and isinstance(wamid, str)):
                 raise WebhookError(400, "message without from or id")
+            if _stale(m.get("timestamp")):
+                log.warning("whatsapp: message %s was sent more than 7 days ago; ignored as a replay", wamid)
+                continue
             if text:
                 out.append(InboundMessage(channel=self.name, chat_id=sender, sender_id=sender, content=text,
                                           event_id=wamid, reply_meta={"reply_to": wamid},
@@ -135,3 +145,13 @@ def _text(message: dict[str, Any]) -> str | None:
     part = message.get(str(kind))
     text = part.get("body" if kind == "text" else "caption") if isinstance(part, dict) else None
     return text if isinstance(text, str) and text.strip() else None
+
+
+def _stale(timestamp: object) -> bool:
+    """A message's `timestamp` (Unix seconds, as a string) older than MAX_AGE; one that is missing or
+    malformed is judged by the ledger alone."""
+    try:
+        sent = int(str(timestamp))
+    except ValueError:
+        return False
+    return time.time() - sent > MAX_AGE

@@ -112,7 +112,7 @@ def _fire_locked(rt: Runtime, s: Session, job: CronJob, until: datetime) -> tupl
         s.add(job)
     done = job.kind == "at" and schedules.next_after(spec_of(job), cursor(job)) is None
     if done:
-        s.delete(job)  # an `at` job is removed once it has fired (its receipts stay)
+        s.delete(job)  # an `at` job is removed once it has fired (its receipts stay, for the retention period)
     return nexts, done
 
 

@@ -74,6 +74,16 @@ def test_a_message_posted_while_the_broker_is_down_is_accepted_and_answered(
         assert run["status"] == "succeeded" and run["result"] == "echo: while down"  # type: ignore[index]
 
 
+def test_new_while_the_broker_is_down_asks_the_client_to_try_again(stack: Stack) -> None:
+    """`/new` is only a compaction task, which no sweep sends again: it cannot be accepted unsent."""
+    nowhere = stack.settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0"})
+    for api in api_client(stack.settings):
+        api.app.state.nanofleet.producer = Producer(make_celery(nowhere, name="cut-off"))
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        answer = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "/new"})
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "5", answer.text
+
+
 def test_following_a_conversation_with_after_misses_nothing(stack: Stack, api: Any) -> None:
     """A message sent while a turn runs waits in the mailbox, then joins the transcript at its end:
     a client that asks for what comes after the largest seq it saw (not pending) gets every message."""

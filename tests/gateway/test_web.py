@@ -49,3 +49,6 @@ def test_the_pages_client_chats_and_follows_the_event_stream(stack: Stack) -> No
     events = out["events"]
     assert events.count("run.started") == 2 and events.count("run.finished") == 2
     assert events.index("tool.started") < events.index("tool.finished")
+    assert [(m["role"], m["content"]) for m in out["history"]][:2] == [("USER", "hello"), ("ASSISTANT", "echo: hello")]
+    assert [m["role"] for m in out["history"]] == ["USER", "ASSISTANT", "USER", "ASSISTANT"]
+    assert out["unknown"] == 404

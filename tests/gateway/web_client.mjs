@@ -1,6 +1,7 @@
 // Drives the web page's client (gateway/web/chat.js) against a running gateway, as the page does:
-// node web_client.mjs BASE KEY MESSAGE... prints {"replies": [...], "events": [...]} as JSON.
-import { Client } from "../../gateway/web/chat.js";
+// node web_client.mjs BASE KEY MESSAGE... prints {"replies", "events", "history", "unknown"} as JSON
+// ("unknown": the HTTP status the history of a conversation that does not exist gets).
+import { ApiError, Client } from "../../gateway/web/chat.js";
 
 const [base, key, ...messages] = process.argv.slice(2);
 const client = new Client(base, key);
@@ -24,4 +25,6 @@ const deadline = setTimeout(() => stop.abort(), 20000);
 await following;
 clearTimeout(deadline);
 stop.abort();
-console.log(JSON.stringify({ replies, events }));
+const history = await client.history(conversation);
+const unknown = await client.history("no-such-conversation").then(() => 200, (err) => (err instanceof ApiError ? err.status : -1));
+console.log(JSON.stringify({ replies, events, history, unknown }));

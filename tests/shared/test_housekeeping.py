@@ -103,6 +103,18 @@ def test_a_backlog_is_worked_off_over_several_passes(make_stack: Callable[..., S
     assert housekeeping.prune(rt, batch=2)["inbound_events"] == 1
 
 
+def test_the_inbound_ledger_outlives_the_platforms_retries_whatever_the_setting(
+        make_stack: Callable[..., Stack]) -> None:
+    stack = make_stack(RETENTION__DAYS="1")
+    with Session(get_engine(stack.settings.database_url)) as s:
+        s.add(InboundEvent(channel="whatsapp", event_id="5 days", received_at=utcnow() - timedelta(days=5)))
+        s.add(InboundEvent(channel="whatsapp", event_id="9 days", received_at=utcnow() - timedelta(days=9)))
+        s.commit()
+    assert housekeeping.prune(Runtime.build(stack.settings))["inbound_events"] == 1
+    with Session(get_engine(stack.settings.database_url)) as s:
+        assert s.exec(select(InboundEvent.event_id)).all() == ["5 days"]
+
+
 def test_zero_days_keeps_everything(make_stack: Callable[..., Stack]) -> None:
     stack = make_stack(RETENTION__DAYS="0")
     with Session(get_engine(stack.settings.database_url)) as s:

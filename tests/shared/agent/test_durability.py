@@ -132,9 +132,13 @@ def test_compaction_writes_a_summary_the_next_prompt_uses(make_stack: Callable[.
         found = wait_until(summary, timeout=30, message="a SUMMARY message")
         assert found.content.startswith("SUMMARY:")  # type: ignore[union-attr]
         api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "what do you remember?"})
-        system = [m["content"] for m in fake_llm.requests[-1]["messages"] if m["role"] == "system"]
+        # The turn's request, not a compaction's that may have followed it (its one user message
+        # quotes the transcript).
+        turn = next(r["messages"] for r in reversed(fake_llm.requests)
+                    if {"role": "user", "content": "what do you remember?"} in r["messages"])
+        system = [m["content"] for m in turn if m["role"] == "system"]
         assert any("Summary of the earlier conversation" in c for c in system)
-        history = [m for m in fake_llm.requests[-1]["messages"] if m["role"] in ("user", "assistant")]
+        history = [m for m in turn if m["role"] in ("user", "assistant")]
         assert len(history) <= 4 + 1  # the window plus the runtime context
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -102,6 +103,18 @@ def test_whatsapp_messages_captions_statuses_and_handshake() -> None:
     assert malformed(ch.parse, {"object": "whatsapp_business_account", "entry": "nope"}) == 400
     assert ch.handshake({"hub.mode": "subscribe", "hub.verify_token": "vt", "hub.challenge": "42"}) == "42"
     assert ch.handshake({"hub.mode": "subscribe", "hub.verify_token": "no", "hub.challenge": "42"}) is None
+
+
+def test_a_whatsapp_message_older_than_its_retry_window_is_a_replay_and_ignored() -> None:
+    """WhatsApp signs no timestamp, and the ledger forgets ids after its retention: a signed request
+    captured once must not start a turn again weeks later."""
+    wa, ch = FakeWhatsApp("t", "s", "P1"), WhatsAppChannel(S)
+    payload = wa.event(sender="155501", text="pay Bob", wamid="wamid.old")
+    message = payload["entry"][0]["changes"][0]["value"]["messages"][0]
+    message["timestamp"] = str(int(time.time()) - 8 * 24 * 3600)
+    assert ch.parse({}, body(payload)).messages == []
+    message["timestamp"] = str(int(time.time()) - 6 * 24 * 3600)  # still within WhatsApp's retries
+    assert [m.event_id for m in ch.parse({}, body(payload)).messages] == ["wamid.old"]
 
 
 def test_feishu_decrypts_and_keeps_only_text_addressed_to_the_bot() -> None:
