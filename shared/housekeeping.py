@@ -51,11 +51,10 @@ def prune(rt: Runtime, *, now: datetime | None = None, batch: int = BATCH) -> di
     if days <= 0:
         return {}
     now = now or utcnow()
-    cutoff = now - timedelta(days=days)
-    counts = {name: _drain(rt, step, now - timedelta(days=max(days, LEDGER_DAYS)) if name == LEDGER else cutoff,
-                           batch) for name, step in BATCHES.items()}
+    counts = {name: _drain(rt, step, now - timedelta(days=max(days, floor)), batch)
+              for name, (step, floor) in BATCHES.items()}
     if any(counts.values()):
-        log.info("retention (older than %s): deleted %s", cutoff.isoformat(),
+        log.info("retention (%d days): deleted %s", days,
                  ", ".join(f"{n} {name}" for name, n in counts.items() if n))
     return counts
 
@@ -108,10 +107,10 @@ def _delete(s: Session, key: Mapped[Any], ids: list[Any]) -> int:
     return len(ids)
 
 
-LEDGER = "inbound_events"
-BATCHES: dict[str, Batch] = {
-    LEDGER: _inbound,
-    "outbox": _outbox,
-    "cron_receipts": _receipts,
-    "runs": _runs,
+# Per table: its batch, and the fewest days its rows are kept whatever `days` says.
+BATCHES: dict[str, tuple[Batch, int]] = {
+    "inbound_events": (_inbound, LEDGER_DAYS),
+    "outbox": (_outbox, 0),
+    "cron_receipts": (_receipts, 0),
+    "runs": (_runs, 0),
 }
