@@ -7,19 +7,16 @@ from dataclasses import dataclass, field
 
 import redis
 import redis.asyncio as aioredis
-from fastapi import HTTPException
 from kombu.exceptions import OperationalError
 
 from shared.agent.events import RedisEvents
 from shared.agent.runtime import Next, Runtime
 from shared.channels.base import Channel
-from shared.constants import T_COMPACT
 from shared.queueing import Producer, make_celery
 from shared.scheduling import hooks
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
-NOT_SWEPT = (T_COMPACT,)  # tasks no sweep sends again when their enqueue fails
 # Each open event stream holds an async connection while it waits for events (a blocking read of up
 # to 15 s), so the streams served at once are capped below the pool's size: past MAX_STREAMS a new
 # one gets a 503, and the rest of the pool stays for /chat and the streams' first commands. When even
@@ -70,15 +67,12 @@ class AppState:
 
     def dispatch(self, nexts: list[Next]) -> None:
         """Enqueue what a committed request asks for. Its state is in Postgres already, so a broker
-        that is down fails nothing: the sweeper enqueues queued runs and pending sends once it is back.
-        Only a task no sweep would send again (the compaction `/new` asks for) makes it a 503."""
+        that is down fails nothing: the sweeper enqueues queued runs, pending sends and due /new
+        summaries once it is back."""
         for i, nxt in enumerate(nexts):
             try:
                 self.producer.send(nxt.task, *nxt.args, countdown=nxt.countdown)
             except OperationalError as err:
-                if any(n.task in NOT_SWEPT for n in nexts[i:]):
-                    raise HTTPException(503, "Redis is unreachable; try again shortly",
-                                        headers={"Retry-After": "5"}) from err
                 log.warning("could not enqueue %d task(s) (%s); the sweeper will once the broker answers",
                             len(nexts) - i, err)
                 return

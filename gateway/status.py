@@ -38,13 +38,16 @@ class ServiceDown(Unavailable):
         self.service, self.url, self.reason, self.setting = service, masked(url), reason, setting
 
 
+# A password given as a query parameter (libpq's `password` and `sslpassword`, redis-py's `password`)
+_SECRET_PARAM = re.compile(r"(?i)((?:^|&)(?:ssl)?password=)[^&]*")
+
+
 def masked(url: str) -> str:
-    """`url` with its password, if any, shown as ***."""
+    """`url` with its passwords, if any (in the user info or the query), shown as ***."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+    if parts.password is not None:
+        parts = parts._replace(netloc=f"{parts.username or ''}:***@{parts.netloc.rpartition('@')[2]}")
+    return urlunsplit(parts._replace(query=_SECRET_PARAM.sub(r"\1***", parts.query)))
 
 
 def _pg_reason(err: DBAPIError) -> str:

@@ -115,7 +115,10 @@ class Message(SQLModel, table=True):
     """One message of a conversation. A USER message with pending=True waits in the mailbox."""
 
     __tablename__ = "messages"
-    __table_args__ = (Index("ix_messages_conv_seq", "conversation_id", "seq"),)
+    # The summaries a /new still waits for (the sweep looks every second): a handful of rows at most.
+    __table_args__ = (Index("ix_messages_conv_seq", "conversation_id", "seq"),
+                      Index("ix_messages_summary_due", "conversation_id",
+                            postgresql_where=text("type = 'SUMMARY' AND meta ? 'summary_due'")))
     id: int | None = Field(default=None, sa_column=Column(BigInteger, Identity(), primary_key=True))
     # Position in the transcript; re-drawn when a mailbox message is folded into a run.
     seq: int | None = Field(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import BigInteger, cast, func, text
@@ -12,7 +13,7 @@ from sqlmodel import Session, col, select
 from shared.agent import prompt
 from shared.errors import Retryable
 from shared.llm import LLMError
-from shared.models import Conversation, Message, MessageType, Role
+from shared.models import Conversation, Message, MessageType, Role, utcnow
 from shared.settings import MemorySettings
 
 if TYPE_CHECKING:
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 RESERVE_TOKENS = 4096  # room for the answer
 TRIM_CHARS = 2000
+# A /new's summary row, until its summary is written: when its task was last sent (the sweep's cue),
+# the end of the previous summary, and when /new was asked (the model is given GIVE_UP to answer).
+DUE, FROM, ASKED = "summary_due", "summary_from", "summary_asked"
+GIVE_UP = timedelta(hours=1)
 
 SUMMARY_PROMPT = """Summarise the conversation below for your own future reference. Keep facts,
 decisions, names, open tasks and the user's preferences; drop chit-chat. Write at most 300 words.
@@ -52,45 +57,161 @@ def needs_compaction(s: Session, conversation_id: str, settings: MemorySettings)
     return int(count) > settings.compact_after
 
 
+def start_over(s: Session, conversation_id: str) -> None:
+    """/new, in the caller's transaction: from the next prompt on, the history starts after the
+    conversation's last message. The summary of what came before is written by a compaction task
+    (`everything=True`); until it is, the summary row carries `DUE`, and `resend_summaries` sends
+    the task again while it stays there (a lost enqueue, a worker that died, a model that was down)."""
+    _lock(s, conversation_id)
+    summary = prompt.latest_summary(s, conversation_id, fresh=True)
+    last = s.exec(select(func.max(Message.seq)).where(
+        Message.conversation_id == conversation_id, Message.type == MessageType.NORMAL,
+        col(Message.pending).is_(False))).one()
+    if not last or last <= prompt.covered(summary):
+        return  # nothing said since the last summary (or the last /new)
+    if summary is None:
+        summary = Message(conversation_id=conversation_id, role=Role.SYSTEM, type=MessageType.SUMMARY)
+    meta = summary.meta
+    now = utcnow().isoformat()
+    summary.meta = {**meta, prompt.COVERS: last, FROM: meta.get(FROM, prompt.covered(summary)), "reset": True,
+                    DUE: now, ASKED: meta.get(ASKED, now)}
+    s.add(summary)
+
+
 def compact(rt: Runtime, conversation_id: str, *, everything: bool = False, keep: int | None = None) -> bool:
-    """Summarise what the window no longer shows (or everything, for /new; or all but the last
-    `keep` messages, the ones the token guard kept), up to the running turn; True if it wrote one."""
+    """Summarise what the window no longer shows (or all but the last `keep` messages, the ones
+    the token guard kept), up to the running turn; or, with `everything`, what a /new left behind.
+    True if it wrote a summary."""
     with rt.session() as s:
         if not s.execute(text("select pg_try_advisory_xact_lock(hashtext(:c))"), {"c": conversation_id}).scalar():
             if everything:  # /new was promised: it runs after the automatic compaction holding the lock
                 raise Retryable("another compaction of this conversation is running", delay=2, max_retries=60)
             return False
         summary = prompt.latest_summary(s, conversation_id)
-        rows = list(s.exec(_normal_after(s, conversation_id, prompt.covered(summary)).order_by(col(Message.seq))))
+        seen = (summary.id, dict(summary.meta)) if summary else None
         if everything:
-            keep = 0
-        elif keep is None:
-            keep = rt.settings.memory.window
-        old = rows[: len(rows) - keep] if keep else rows
-        active = s.get_one(Conversation, conversation_id).active_run_id
-        if active and not everything:  # the running turn's messages stay in its prompt whatever a summary says
-            old = old[:next((i for i, m in enumerate(old) if m.run_id == active), len(old))]
+            old = _left_behind(s, conversation_id, summary)
+        elif summary is not None and DUE in summary.meta:
+            return False  # the /new summary comes first; the next turn asks again
+        else:
+            old = _past_window(rt, s, conversation_id, summary, keep)
         if not old:
             return False
         transcript = "\n".join(f"{m.role.value}: {m.content[:TRIM_CHARS]}" for m in old if m.content)
-        previous = f"Previous summary:\n{summary.content}\n" if summary else ""
+        previous = f"Previous summary:\n{summary.content}\n" if summary and summary.content else ""
         try:
             response = rt.llm.complete(
                 [{"role": "user", "content": SUMMARY_PROMPT.format(previous=previous, transcript=transcript)}]
             )
-        except LLMError as err:  # an automatic compaction comes again with the next turn; /new is retried
+        except LLMError as err:  # an automatic compaction comes again with the next turn
             if everything:
-                raise Retryable(f"summary for /new: {err}", max_retries=5) from err
+                return _failed_reset(s, conversation_id, summary, err)
             log.warning("compaction of %s failed: %s", conversation_id, err)
             return False
-        covers = old[-1].seq or 0
-        if summary is None:
-            summary = Message(conversation_id=conversation_id, role=Role.SYSTEM, type=MessageType.SUMMARY)
-        summary.content = response.content
-        summary.meta = {**summary.meta, prompt.COVERS: covers, "reset": everything}
-        s.add(summary)
+        if not _store(s, conversation_id, response.content, old[-1].seq or 0, seen):
+            return False
         log.info("compacted %d messages of %s", len(old), conversation_id)
         return True
+
+
+def _store(s: Session, conversation_id: str, content: str, covers: int, seen: tuple[int | None, Any] | None) -> bool:
+    """Write the summary of everything up to `covers`. A /new may have moved the summary's bounds
+    while the model wrote it: under the conversation's lock (which /new takes), look again. An
+    automatic compaction overtaken by a /new is dropped: its summary would move the cut back."""
+    _lock(s, conversation_id)
+    summary = prompt.latest_summary(s, conversation_id, fresh=True)
+    if summary is not None and DUE in summary.meta:
+        if seen is None or DUE not in seen[1]:
+            return False
+        _written(summary, covers)
+    elif ((summary.id, summary.meta) if summary else None) != seen:
+        return False
+    else:
+        summary = summary or Message(conversation_id=conversation_id, role=Role.SYSTEM, type=MessageType.SUMMARY)
+        summary.meta = {**summary.meta, prompt.COVERS: covers, "reset": False}
+    summary.content = content
+    s.add(summary)
+    return True
+
+
+def _lock(s: Session, conversation_id: str) -> None:
+    """The conversation's row lock: /new and the end of a compaction change its summary under it."""
+    s.execute(select(Conversation.id).where(Conversation.id == conversation_id).with_for_update())
+
+
+def _left_behind(s: Session, conversation_id: str, summary: Message | None) -> list[Message]:
+    """What a /new still waits to have summarised; none when its summary is written (a /new with
+    nothing to summarise is marked written here)."""
+    if summary is None or DUE not in summary.meta:
+        return []
+    rows = list(s.exec(_normal_after(s, conversation_id, int(summary.meta.get(FROM, 0)))
+                       .where(col(Message.seq) <= prompt.covered(summary)).order_by(col(Message.seq))))
+    if not rows:
+        _written(summary, prompt.covered(summary))
+        s.add(summary)
+    return rows
+
+
+def _past_window(rt: Runtime, s: Session, conversation_id: str, summary: Message | None,
+                 keep: int | None) -> list[Message]:
+    """The messages an automatic compaction summarises: all but the last `keep`, and none of the
+    running turn's (they stay in its prompt whatever a summary says)."""
+    rows = list(s.exec(_normal_after(s, conversation_id, prompt.covered(summary)).order_by(col(Message.seq))))
+    keep = rt.settings.memory.window if keep is None else keep
+    old = rows[: len(rows) - keep] if keep else rows
+    active = s.get_one(Conversation, conversation_id).active_run_id
+    if active:
+        old = old[:next((i for i, m in enumerate(old) if m.run_id == active), len(old))]
+    return old
+
+
+def _written(summary: Message, covers: int) -> None:
+    """The /new summary now stands for everything up to `covers`: done, unless a later /new moved
+    its end further (then the rest is still due)."""
+    if covers >= prompt.covered(summary):
+        summary.meta = {k: v for k, v in summary.meta.items() if k not in (DUE, FROM, ASKED)}
+    else:
+        summary.meta = {**summary.meta, FROM: covers}
+
+
+def _failed_reset(s: Session, conversation_id: str, summary: Message | None, err: LLMError) -> bool:
+    """The model failed the /new summary. Retried (by the task, then by the sweep) for GIVE_UP;
+    then the new session keeps the previous summary, and the messages between are left out."""
+    asked = summary.meta.get(ASKED) if summary is not None else None
+    if summary is None or asked is None or utcnow() - datetime.fromisoformat(asked) < GIVE_UP:
+        raise Retryable(f"summary for /new: {err}", max_retries=5) from err
+    log.error("gave up the /new summary of %s after %s: %s", conversation_id, GIVE_UP, err)
+    _lock(s, conversation_id)
+    s.refresh(summary)
+    _written(summary, prompt.covered(summary))
+    s.add(summary)
+    return False
+
+
+# /new summaries whose task went missing: due for `grace` s and no compaction of the conversation
+# running (its advisory lock is free). Stamped, so the next sweeps leave them alone for `grace` s.
+_DUE = text("""
+with due as materialized (
+  select id, conversation_id from messages
+  where type = 'SUMMARY' and meta ? 'summary_due'
+    and (meta->>'summary_due')::timestamptz < now() - make_interval(secs => :grace)
+  limit :batch for update skip locked
+), idle as materialized (
+  select id from due where pg_try_advisory_xact_lock(hashtext(conversation_id))
+)
+update messages m set meta = jsonb_set(m.meta, '{summary_due}', to_jsonb(now()))
+from idle where m.id = idle.id
+returning m.conversation_id
+""")
+
+
+def resend_summaries(rt: Runtime) -> list[str]:
+    """A sweep: the conversations whose /new summary is due again."""
+    with rt.session() as s:
+        ids = list(s.execute(_DUE, {"grace": rt.settings.runtime.requeue_grace, "batch": 200}).scalars())
+    if ids:
+        log.info("re-sending the /new summary of %d conversation(s)", len(ids))
+    return ids
 
 
 def fit(rt: Runtime, messages: list[dict[str, Any]], model: str | None,

@@ -82,9 +82,11 @@ _OWN_RUN = (
 )
 
 
-def latest_summary(s: Session, conversation_id: str) -> Message | None:
-    """The latest compaction summary."""
-    return s.exec(_SUMMARY, params={"cid": conversation_id}).first()
+def latest_summary(s: Session, conversation_id: str, *, fresh: bool = False) -> Message | None:
+    """The latest compaction summary (`fresh`: as the database has it now, even if this session
+    loaded it before)."""
+    query = _SUMMARY.execution_options(populate_existing=True) if fresh else _SUMMARY
+    return s.exec(query, params={"cid": conversation_id}).first()
 
 
 def covered(summary: Message | None) -> int:

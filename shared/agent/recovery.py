@@ -1,5 +1,6 @@
 """The sweeper: re-enqueues the current step of runs whose lease expired (a worker died, or the
-broker lost the task), and starts turns for mailboxes nobody is serving."""
+broker lost the task), starts turns for mailboxes nobody is serving, and sends again the /new
+summaries still due."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from datetime import timedelta
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from shared.agent import conversations, steps
+from shared.agent import conversations, memory, steps
 from shared.agent.finish import finish, publish_final
 from shared.agent.runtime import Next, Runtime
-from shared.constants import T_AGENT_STEP, T_TOOL_EXECUTE
+from shared.constants import T_AGENT_STEP, T_COMPACT, T_TOOL_EXECUTE
 from shared.models import Conversation, Message, Phase, Run, RunStatus, ToolCall, ToolStatus, utcnow
 from shared.tools.base import ErrorCode, ToolResult
 
@@ -40,8 +41,10 @@ def sweep(rt: Runtime, conversation_id: str | None = None) -> list[Next]:
         nexts += steps.advance(rt, run_id, step_seq)
     with rt.session() as s:
         nexts += _orphan_mailboxes(rt, s, conversation_id)
-    for extra in EXTRA_SWEEPS if conversation_id is None else ():
-        nexts += extra(rt)
+    if conversation_id is None:
+        nexts += [Next(T_COMPACT, (cid, True)) for cid in memory.resend_summaries(rt)]
+        for extra in EXTRA_SWEEPS:
+            nexts += extra(rt)
     return nexts
 
 

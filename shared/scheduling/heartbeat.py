@@ -85,9 +85,10 @@ def target(s: Session) -> dict[str, Any]:
     ).first()
     if conv is None:
         return {"channel": "api", "chat_id": ""}
-    last = s.exec(select(Run).where(Run.conversation_id == conv.id, Run.kind == RunKind.TURN)
-                  .order_by(col(Run.created_at).desc()).limit(1)).first()
-    origin = dict(last.origin) if last and last.origin else {}
+    # The newest message from the chat knows its thread (Slack, Feishu); messages outlive runs (retention).
+    last = s.exec(select(Message.meta).where(Message.conversation_id == conv.id, Message.role == Role.USER)
+                  .order_by(col(Message.seq).desc()).limit(1)).first()
+    origin = dict((last or {}).get("origin") or {})
     return {**origin, "channel": conv.channel, "chat_id": conv.chat_id}
 
 

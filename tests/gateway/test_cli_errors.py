@@ -79,3 +79,7 @@ def test_masked_hides_only_the_password() -> None:
     assert masked(f"redis://:{SECRET}@host:6379/1") == "redis://:***@host:6379/1"
     assert masked(f"postgresql+psycopg://me:{SECRET}@db:5432/x") == "postgresql+psycopg://me:***@db:5432/x"
     assert masked("redis://host:6379/0") == "redis://host:6379/0"
+    assert masked(f"postgresql://db/x?sslmode=require&password={SECRET}&PASSWORD={SECRET}") == (
+        "postgresql://db/x?sslmode=require&password=***&PASSWORD=***")
+    assert masked(f"postgresql://me@db/x?sslpassword={SECRET}&application_name=nf") == (
+        "postgresql://me@db/x?sslpassword=***&application_name=nf")

@@ -90,11 +90,12 @@ def test_new_summarises_and_starts_fresh(stack: Stack, api: Any, fake_llm: FakeL
 
     def summary() -> Message | None:
         with Session(get_engine(stack.settings.database_url)) as s:
-            return s.exec(select(Message).where(Message.type == MessageType.SUMMARY)).first()
+            found = s.exec(select(Message).where(Message.type == MessageType.SUMMARY)).first()
+            return found if found is not None and found.content else None
 
     wait_until(summary, timeout=30, message="the /new summary")
     api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "who am I?"})
-    sent = fake_llm.requests[-1]["messages"]
+    sent = _turn_request(fake_llm, "who am I?")
     assert not any(m["content"] == "my name is Ada" for m in sent)  # a fresh session...
     assert any("Summary of the earlier conversation" in str(m["content"]) for m in sent)  # ...that remembers
 
@@ -115,6 +116,43 @@ def test_new_waits_for_a_compaction_already_running(stack: Stack, api: Any) -> N
             return found if found is not None and found.meta.get("reset") else None
 
     wait_until(reset, timeout=30, message="the /new summary")
+
+
+def test_new_holds_from_the_next_message_and_its_summary_covers_only_what_came_before(
+        stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
+    """The next message after /new starts fresh however long the summary takes, and the summary
+    does not swallow the new session's first exchange. (The cut used to be made by the compaction
+    task: until it ran, the old history was still sent, and what it covered was whatever the
+    conversation held by then.)"""
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    chat = f"/api/v1/conversations/{cid}/chat"
+    api.post(chat, json={"message": "my name is Ada"})
+    with get_engine(stack.settings.database_url).connect() as other:  # the summary cannot be written yet
+        other.execute(text("select pg_advisory_xact_lock(hashtext(:c))"), {"c": cid})
+        api.post(chat, json={"message": "/new"})
+        assert api.post(chat, json={"message": "who am I?"}).json()["assistantMessage"] == "echo: who am I?"
+        other.rollback()
+    assert "my name is Ada" not in json.dumps(_turn_request(fake_llm, "who am I?"))
+
+    def written() -> Message | None:
+        with Session(get_engine(stack.settings.database_url)) as s:
+            found = s.exec(select(Message).where(Message.type == MessageType.SUMMARY)).first()
+            return found if found is not None and found.content and "summary_due" not in found.meta else None
+
+    summary = wait_until(written, timeout=30, message="the /new summary")
+    assert "my name is Ada" in summary.content and "who am I" not in summary.content
+    api.post(chat, json={"message": "and now?"})
+    sent = json.dumps(_turn_request(fake_llm, "and now?"))
+    assert "who am I?" in sent and "Summary of the earlier conversation" in sent and "my name is Ada" in sent
+
+
+def _turn_request(fake_llm: FakeLLM, text: str) -> list[dict[str, Any]]:
+    """The messages of the turn that answered `text` (not a compaction that quoted it)."""
+    with fake_llm.lock:
+        bodies = [b for b in fake_llm.requests if any(m.get("content") == text for m in b["messages"])]
+    assert bodies, f"no turn answered {text!r}"
+    messages: list[dict[str, Any]] = bodies[0]["messages"]
+    return messages
 
 
 def _retried(stack: Stack) -> bool:

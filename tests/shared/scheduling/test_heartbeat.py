@@ -74,6 +74,19 @@ def test_a_due_task_runs_and_reaches_the_latest_chat(core: Core, fake_llm: FakeL
     assert heartbeat.beat(rt, now, delivery="beat-1") == [] and fake_llm.calls() == calls  # a replay does nothing
 
 
+def test_the_result_goes_to_the_thread_the_chat_last_spoke_in_even_with_its_runs_pruned(core: Core) -> None:
+    """The thread comes from the chat's newest message, which retention keeps; it used to come from
+    its newest turn run, and with that pruned the result reached the channel but not the thread."""
+    stack, _, _ = core()
+    with db(stack) as s:
+        conv = conversations.get_or_create(s, session_key="slack:C1:t", channel="slack", chat_id="C1")
+        for thread in ("t1", "t2"):
+            s.add(Message(conversation_id=conv.id, role=Role.USER, content="hi", meta={"origin": {
+                "channel": "slack", "chat_id": "C1", "reply_meta": {"thread_ts": thread}}}))
+            s.flush()
+        assert heartbeat.target(s) == {"channel": "slack", "chat_id": "C1", "reply_meta": {"thread_ts": "t2"}}
+
+
 def test_a_skip_decision_costs_one_call_and_no_run(core: Core, fake_llm: FakeLLM) -> None:
     stack, rt, _ = core()
     (stack.workspace / "HEARTBEAT.md").write_text("- water the plants on Sundays\n")

@@ -1,0 +1,25 @@
+"""messages: a partial index of the /new summaries still to write
+
+Revision ID: 0005
+Revises: 0004
+Create Date: 2026-11-24 23:50:00
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0005"
+down_revision: str | None = "0004"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.create_index("ix_messages_summary_due", "messages", ["conversation_id"],
+                    postgresql_where=sa.text("type = 'SUMMARY' AND meta ? 'summary_due'"))
+
+
+def downgrade() -> None:
+    op.drop_index("ix_messages_summary_due", table_name="messages")

@@ -1,0 +1,119 @@
+"""/new on real Postgres, in-process: the cut is made at once, its summary is written by the
+compaction task whatever runs beside it, sent again by the sweep, and given up in the end."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlmodel import Session
+
+from shared.agent import conversations, memory, prompt
+from shared.agent.runtime import Runtime
+from shared.db import get_engine
+from shared.errors import Retryable
+from shared.llm import LLMError
+from shared.models import Message, Role, utcnow
+from tests.support.stack import Stack
+
+
+def _chat(rt: Runtime, exchanges: int) -> str:
+    with rt.session() as s:
+        cid = conversations.get_or_create(s, session_key=f"api:{utcnow().timestamp()}").id
+        for i in range(exchanges):
+            s.add(Message(conversation_id=cid, role=Role.USER, content=f"question {i}"))
+            s.add(Message(conversation_id=cid, role=Role.ASSISTANT, content=f"answer {i}"))
+    return cid
+
+
+def _summary(rt: Runtime, cid: str) -> Message:
+    with rt.session() as s:
+        found = prompt.latest_summary(s, cid)
+        assert found is not None
+        return found
+
+
+def _new(rt: Runtime, cid: str) -> None:
+    with rt.session() as s:
+        memory.start_over(s, cid)
+
+
+def test_an_automatic_compaction_overtaken_by_new_leaves_the_new_bounds(stack: Stack) -> None:
+    """A /new while an automatic compaction waits for its model: the compaction's result is dropped
+    (its write would have moved the cut back), and the /new summary then covers everything."""
+    rt = Runtime.build(stack.settings)
+    cid = _chat(rt, 30)  # 60 messages: 40 past the window of 20
+    complete = rt.llm.complete
+
+    def new_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        _new(rt, cid)
+        return complete(*args, **kwargs)
+
+    rt.llm.complete = new_meanwhile  # type: ignore[method-assign]
+    assert memory.compact(rt, cid) is False
+    due = _summary(rt, cid)
+    assert memory.DUE in due.meta and due.content == "" and due.meta[memory.FROM] == 0
+    rt.llm.complete = complete  # type: ignore[method-assign]
+    assert memory.compact(rt, cid, everything=True) is True
+    done = _summary(rt, cid)
+    assert memory.DUE not in done.meta and done.meta[prompt.COVERS] == due.meta[prompt.COVERS]
+    assert "answer 29" in done.content  # the fake's summary quotes the end of what it was given
+    assert memory.compact(rt, cid, everything=True) is False  # a second task finds nothing due
+
+
+def test_a_second_new_extends_the_due_summary(stack: Stack) -> None:
+    rt = Runtime.build(stack.settings)
+    cid = _chat(rt, 2)
+    _new(rt, cid)
+    first = _summary(rt, cid).meta
+    with rt.session() as s:
+        s.add(Message(conversation_id=cid, role=Role.USER, content="after the first /new"))
+    _new(rt, cid)
+    second = _summary(rt, cid).meta
+    assert second[memory.FROM] == first[memory.FROM] == 0 and second[prompt.COVERS] > first[prompt.COVERS]
+    assert second[memory.ASKED] == first[memory.ASKED]
+    assert memory.compact(rt, cid, everything=True) is True
+    done = _summary(rt, cid)
+    assert "after the first /new" in done.content and memory.DUE not in done.meta
+
+
+def test_a_new_summary_the_model_cannot_write_is_retried_then_given_up(stack: Stack) -> None:
+    rt = Runtime.build(stack.settings)
+    cid = _chat(rt, 2)
+    _new(rt, cid)
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise LLMError("the model is down", user_message="down")
+
+    rt.llm.complete = down  # type: ignore[method-assign]
+    with pytest.raises(Retryable):
+        memory.compact(rt, cid, everything=True)
+    with Session(get_engine(stack.settings.database_url)) as s:
+        summary = s.get_one(Message, _summary(rt, cid).id)
+        summary.meta = {**summary.meta, memory.ASKED: (utcnow() - memory.GIVE_UP - timedelta(minutes=1)).isoformat()}
+        s.add(summary)
+        s.commit()
+    assert memory.compact(rt, cid, everything=True) is False
+    given_up = _summary(rt, cid)
+    assert memory.DUE not in given_up.meta and given_up.content == ""
+    with rt.session() as s:  # the cut stays: the new session does not see the old messages
+        assert prompt.window(s, cid, 20, prompt.covered(given_up)) == []
+
+
+def test_the_sweep_resends_a_due_summary_once_per_grace_and_not_while_one_is_written(stack: Stack) -> None:
+    rt = Runtime.build(stack.settings)
+    cid = _chat(rt, 1)
+    _new(rt, cid)
+    assert memory.resend_summaries(rt) == []  # just sent by /new itself
+    with Session(get_engine(stack.settings.database_url)) as s:
+        s.execute(text("update messages set meta = jsonb_set(meta, '{summary_due}',"
+                       " to_jsonb(now() - interval '1 hour')) where type = 'SUMMARY'"))
+        s.commit()
+    with get_engine(stack.settings.database_url).connect() as other:  # a compaction is writing it
+        other.execute(text("select pg_advisory_xact_lock(hashtext(:c))"), {"c": cid})
+        assert memory.resend_summaries(rt) == []
+        other.rollback()
+    assert memory.resend_summaries(rt) == [cid]
+    assert memory.resend_summaries(rt) == []  # stamped: left alone for another grace
