@@ -37,6 +37,7 @@ class InboundMessage(BaseModel):
     session_key: str = ""  # defaults to "<channel>:<chat_id>"; Slack threads use their own
     reply_meta: dict[str, Any] = Field(default_factory=dict)  # what a reply needs (thread ts...)
     sender_name: str | None = None
+    group: bool = False  # a chat of several people: the model is told who wrote each message
 
     def key(self) -> str:
         return self.session_key or f"{self.channel}:{self.chat_id}"

@@ -114,10 +114,14 @@ def _with_own_run(s: Session, run: Run, history: list[Message]) -> list[Message]
 
 
 def to_llm(msg: Message) -> dict[str, Any]:
-    """A stored message as an OpenAI-style chat message."""
+    """A stored message as an OpenAI-style chat message; in a group chat, a user's message says who
+    wrote it."""
     if msg.role == Role.TOOL:
         return {"role": "tool", "tool_call_id": msg.tool_call_id, "name": msg.tool_name, "content": msg.content}
     out: dict[str, Any] = {"role": msg.role.value.lower(), "content": msg.content}
+    origin = msg.meta.get("origin") or {} if msg.role == Role.USER else {}
+    if origin.get("group"):
+        out["content"] = f"[{sender(origin)}]: {msg.content}"
     if msg.role == Role.ASSISTANT and msg.tool_calls:
         out["tool_calls"] = msg.tool_calls
         out["content"] = msg.content or None
@@ -133,7 +137,15 @@ def runtime_context(run: Run, now: datetime | None = None) -> dict[str, Any]:
         f"channel: {origin.get('channel', 'api')}",
         f"chat_id: {origin.get('chat_id', '')}",
     ]
+    if origin.get("sender_id"):
+        lines.append(f"sender: {sender(origin)}" + (" (a group chat)" if origin.get("group") else ""))
     return {"role": "user", "content": "\n".join(lines)}
+
+
+def sender(origin: dict[str, Any]) -> str:
+    """Who wrote a message from a chat: name and platform id, or the id."""
+    name, sender_id = origin.get("sender_name"), origin.get("sender_id", "")
+    return f"{name} ({sender_id})" if name else str(sender_id)
 
 
 def build(s: Session, settings: Settings, run: Run) -> list[dict[str, Any]]:

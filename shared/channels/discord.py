@@ -72,7 +72,8 @@ class DiscordChannel(BaseChannel):
             return Parsed(response=_ephemeral("Ask me something: `/ask question: ...`"), event_id=iid)
         meta = {"interaction_token": token, "application_id": str(payload.get("application_id") or "")}
         msg = InboundMessage(channel=self.name, chat_id=channel, sender_id=str(user["id"]), content=text,
-                             event_id=iid, reply_meta=meta, sender_name=user.get("username"))
+                             event_id=iid, reply_meta=meta, sender_name=user.get("username"),
+                             group="guild_id" in payload)
         return Parsed(messages=[msg], response={"type": DEFERRED}, event_id=iid,
                       denied_response=_ephemeral("Sorry, you are not allowed to use this bot."))
 

@@ -117,7 +117,8 @@ class FeishuChannel(BaseChannel):
             if isinstance(mention, dict) and isinstance(mention.get("key"), str):
                 text = text.replace(mention["key"], "")
         return InboundMessage(channel=self.name, chat_id=chat_id, sender_id=open_id, content=text.strip(),
-                              event_id=event_id, reply_meta={"message_id": msg.get("message_id")})
+                              event_id=event_id, reply_meta={"message_id": msg.get("message_id")},
+                              group=msg.get("chat_type") == "group")
 
     # ------------------------------------------------------------------ outbound
 

@@ -71,7 +71,8 @@ def _one(rt: Runtime, s: Session, ch: Channel, msg: InboundMessage, out: Ingeste
     cid = conversations.find(s, msg.key()) or \
         conversations.get_or_create(s, session_key=msg.key(), channel=msg.channel, chat_id=msg.chat_id).id
     origin = {"channel": msg.channel, "chat_id": msg.chat_id, "sender_id": msg.sender_id,
-              "event_id": msg.event_id, "reply_meta": msg.reply_meta}
+              "event_id": msg.event_id, "reply_meta": msg.reply_meta,
+              **({"sender_name": msg.sender_name} if msg.sender_name else {}), **({"group": True} if msg.group else {})}
     sub = submit(rt, s, cid, msg.content, origin=origin)
     out.submitted.append(sub)
     out.nexts += sub.nexts

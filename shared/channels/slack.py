@@ -78,7 +78,7 @@ class SlackChannel(BaseChannel):
             root = str(thread or ts)
             session_key, reply_meta = f"slack:{channel}:{root}", {"thread_ts": root}
         return InboundMessage(channel=self.name, chat_id=channel, sender_id=user, content=_strip(text, bot_user),
-                              event_id=event_id, session_key=session_key, reply_meta=reply_meta)
+                              event_id=event_id, session_key=session_key, reply_meta=reply_meta, group=not dm)
 
     # ------------------------------------------------------------------ outbound
 

@@ -67,7 +67,7 @@ class TelegramChannel(BaseChannel):
         return InboundMessage(
             channel=self.name, chat_id=str(chat["id"]), sender_id=str(sender["id"]),
             content=_with_quote(msg, self._strip_mention(text)), event_id=update_id, session_key=session_key,
-            reply_meta=reply_meta, sender_name=sender.get("username") or sender.get("first_name"),
+            reply_meta=reply_meta, sender_name=sender.get("username") or sender.get("first_name"), group=group,
         )
 
     def _addressed(self, msg: dict[str, Any], text: str) -> bool:

@@ -39,10 +39,14 @@ class Reply:
     raw: dict[str, Any] | None = None  # answered as it is, instead of a completion built from the above
 
 
+SENDER_RE = re.compile(r"^\[[^\]\n]*\]: ")  # "[alice (42)]: ", who wrote a message in a group chat
+
+
 def last_user_text(messages: list[dict[str, Any]]) -> str:
+    """The newest user message's text, without the sender a group chat's messages start with."""
     for m in reversed(messages):
         if m.get("role") == "user" and not str(m.get("content", "")).startswith("[runtime context"):
-            return str(m.get("content") or "")
+            return SENDER_RE.sub("", str(m.get("content") or ""), count=1)
     return ""
 
 

@@ -239,6 +239,12 @@ def test_telegram_group_mentions_typing_and_commands(channels: ChannelStack, fak
     [call] = tg.sent(group)
     assert call.body["text"] == "echo: sleep:0.6 ping"
     assert call.body["reply_parameters"]["message_id"] == mention["message"]["message_id"]
+    with fake_llm.lock:  # the model is told who spoke in the group
+        [asked] = [b["messages"] for b in fake_llm.requests if "sleep:0.6 ping" in json.dumps(b)]
+    sender = mention["message"]["from"]
+    name = f"{sender.get('username') or sender['first_name']} (1001)"
+    assert {"role": "user", "content": f"[{name}]: sleep:0.6 ping"} in asked
+    assert f"sender: {name} (a group chat)" in asked[-1]["content"]
     assert any(c.op == "sendChatAction" and c.body["chat_id"] == group for c in tg.calls)
     assert channels.scalar("select count(*) from messages where content = 'just chatting'") == 0
     chat = d.new_chat()

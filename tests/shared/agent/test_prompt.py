@@ -72,6 +72,19 @@ def test_system_prompt_is_stable_and_reads_workspace_files(tmp_path) -> None:  #
     assert prompt.system_prompt(settings) == first
 
 
+def test_in_a_group_chat_the_model_is_told_who_wrote_each_message() -> None:
+    group = {"channel": "telegram", "chat_id": "-7", "sender_id": "42", "sender_name": "ann", "group": True}
+    assert prompt.to_llm(Message(conversation_id="c", role=Role.USER, content="deploy it",
+                                 meta={"origin": group}))["content"] == "[ann (42)]: deploy it"
+    direct = {"channel": "telegram", "chat_id": "42", "sender_id": "42", "sender_name": "ann"}
+    assert prompt.to_llm(Message(conversation_id="c", role=Role.USER, content="hi",
+                                 meta={"origin": direct}))["content"] == "hi"  # a DM: nobody else speaks
+    assert prompt.to_llm(Message(conversation_id="c", role=Role.USER, content="hi"))["content"] == "hi"  # the API
+    context = prompt.runtime_context(Run(conversation_id="c", origin=group))["content"]
+    assert "sender: ann (42) (a group chat)" in context
+    assert "sender" not in prompt.runtime_context(Run(conversation_id="c", origin={}))["content"]
+
+
 def test_pending_messages_stay_out_until_folded(session: Session) -> None:
     conv = conversations.get_or_create(session, session_key="t:3")
     posted = conversations.post_message(session, conv.id, "hi", origin={}, lease_seconds=5)

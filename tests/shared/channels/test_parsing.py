@@ -41,6 +41,7 @@ def test_telegram_text_captions_replies_groups_and_topics() -> None:
     tg, ch = FakeTelegram("1:t", "s"), TelegramChannel(S)
     [msg] = ch.parse({}, body(tg.update(chat=5, sender=1, text="hi", update_id=42))).messages
     assert (msg.chat_id, msg.sender_id, msg.event_id, msg.key(), msg.reply_meta) == ("5", "1", "42", "telegram:5", {})
+    assert not msg.group
     captioned = tg.update(chat=5, sender=1, text="", caption="look at this")
     assert ch.parse({}, body(captioned)).messages[0].content == "look at this"
     reply = tg.update(chat=5, sender=1, text="why?", reply_to_message={"text": "the sky is blue\nsays me"})
@@ -50,7 +51,7 @@ def test_telegram_text_captions_replies_groups_and_topics() -> None:
     mention = tg.update(chat=-7, sender=1, text="@NanoFleet_Bot what time is it", chat_type="supergroup",
                         is_topic_message=True, message_thread_id=9)
     [msg] = ch.parse({}, body(mention)).messages
-    assert msg.content == "what time is it" and msg.key() == "telegram:-7:9"
+    assert msg.content == "what time is it" and msg.key() == "telegram:-7:9" and msg.group
     assert msg.reply_meta == {"reply_to_message_id": mention["message"]["message_id"], "message_thread_id": 9}
     assert ch.parse({}, body({"update_id": 3, "edited_message": {"text": "x"}})).messages == []
     assert malformed(ch.parse, {"update_id": 1, "message": {"text": "no chat"}}) == 400
@@ -68,11 +69,11 @@ def test_slack_dms_mentions_threads_and_what_is_ignored() -> None:
     sl, ch = FakeSlack("x", "s"), SlackChannel(S)
     dm = sl.event(channel="D1", user="U1", text="hello", event_id="Ev1", kind="message")
     [msg] = ch.parse({}, body(dm)).messages
-    assert (msg.key(), msg.reply_meta, msg.content) == ("slack:D1", {}, "hello")
+    assert (msg.key(), msg.reply_meta, msg.content, msg.group) == ("slack:D1", {}, "hello", False)
     mention = sl.event(channel="C1", user="U1", text="<@UBOT0001> summarise <@U2>'s idea", event_id="Ev2")
     [msg] = ch.parse({}, body(mention)).messages
     root = mention["event"]["ts"]
-    assert (msg.key(), msg.reply_meta) == (f"slack:C1:{root}", {"thread_ts": root})
+    assert (msg.key(), msg.reply_meta, msg.group) == (f"slack:C1:{root}", {"thread_ts": root}, True)
     assert msg.content == "summarise <@U2>'s idea"
     threaded = sl.event(channel="C1", user="U1", text="<@UBOT0001> more", event_id="Ev3", thread_ts="1.5")
     assert ch.parse({}, body(threaded)).messages[0].key() == "slack:C1:1.5"
@@ -122,12 +123,14 @@ def test_feishu_decrypts_and_keeps_only_text_addressed_to_the_bot() -> None:
     assert decrypt(encrypt(b'{"a": 1}', "k"), "k") == b'{"a": 1}'
     raw, _ = fs.signed(fs.event(chat="oc_1", sender="ou_1", text="hi there", event_id="ev1"))
     [msg] = ch.parse({}, raw).messages
-    assert (msg.chat_id, msg.sender_id, msg.content, msg.event_id) == ("oc_1", "ou_1", "hi there", "ev1")
+    assert (msg.chat_id, msg.sender_id, msg.content, msg.event_id, msg.group) == ("oc_1", "ou_1", "hi there", "ev1",
+                                                                                  False)
     group = fs.event(chat="oc_2", sender="ou_1", text="no mention", event_id="ev2", chat_type="group")
     assert ch.parse({}, fs.signed(group)[0]).messages == []
     group["event"]["message"].update(mentions=[{"key": "@_user_1", "name": "bot"}],
                                      content=json.dumps({"text": "@_user_1 do it"}))
-    assert ch.parse({}, fs.signed(group)[0]).messages[0].content == "do it"
+    [addressed] = ch.parse({}, fs.signed(group)[0]).messages
+    assert addressed.content == "do it" and addressed.group
     image = fs.event(chat="oc_1", sender="ou_1", text="x", event_id="ev3")
     image["event"]["message"]["message_type"] = "image"
     assert ch.parse({}, fs.signed(image)[0]).messages == []
@@ -146,6 +149,8 @@ def test_discord_ping_commands_and_usage() -> None:
     [msg] = parsed.messages
     assert (msg.content, msg.sender_id, msg.reply_meta) == ("why?", "7", {"interaction_token": "tok",
                                                                           "application_id": "APP"})
+    assert not msg.group  # a DM with the app; in a server channel it is a group chat
+    assert ch.parse({}, body({**command, "guild_id": "G1"})).messages[0].group
     empty = {**command, "data": {"name": "ask"}}
     assert ch.parse({}, body(empty)).response["type"] == 4  # type: ignore[index]
     assert ch.parse({}, body({"type": 3})).messages == []
