@@ -115,8 +115,11 @@ class Message(SQLModel, table=True):
     """One message of a conversation. A USER message with pending=True waits in the mailbox."""
 
     __tablename__ = "messages"
-    # The summaries a /new still waits for (the sweep looks every second): a handful of rows at most.
+    # A conversation's latest summary, found at once however long its history (every turn looks);
+    # the summaries a /new still waits for (the sweep looks every second): a handful of rows at most.
     __table_args__ = (Index("ix_messages_conv_seq", "conversation_id", "seq"),
+                      Index("ix_messages_summaries", "conversation_id", "seq",
+                            postgresql_where=text("type = 'SUMMARY'")),
                       Index("ix_messages_summary_due", "conversation_id",
                             postgresql_where=text("type = 'SUMMARY' AND meta ? 'summary_due'")))
     id: int | None = Field(default=None, sa_column=Column(BigInteger, Identity(), primary_key=True))

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 RESERVE_TOKENS = 4096  # room for the answer
 TRIM_CHARS = 2000
+CHARS_PER_TOKEN = 4  # about, in English: a first guess the tokenizer then checks
 # A /new's summary row, until its summary is written: when its task was last sent (the sweep's cue),
 # the end of the previous summary, and when /new was asked (the model is given GIVE_UP to answer).
 DUE, FROM, ASKED = "summary_due", "summary_from", "summary_asked"
@@ -44,7 +45,8 @@ def _normal_after(s: Session, conversation_id: str, after_seq: Any) -> Any:
 
 
 def needs_compaction(s: Session, conversation_id: str, settings: MemorySettings) -> bool:
-    """More NORMAL messages than `compact_after` since the latest summary (one query)."""
+    """More NORMAL messages than `compact_after` since the latest summary (one query, which
+    counts no further than that: a long uncompacted history costs no more than a short one)."""
     latest = (
         select(cast(Message.meta[prompt.COVERS].astext, BigInteger))
         .where(Message.conversation_id == conversation_id, *prompt.IS_SUMMARY)
@@ -53,7 +55,8 @@ def needs_compaction(s: Session, conversation_id: str, settings: MemorySettings)
         .scalar_subquery()
     )
     covered = func.coalesce(latest, 0)
-    count = s.exec(select(func.count()).select_from(_normal_after(s, conversation_id, covered).subquery())).one()
+    newer = _normal_after(s, conversation_id, covered).with_only_columns(Message.id).limit(settings.compact_after + 1)
+    count = s.exec(select(func.count()).select_from(newer.subquery())).one()
     return int(count) > settings.compact_after
 
 
@@ -97,12 +100,9 @@ def compact(rt: Runtime, conversation_id: str, *, everything: bool = False, keep
             old = _past_window(rt, s, conversation_id, summary, keep)
         if not old:
             return False
-        transcript = "\n".join(f"{m.role.value}: {m.content[:TRIM_CHARS]}" for m in old if m.content)
         previous = f"Previous summary:\n{summary.content}\n" if summary and summary.content else ""
         try:
-            response = rt.llm.complete(
-                [{"role": "user", "content": SUMMARY_PROMPT.format(previous=previous, transcript=transcript)}]
-            )
+            response = rt.llm.complete([_summary_request(rt, conversation_id, previous, old)])
         except LLMError as err:  # an automatic compaction comes again with the next turn
             if everything:
                 return _failed_reset(s, conversation_id, summary, err)
@@ -112,6 +112,29 @@ def compact(rt: Runtime, conversation_id: str, *, everything: bool = False, keep
             return False
         log.info("compacted %d messages of %s", len(old), conversation_id)
         return True
+
+
+def _summary_request(rt: Runtime, conversation_id: str, previous: str, old: list[Message]) -> dict[str, Any]:
+    """The request for a summary of `old`, cut to the newest messages that fit the model's context
+    window: a backlog (compactions that failed for a while, a small local model) would otherwise be
+    refused every time, and the summary never move on. What is cut is left out of the summary."""
+    profile = rt.llm.profile(None)
+    budget = profile.context_window - (profile.max_tokens or RESERVE_TOKENS)
+    lines = [f"{m.role.value}: {m.content[:TRIM_CHARS]}" for m in old if m.content]
+
+    def request(kept: list[str]) -> dict[str, Any]:
+        return {"role": "user", "content": SUMMARY_PROMPT.format(previous=previous, transcript="\n".join(kept))}
+
+    start, size = len(lines), len(SUMMARY_PROMPT) + len(previous)
+    while start > 0 and size + len(lines[start - 1]) + 1 <= budget * CHARS_PER_TOKEN:  # a first guess...
+        start -= 1
+        size += len(lines[start]) + 1
+    while start < len(lines) - 1 and rt.llm.count_tokens([request(lines[start:])]) > budget:  # ...made sure of
+        start += max(1, (len(lines) - start) // 10)
+    if start:
+        log.warning("summary of %s: the %d oldest of %d messages do not fit the model's context window and are "
+                    "left out", conversation_id, start, len(lines))
+    return request(lines[start:])
 
 
 def _store(s: Session, conversation_id: str, content: str, covers: int, seen: tuple[int | None, Any] | None) -> bool:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Integer, bindparam
+from sqlalchemy import Integer, bindparam, literal_column
 from sqlmodel import Session, col, select
 
 from shared.models import Message, MessageType, Role, Run, RunKind
@@ -54,8 +54,10 @@ def system_prompt(settings: Settings, kind: RunKind = RunKind.TURN) -> str:
 
 # The hot path's statements are built once; only their parameters change (building costs more than running).
 COVERS = "covers_until_seq"  # a compaction summary's meta: the last seq it stands for
-# A compaction summary (daily summaries, marked `daily_summary` in meta, are records, not memory)
-IS_SUMMARY = (Message.type == MessageType.SUMMARY, ~col(Message.meta).op("?")("daily_summary"))
+# A compaction summary (daily summaries, marked `daily_summary` in meta, are records, not memory). The
+# type is a literal, not a parameter, so that Postgres can use the partial index of summaries
+# (ix_messages_summaries) in a prepared statement's generic plan too.
+IS_SUMMARY = (col(Message.type) == literal_column("'SUMMARY'"), ~col(Message.meta).op("?")("daily_summary"))
 _SUMMARY = (
     select(Message)
     .where(Message.conversation_id == bindparam("cid"), *IS_SUMMARY)

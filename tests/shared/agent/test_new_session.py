@@ -3,6 +3,7 @@ compaction task whatever runs beside it, sent again by the sweep, and given up i
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -16,6 +17,7 @@ from shared.db import get_engine
 from shared.errors import Retryable
 from shared.llm import LLMError
 from shared.models import Message, Role, utcnow
+from tests.fakes.llm import FakeLLM
 from tests.support.stack import Stack
 
 
@@ -117,3 +119,25 @@ def test_the_sweep_resends_a_due_summary_once_per_grace_and_not_while_one_is_wri
         other.rollback()
     assert memory.resend_summaries(rt) == [cid]
     assert memory.resend_summaries(rt) == []  # stamped: left alone for another grace
+
+
+def test_a_backlog_too_long_for_the_model_is_summarised_from_its_newest_part(
+        stack: Stack, fake_llm: FakeLLM) -> None:
+    """Compactions that failed for a while, or a small model, leave more history than one request
+    can hold: the summary request is cut to what fits the context window (it was sent whole, refused
+    by the provider after every turn, and the summary never moved on)."""
+    llm = stack.settings.llm.model_copy(update={"context_window": 3000, "max_tokens": 500})
+    rt = Runtime.build(stack.settings.model_copy(update={"llm": llm}))
+    with rt.session() as s:
+        cid = conversations.get_or_create(s, session_key="api:backlog").id
+        for i in range(150):
+            s.add(Message(conversation_id=cid, role=Role.USER, content=f"note {i}: " + "words " * 150))
+    assert memory.compact(rt, cid) is True
+    with fake_llm.lock:
+        [request] = [b["messages"] for b in fake_llm.requests if "Summarise the conversation" in json.dumps(b)]
+    assert rt.llm.count_tokens(request) <= 2500
+    sent = request[0]["content"]
+    assert "note 129:" in sent and "note 0:" not in sent  # the newest of what the window no longer shows
+    summary = _summary(rt, cid)
+    with rt.session() as s:
+        assert summary.meta[prompt.COVERS] == prompt.window(s, cid, 21)[0].seq  # all 130 are behind it

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sqlalchemy import text
+from sqlalchemy.dialects import postgresql
 from sqlmodel import Session
 
 from shared.agent import conversations, prompt
@@ -83,6 +85,21 @@ def test_in_a_group_chat_the_model_is_told_who_wrote_each_message() -> None:
     context = prompt.runtime_context(Run(conversation_id="c", origin=group))["content"]
     assert "sender: ann (42) (a group chat)" in context
     assert "sender" not in prompt.runtime_context(Run(conversation_id="c", origin={}))["content"]
+
+
+def test_the_latest_summary_is_found_through_its_index_even_in_a_generic_plan(session: Session) -> None:
+    """Every turn looks up the latest summary; walking a long history back to it (or scanning the
+    table) cost hundreds of ms per turn in a 100k-message conversation. The partial index of
+    summaries must serve the query also once the driver prepares it (a generic plan knows no
+    parameter values, so the summary type has to be a literal of the query)."""
+    compiled = prompt._SUMMARY.compile(dialect=postgresql.dialect(paramstyle="numeric_dollar"))
+    values = {**compiled.params, "cid": "c1"}
+    args = ", ".join(f"'{values[name]}'" for name in compiled.positiontup or [])
+    session.execute(text("set local plan_cache_mode = force_generic_plan"))
+    session.execute(text("set local enable_seqscan = off"))
+    session.execute(text(f"prepare latest as {compiled}"))
+    plan = "\n".join(session.execute(text(f"explain execute latest({args})")).scalars())
+    assert "ix_messages_summaries" in plan, plan
 
 
 def test_pending_messages_stay_out_until_folded(session: Session) -> None:

@@ -1,4 +1,5 @@
-"""messages: a partial index of the /new summaries still to write
+"""messages: partial indexes of the summaries (a conversation's latest, found without walking its
+history) and of the /new summaries still to write
 
 Revision ID: 0005
 Revises: 0004
@@ -17,9 +18,12 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    op.create_index("ix_messages_summaries", "messages", ["conversation_id", "seq"],
+                    postgresql_where=sa.text("type = 'SUMMARY'"))
     op.create_index("ix_messages_summary_due", "messages", ["conversation_id"],
                     postgresql_where=sa.text("type = 'SUMMARY' AND meta ? 'summary_due'"))
 
 
 def downgrade() -> None:
     op.drop_index("ix_messages_summary_due", table_name="messages")
+    op.drop_index("ix_messages_summaries", table_name="messages")
