@@ -38,6 +38,9 @@ class InboundMessage(BaseModel):
     reply_meta: dict[str, Any] = Field(default_factory=dict)  # what a reply needs (thread ts...)
     sender_name: str | None = None
     group: bool = False  # a chat of several people: the model is told who wrote each message
+    # What a person sent that has no text for the model ("a voice message"): answered with a notice
+    # that says so, without an LLM call, instead of silence.
+    unsupported: str | None = None
 
     def key(self) -> str:
         return self.session_key or f"{self.channel}:{self.chat_id}"

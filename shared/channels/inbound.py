@@ -22,6 +22,7 @@ from shared.models import InboundEvent, utcnow
 from shared.outbox import add_reply
 
 log = logging.getLogger(__name__)
+UNSUPPORTED = "Sorry, I can only read text for now, not {what}. Could you write it out?"
 
 
 LEDGER = table_of(InboundEvent)
@@ -68,6 +69,10 @@ def _one(rt: Runtime, s: Session, ch: Channel, msg: InboundMessage, out: Ingeste
         log.info("%s: sender %s is not in allow_from; ignored", msg.channel, msg.sender_id)
         return
     out.accepted += 1
+    if msg.unsupported:
+        out.nexts += add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel,
+                               chat_id=msg.chat_id, text=UNSUPPORTED.format(what=msg.unsupported), meta=msg.reply_meta)
+        return
     cid = conversations.find(s, msg.key()) or \
         conversations.get_or_create(s, session_key=msg.key(), channel=msg.channel, chat_id=msg.chat_id).id
     origin = {"channel": msg.channel, "chat_id": msg.chat_id, "sender_id": msg.sender_id,

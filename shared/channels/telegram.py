@@ -16,6 +16,10 @@ from shared.settings import Settings
 
 SECRET_HEADER = "x-telegram-bot-api-secret-token"
 GROUPS = ("group", "supergroup")
+# Messages without text a person sends in a private chat (service messages are not answered)
+MEDIA = {"voice": "a voice message", "audio": "an audio file", "video_note": "a video message",
+         "video": "a video", "photo": "a photo", "document": "a file", "sticker": "a sticker",
+         "location": "a location", "contact": "a contact", "poll": "a poll"}
 QUOTE_CHARS = 500
 COMMAND = re.compile(r"/\w+(?:@(\w+))?(?![\w@])")  # /cmd or /cmd@bot_username
 
@@ -57,7 +61,13 @@ class TelegramChannel(BaseChannel):
             raise WebhookError(400, "message without chat or sender")
         text = msg.get("text") or msg.get("caption")
         group = chat.get("type") in GROUPS
-        if not isinstance(text, str) or (group and not self._addressed(msg, text)):
+        if not isinstance(text, str):
+            kind = next((label for key, label in MEDIA.items() if key in msg), None)
+            if group or kind is None:
+                return None  # in groups nothing without text is addressed to the bot
+            return InboundMessage(channel=self.name, chat_id=str(chat["id"]), sender_id=str(sender["id"]),
+                                  content="", event_id=update_id, unsupported=kind)
+        if group and not self._addressed(msg, text):
             return None
         reply_meta: dict[str, Any] = {"reply_to_message_id": msg.get("message_id")} if group else {}
         session_key = ""

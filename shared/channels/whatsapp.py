@@ -21,6 +21,9 @@ MAX_AGE = 7 * 24 * 3600  # seconds
 # Graph API error codes that mean "slow down", and how long to wait (seconds).
 THROTTLED = {4: 60.0, 80007: 60.0, 130429: 1.0, 131056: 6.0}
 CAPTIONED = ("image", "video", "document")
+# Messages without text a person sends (reactions and system messages are not answered)
+MEDIA = {"audio": "a voice message", "image": "a photo", "video": "a video", "document": "a file",
+         "sticker": "a sticker", "location": "a location", "contacts": "a contact"}
 
 
 class WhatsAppChannel(BaseChannel):
@@ -73,10 +76,11 @@ class WhatsAppChannel(BaseChannel):
             if _stale(m.get("timestamp")):
                 log.warning("whatsapp: message %s was sent more than 7 days ago; ignored as a replay", wamid)
                 continue
-            if text:
-                out.append(InboundMessage(channel=self.name, chat_id=sender, sender_id=sender, content=text,
+            kind = None if text else MEDIA.get(str(m.get("type")))
+            if text or kind:
+                out.append(InboundMessage(channel=self.name, chat_id=sender, sender_id=sender, content=text or "",
                                           event_id=wamid, reply_meta={"reply_to": wamid},
-                                          sender_name=names.get(sender)))
+                                          sender_name=names.get(sender), unsupported=kind))
         return out
 
     # ------------------------------------------------------------------ outbound

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from shared.agent.service import HELP
+from shared.channels.inbound import UNSUPPORTED
 from tests.fakes.llm import FakeLLM
 from tests.support.platforms import DRIVERS, ChannelStack, llm_requests_with
 from tests.support.processes import wait_until
@@ -252,6 +253,28 @@ def test_telegram_group_mentions_typing_and_commands(channels: ChannelStack, fak
     channels.settled(chat)
     assert d.replies(chat) == [HELP.replace("<", "&lt;").replace(">", "&gt;")]
     assert llm_requests_with(fake_llm, "/help") == 0
+
+
+def test_a_voice_message_or_photo_gets_a_notice_and_no_llm_call(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    """Without text for the model, a person in a private chat is told so, once, instead of silence."""
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    chat = d.new_chat()
+    voice = tg.signed(tg.update(chat=int(chat), sender=int(d.allowed), text="", voice={"file_id": "v1", "duration": 3}))
+    for _ in range(2):  # and Telegram's retry of it
+        assert channels.post("telegram", voice).status_code == 200
+    channels.settled(chat)
+    assert d.replies(chat) == [UNSUPPORTED.format(what="a voice message")]
+    wa, w = channels.fakes["whatsapp"], channels.driver("whatsapp")
+    number = w.new_chat()
+    photo = wa.event(sender=number, text="", wamid=f"wamid.{marker()}")
+    photo["entry"][0]["changes"][0]["value"]["messages"][0].update(type="image", image={"id": "m1"})
+    del photo["entry"][0]["changes"][0]["value"]["messages"][0]["text"]
+    assert channels.post("whatsapp", wa.signed(photo)).status_code == 200
+    channels.settled(number)
+    assert w.replies(number)[-1] == UNSUPPORTED.format(what="a photo")
+    assert channels.scalar("select count(*) from runs r join conversations c on c.id = r.conversation_id "
+                           "where c.chat_id in (:a, :b)", a=chat, b=number) == 0
+    assert fake_llm.calls() == 0
 
 
 def test_telegram_typing_for_a_turn_started_from_the_mailbox(channels: ChannelStack, fake_llm: FakeLLM) -> None:

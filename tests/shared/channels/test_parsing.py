@@ -54,6 +54,12 @@ def test_telegram_text_captions_replies_groups_and_topics() -> None:
     assert msg.content == "what time is it" and msg.key() == "telegram:-7:9" and msg.group
     assert msg.reply_meta == {"reply_to_message_id": mention["message"]["message_id"], "message_thread_id": 9}
     assert ch.parse({}, body({"update_id": 3, "edited_message": {"text": "x"}})).messages == []
+    [voice] = ch.parse({}, body(tg.update(chat=5, sender=1, text="", voice={"file_id": "v"}))).messages
+    assert (voice.content, voice.unsupported) == ("", "a voice message")
+    in_group = tg.update(chat=-7, sender=1, text="", photo=[{"file_id": "p"}], chat_type="group")
+    assert ch.parse({}, body(in_group)).messages == []  # nothing without text is addressed to the bot there
+    joined = tg.update(chat=5, sender=1, text="", new_chat_members=[{"id": 2}])
+    assert ch.parse({}, body(joined)).messages == []  # service messages get no answer
     assert malformed(ch.parse, {"update_id": 1, "message": {"text": "no chat"}}) == 400
     assert malformed(ch.parse, {"message": {}}) == 400
     assert malformed(ch.parse, [1, 2]) == 400
@@ -92,10 +98,12 @@ def test_whatsapp_messages_captions_statuses_and_handshake() -> None:
     value = payload["entry"][0]["changes"][0]["value"]
     value["messages"].append({"from": "155502", "id": "wamid.2", "type": "image", "image": {"caption": "a cat"}})
     value["messages"].append({"from": "155503", "id": "wamid.3", "type": "sticker", "sticker": {}})
+    value["messages"].append({"from": "155503", "id": "wamid.4", "type": "reaction", "reaction": {"emoji": "+1"}})
     value["statuses"] = [{"id": "wamid.out", "status": "read"}]
     parsed = ch.parse({}, body(payload))
-    assert [(m.chat_id, m.content, m.event_id, m.sender_name) for m in parsed.messages] == [
-        ("155501", "hola", "wamid.1", "Ann"), ("155502", "a cat", "wamid.2", None)]
+    assert [(m.chat_id, m.content, m.event_id, m.sender_name, m.unsupported) for m in parsed.messages] == [
+        ("155501", "hola", "wamid.1", "Ann", None), ("155502", "a cat", "wamid.2", None, None),
+        ("155503", "", "wamid.3", None, "a sticker")]  # a reaction gets no answer
     assert parsed.undelivered == {}
     failed = ch.parse({}, body(wa.status(recipient="155501", wamid="wamid.out7", status="failed")))
     assert failed.messages == []
