@@ -69,8 +69,9 @@ class SlackChannel(BaseChannel):
         text, channel, user, ts = event.get("text"), event.get("channel"), event.get("user"), event.get("ts")
         if not (isinstance(text, str) and isinstance(channel, str) and isinstance(user, str) and isinstance(ts, str)):
             raise WebhookError(400, "message event without text, channel, user or ts")
-        if not text.strip():
-            return None  # a file shared without a word: nothing to answer
+        if not text.strip():  # a file shared without a word: in a DM, say it cannot be read
+            return InboundMessage(channel=self.name, chat_id=channel, sender_id=user, content="", event_id=event_id,
+                                  unsupported="a file") if dm and subtype == "file_share" else None
         thread = event.get("thread_ts")
         if dm and not thread:  # a plain DM: the conversation is the DM itself
             session_key, reply_meta = f"slack:{channel}", {}

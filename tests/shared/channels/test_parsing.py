@@ -213,7 +213,8 @@ def test_slack_keeps_user_messages_with_a_subtype_and_drops_the_rest() -> None:
         dropped = sl.event(channel="D1", user="U1", text="x", event_id="Ev3", kind="message", subtype=subtype)
         assert ch.parse({}, body(dropped)).messages == [], subtype
     only_a_file = sl.event(channel="D1", user="U1", text="", event_id="Ev4", kind="message", subtype="file_share")
-    assert ch.parse({}, body(only_a_file)).messages == []  # nothing to answer
+    [notice] = ch.parse({}, body(only_a_file)).messages  # no text for the model: the sender is told so
+    assert (notice.content, notice.unsupported) == ("", "a file")
     own = sl.event(channel="D1", user="U1", text="x", event_id="Ev5", kind="message", subtype="file_share",
                    bot_id="B1")
     assert ch.parse({}, body(own)).messages == []
