@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -12,6 +12,9 @@ from gateway.cli_channels import app as channels_app
 from gateway.cli_cron import app as cron_app
 from shared.constants import QUEUES, REDBEAT_PREFIX
 from shared.settings import Settings, SettingsError, get_settings
+
+if TYPE_CHECKING:
+    from shared.migrate import MigrationBlocked, UnknownRevision
 
 POOLS = ("threads", "prefork", "solo")  # Celery pools the workers are built and tested for
 
@@ -48,6 +51,25 @@ def database_or_exit(settings: Settings, *, may_create: bool = False) -> Setting
     return settings
 
 
+def migrated_or_exit(settings: Settings) -> Settings:
+    """`settings`, unless its database is missing, never migrated, or at another revision than this
+    code's: a process on it would fail at its first query. A server that does not answer is not
+    refused here (the process starts, as before, and /readyz names it)."""
+    from gateway.status import migration_problem
+
+    if (problem := migration_problem(settings.database_url)) is not None:
+        refuse(problem)
+    return settings
+
+
+def _not_migrated(err: UnknownRevision | MigrationBlocked) -> NoReturn:
+    """A database a newer nanofleet migrated, or a migration another transaction's lock stopped."""
+    from gateway.status import masked
+    from shared.migrate import UnknownRevision
+
+    refuse(f"the database at {masked(err.url)} {err}" if isinstance(err, UnknownRevision) else err)
+
+
 @app.command()
 def gateway(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
     """Run the HTTP gateway (REST API, webhooks, SSE)."""
@@ -55,9 +77,10 @@ def gateway(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None
 
     from gateway.status import port_problem
 
-    settings_or_exit()
+    settings = settings_or_exit()
     if (problem := port_problem(host, port)) is not None:
         refuse(problem)
+    migrated_or_exit(settings)
     uvicorn.run("gateway.app:factory", factory=True, host=host, port=port, workers=workers,
                 log_config=None, proxy_headers=True, access_log=False)
 
@@ -70,7 +93,7 @@ def worker(
     hostname: str | None = None,
 ) -> None:
     """Run a Celery worker for some or all queues."""
-    settings_or_exit()
+    settings = settings_or_exit()
     names = [name.strip() for name in queues.split(",") if name.strip()]
     unknown = set(names) - set(QUEUES)
     if unknown or not names:
@@ -80,6 +103,7 @@ def worker(
     if pool not in POOLS:
         typer.echo(f"nanofleet: unknown pool {pool!r}; known: {', '.join(POOLS)}", err=True)
         raise typer.Exit(2)
+    migrated_or_exit(settings)
     queues = ",".join(names)
     name = hostname or f"nanofleet-{queues.replace(',', '-')}@%h"
     argv = [sys.executable, "-m", "celery", "-A", "workers.app:app", "worker", "-Q", queues,
@@ -105,7 +129,7 @@ def _say_if_standby(settings: Settings) -> None:
 @app.command()
 def beat() -> None:
     """Run the scheduler (exactly one per deployment; a second one waits for the lock)."""
-    _say_if_standby(settings_or_exit())
+    _say_if_standby(migrated_or_exit(settings_or_exit()))
     argv = [sys.executable, "-m", "celery", "-A", "workers.beat:app", "beat", "-S", "redbeat.RedBeatScheduler",
             "--max-interval", "1"]
     os.execvp(argv[0], argv)
@@ -114,10 +138,13 @@ def beat() -> None:
 @app.command()
 def migrate() -> None:
     """Create the database if needed and apply migrations (safe to run again)."""
-    from shared.migrate import current, upgrade
+    from shared.migrate import MigrationBlocked, UnknownRevision, current, upgrade
 
     settings = database_or_exit(settings_or_exit(), may_create=True)
-    upgrade(settings.database_url)
+    try:
+        upgrade(settings.database_url)
+    except (UnknownRevision, MigrationBlocked) as err:
+        _not_migrated(err)
     typer.echo(f"database at revision {current(settings.database_url)}")
 
 
@@ -143,6 +170,7 @@ def up(
     One per data dir."""
     from gateway.status import ServiceDown, Unavailable
     from gateway.supervisor import run_all
+    from shared.migrate import MigrationBlocked, UnknownRevision
 
     settings = settings_or_exit()
     try:
@@ -153,6 +181,8 @@ def up(
         if field is not None and field not in settings.model_fields_set and not embedded:
             typer.echo("nanofleet: or run `nanofleet up --embedded` to use servers of its own", err=True)
         raise typer.Exit(1) from None
+    except (UnknownRevision, MigrationBlocked) as err:
+        _not_migrated(err)
     raise typer.Exit(code)
 
 
@@ -165,11 +195,15 @@ def agent(
     """One turn in-process: needs PostgreSQL, not Redis or workers. Prints the reply; exits 1 when
     the turn failed."""
     from gateway.local_agent import one_turn
+    from shared.migrate import MigrationBlocked, UnknownRevision
 
     if not message.strip():
         raise typer.BadParameter("say something", param_hint="'-m' / '--message'")
     settings = database_or_exit(settings_or_exit(), may_create=True)
-    answer = one_turn(settings, message=message, session=session, model=model)
+    try:
+        answer = one_turn(settings, message=message, session=session, model=model)
+    except (UnknownRevision, MigrationBlocked) as err:
+        _not_migrated(err)
     typer.echo(answer.text)
     raise typer.Exit(0 if answer.ok else 1)
 

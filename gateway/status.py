@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
@@ -23,6 +23,7 @@ from shared.settings import Settings
 
 CONNECT_TIMEOUT = 3  # seconds: a server that has not answered by then is reported, not waited for
 DB_SETTING, REDIS_SETTING = "NANOFLEET_DATABASE_URL", "NANOFLEET_REDIS_URL"
+_NO_DATABASE = re.compile(r'database ".*" does not exist')
 _REDIS_PREFIX = re.compile(r"^Error -?\d+ connecting to \S+\. ")  # "Error 111 connecting to h:p. Connection refused."
 
 
@@ -57,10 +58,14 @@ def _pg_reason(err: DBAPIError) -> str:
     return (tail if found else lines[0]).removeprefix("FATAL:").strip()
 
 
+def _engine(url: str) -> Engine:
+    return create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": CONNECT_TIMEOUT})
+
+
 def database_problem(url: str, *, may_create: bool = False) -> str | None:
     """Why the database at `url` cannot be used, or None. With `may_create`, a missing database
     is fine when the server answers (migrations create it)."""
-    engine = create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": CONNECT_TIMEOUT})
+    engine = _engine(url)
     try:
         with engine.connect() as conn:
             conn.execute(text("select 1"))
@@ -69,11 +74,31 @@ def database_problem(url: str, *, may_create: bool = False) -> str | None:
         reason = _pg_reason(err)
     finally:
         engine.dispose()
-    if re.fullmatch(r'database ".*" does not exist', reason):
+    if _NO_DATABASE.fullmatch(reason):
         if may_create:
             return database_problem(make_url(url).set(database="postgres").render_as_string(hide_password=False))
         return f"{reason}; `nanofleet migrate` creates it"
     return reason
+
+
+def migration_problem(url: str) -> str | None:
+    """Why this nanofleet cannot work on the database at `url` as it is (missing, never migrated,
+    at an older revision or at one a newer nanofleet wrote), in a line naming it and what to run;
+    None when it is at this code's revision. One connection; None too when the server does not
+    answer: a process may start before it and wait for it, and /readyz reports it meanwhile."""
+    from shared.migrate import revision_at, revision_problem
+
+    engine = _engine(url)
+    try:
+        with engine.connect() as conn:
+            problem = revision_problem(revision_at(conn))
+    except DBAPIError as err:
+        if not _NO_DATABASE.fullmatch(_pg_reason(err)):
+            return None
+        problem = "does not exist: run `nanofleet migrate`"
+    finally:
+        engine.dispose()
+    return None if problem is None else f"the database at {masked(url)} {problem}"
 
 
 def redis_problem(url: str) -> str | None:
@@ -114,21 +139,27 @@ def port_problem(host: str, port: int) -> str | None:
         return f"cannot listen on {host}:{port}: {err.strerror or err}"
 
 
+def _database_line(url: str) -> tuple[bool, str]:
+    """`nanofleet status`'s database line, and whether all is well there."""
+    from shared.migrate import current, revision_problem
+
+    if (problem := database_problem(url)) is not None:
+        return False, f"database   DOWN: {masked(url)}: {problem} (check {DB_SETTING})"
+    try:
+        revision = current(url)
+    except Exception as err:
+        return False, f"database   DOWN: {type(err).__name__}: {str(err).splitlines()[0]}"
+    if (problem := revision_problem(revision)) is not None:
+        return False, f"database   NOT READY: {problem}"
+    return True, f"database   ok (revision {revision})"
+
+
 def report(settings: Settings, echo: Callable[[str], None]) -> bool:
     """Print the database, Redis, live workers and queue depths; True when all is well."""
-    from shared.migrate import current
     from shared.queueing import make_celery
 
-    ok = True
-    if (problem := database_problem(settings.database_url)) is None:
-        try:
-            echo(f"database   ok (revision {current(settings.database_url) or 'none: run nanofleet migrate'})")
-        except Exception as err:
-            ok = False
-            echo(f"database   DOWN: {type(err).__name__}: {str(err).splitlines()[0]}")
-    else:
-        ok = False
-        echo(f"database   DOWN: {masked(settings.database_url)}: {problem} (check {DB_SETTING})")
+    ok, line = _database_line(settings.database_url)
+    echo(line)
     if (problem := redis_problem(settings.redis_url)) is not None:
         echo(f"redis      DOWN: {masked(settings.redis_url)}: {problem} (check {REDIS_SETTING})")
         return False

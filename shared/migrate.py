@@ -1,15 +1,44 @@
-"""Apply the Alembic migrations that ship with nanofleet; safe to run any number of times."""
+"""Apply the Alembic migrations that ship with nanofleet; safe to run any number of times. Also says
+whether a database is at the revision this code needs, for the commands that refuse one that is not."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, create_engine
+from sqlalchemy.pool import NullPool
 
-from shared.db import ensure_database
+from shared.db import ensure_database, get_engine
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+class MigrationBlocked(Exception):
+    """A migration statement waited for a lock past its lock timeout, try after try: another long
+    transaction holds it. The migrations before it are applied; run them again once it ends."""
+
+    def __init__(self, *, revision: str | None, statement: str, tries: int, lock_timeout: float, holder: str) -> None:
+        super().__init__(revision, statement, tries, lock_timeout, holder)
+        self.revision, self.statement, self.holder = revision, statement, holder
+        self.tries, self.lock_timeout = tries, lock_timeout
+
+    def __str__(self) -> str:
+        return (f"migrations stopped at revision {self.revision or 'none'}: `{self.statement}` could not take its "
+                f"lock within {self.lock_timeout:g}s, {self.tries} tries: another long transaction holds it "
+                f"({self.holder}); end that transaction and migrate again")
+
+
+class UnknownRevision(Exception):
+    """The database is at a revision this code does not know: a newer nanofleet migrated it."""
+
+    def __init__(self, url: str, revision: str) -> None:
+        super().__init__(revision_problem(revision))
+        self.url, self.revision = url, revision
 
 
 def alembic_config(url: str) -> Config:
@@ -19,17 +48,60 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
+@lru_cache(maxsize=1)
+def _scripts() -> ScriptDirectory:
+    return ScriptDirectory(str(MIGRATIONS))
+
+
+@lru_cache(maxsize=1)
+def _known() -> frozenset[str]:
+    return frozenset(script.revision for script in _scripts().walk_revisions())
+
+
+def head() -> str:
+    """The revision this code's migrations end at (the one its models are written for)."""
+    return _scripts().get_current_head() or "base"
+
+
+def revision_problem(revision: str | None) -> str | None:
+    """Why this code cannot use a database at `revision` (None: the database is at head), worded to
+    follow "the database": what it is at and what to run."""
+    if revision == head():
+        return None
+    if revision is None:
+        return "has no nanofleet tables: run `nanofleet migrate`"
+    if revision not in _known():
+        return f"is at revision {revision}, which this nanofleet does not know: upgrade nanofleet"
+    return f"is at revision {revision}, this nanofleet needs {head()}: run `nanofleet migrate`"
+
+
 def upgrade(url: str, revision: str = "head") -> None:
-    """Create the database if missing, then upgrade it to `revision`."""
+    """Create the database if missing, then upgrade it to `revision`. Raises UnknownRevision for a
+    database a newer nanofleet migrated (this one cannot tell what it holds)."""
     ensure_database(url)
+    engine = create_engine(url, poolclass=NullPool)  # as the migrations connect: nothing kept open after
+    try:
+        with engine.connect() as conn:
+            found = revision_at(conn)
+    finally:
+        engine.dispose()
+    if found is not None and found not in _known():
+        raise UnknownRevision(url, found)
     command.upgrade(alembic_config(url), revision)
+
+
+def revision_at(conn: Connection) -> str | None:
+    """The revision the database of `conn` is at, or None when it has never been migrated."""
+    return MigrationContext.configure(conn).get_current_revision()
 
 
 def current(url: str) -> str | None:
     """The revision the database is at, or None when it has never been migrated."""
-    from alembic.runtime.migration import MigrationContext
-
-    from shared.db import get_engine
-
     with get_engine(url).connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+        return revision_at(conn)
+
+
+def schema_problem(url: str) -> str | None:
+    """Why this code cannot use the database at `url` as it is (see revision_problem), or None.
+    Raises what connecting raises when the database does not answer."""
+    return revision_problem(current(url))

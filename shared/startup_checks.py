@@ -1,18 +1,35 @@
 """Start-up warnings for settings that load but are likely mistakes: allowed tool names that name no
-tool, and platforms with some of their credentials set but not all (such a platform is off)."""
+tool, platforms with some of their credentials set but not all (such a platform is off), NANOFLEET_
+variables that name no setting (a typo is otherwise ignored), and no API key at all."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import os
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from difflib import get_close_matches
+from typing import Any, get_args, get_origin
+
+from pydantic import BaseModel
 
 from shared.channels import REGISTRY
 from shared.channels.base import BaseChannel
-from shared.settings import Settings
+from shared.settings import CONFIG_FILE_ENV, Settings
 from shared.tools.registry import is_allowed
 
 log = logging.getLogger(__name__)
 MCP_PREFIX = "mcp_"  # MCP tools are named mcp_<server>_<tool> (shared/tools/mcp/tool.py)
+PREFIX, DELIMITER = Settings.model_config["env_prefix"], Settings.model_config["env_nested_delimiter"] or "__"
+# NANOFLEET_ variables that are not settings but are read as they are
+NOT_SETTINGS = frozenset({
+    CONFIG_FILE_ENV,  # the TOML file under the environment (shared/settings.py)
+    "NANOFLEET_PORT",  # docker/compose.yml's host port, in .env: every container's environment
+    "NANOFLEET_TEST_DATABASE_URL", "NANOFLEET_TEST_REDIS_URL",  # where the tests find their servers
+    "NANOFLEET_FUZZ_EXAMPLES", "NANOFLEET_HYPOTHESIS_PROFILE",  # test knobs (Makefile)
+})
+CLOSE = 0.7  # difflib's similarity from which a setting's name is offered as the one meant
 
 
 def unknown_allowed(settings: Settings, names: Iterable[str]) -> list[str]:
@@ -39,8 +56,58 @@ def half_configured(settings: Settings) -> dict[str, list[str]]:
     return found
 
 
+def _unwrap(annotation: Any) -> Any:
+    """X | None -> X."""
+    if get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return args[0] if len(args) == 1 else annotation
+    return annotation
+
+
+def _fit(annotation: Any, names: list[str]) -> list[str] | None:
+    """`names` (a variable's parts) as a path of settings below `annotation`, each unknown name
+    replaced by the closest one; None when a name is close to none, or a plain value has more below
+    it. A mapping (profiles, MCP servers, env) takes any key, and its values are walked in turn."""
+    if not names:
+        return []
+    annotation, (name, *rest) = _unwrap(annotation), names
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if name not in annotation.model_fields:
+            if not (closest := get_close_matches(name, annotation.model_fields, n=1, cutoff=CLOSE)):
+                return None
+            name = closest[0]
+        below = annotation.model_fields[name].annotation
+    elif get_origin(annotation) is dict:
+        below = get_args(annotation)[1]
+    else:
+        return None  # a plain value has nothing below it
+    tail = _fit(below, rest)
+    return None if tail is None else [name, *tail]
+
+
+def unknown_variables(environ: Mapping[str, str]) -> dict[str, str | None]:
+    """NANOFLEET_ variables in `environ` that name no setting (so nothing reads them) -> the closest
+    setting's variable, or None. Names are matched as pydantic-settings matches them: ignoring case."""
+    found: dict[str, str | None] = {}
+    for var in environ:
+        upper = var.upper()
+        if not upper.startswith(PREFIX) or upper in NOT_SETTINGS:
+            continue
+        names = upper.removeprefix(PREFIX).lower().split(DELIMITER)
+        if (fitted := _fit(Settings, names)) != names:
+            found[var] = PREFIX + DELIMITER.join(fitted).upper() if fitted else None
+    return found
+
+
 def warn(settings: Settings, tool_names: Iterable[str]) -> None:
     """Log a WARNING for each likely mistake (the process starts anyway)."""
+    # Settings read the environment; what they ignored is only found there (names are logged, never values).
+    for var, meant in sorted(unknown_variables(os.environ).items()):
+        hint = f"did you mean {meant}?" if meant else "see .env.example for every setting"
+        log.warning("%s is not a nanofleet setting, so it is ignored: %s", var, hint)
+    if not settings.api_keys:
+        log.warning("no API key is configured, so the REST API (/api/v1) refuses every request: set "
+                    "NANOFLEET_API_KEYS to a JSON list of keys, e.g. '[\"a-long-random-key\"]'")
     known = sorted(set(tool_names))
     if unknown := unknown_allowed(settings, known):
         log.warning("NANOFLEET_TOOLS__ALLOWED: %s match no known tool, so nothing they name can run; known tools: %s",

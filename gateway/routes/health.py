@@ -8,10 +8,11 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from gateway.deps import StateDep
-from shared.db import ping as db_ping
+from shared.migrate import schema_problem
 
 router = APIRouter(tags=["health"])
 WORKER_PING_TIMEOUT = 1.0
+NOT_READY = {"description": "a dependency is down, or the database is not migrated; `failing` names it"}
 
 
 @router.get("/healthz")
@@ -20,13 +21,13 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses={503: {"description": "a dependency is down; `failing` names it"}})
+@router.get("/readyz", responses={503: NOT_READY})
 def readyz(state: StateDep) -> JSONResponse:
-    """Database, Redis and at least one worker answer."""
+    """Database (at this code's revision), Redis and at least one worker answer."""
     checks: dict[str, Any] = {}
     try:
-        db_ping(state.settings.database_url)
-        checks["database"] = "ok"
+        # read on every call, not cached: a newer nanofleet may migrate the database under this one
+        checks["database"] = schema_problem(state.settings.database_url) or "ok"
     except Exception as err:
         checks["database"] = f"down: {type(err).__name__}"
     try:

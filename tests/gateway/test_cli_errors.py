@@ -1,5 +1,6 @@
 """A command that cannot reach Postgres or Redis says which, where (password masked), why and what
-to set, in a line or two and without a traceback; `up` checks both before it starts anything."""
+to set, in a line or two and without a traceback; `up` checks both before it starts anything. The
+gateway, a worker and beat refuse a database that is not at this code's revision the same way."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from sqlalchemy.engine import make_url
 
 from gateway.status import masked
 from tests.fakes.server import free_port
+from tests.support.databases import STATES, database_in, reason
 from tests.support.processes import ROOT
 from tests.support.stack import make_env
 
@@ -73,6 +75,41 @@ def test_status_names_redis_url_and_reason(database_url: str, tmp_path: Path) ->
     assert "database   ok" in done.stdout
     assert f"redis      DOWN: {masked(url)}: Connection refused (check NANOFLEET_REDIS_URL)" in done.stdout
     assert SECRET not in done.stdout
+
+
+CLOSED_REDIS = "redis://127.0.0.1:1/0"  # a refusal must come before Redis is needed
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_a_worker_refuses_a_database_not_at_this_codes_revision(state: str, tmp_path: Path) -> None:
+    with database_in(state) as url:
+        done = _run(_env(tmp_path, database_url=url, redis_url=CLOSED_REDIS), "worker")
+    _assert_explained(done, f"nanofleet: the database at {masked(url)} {reason(state)}")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("command", [["gateway", "--port", "0"], ["beat"]], ids=["gateway", "beat"])
+def test_the_gateway_and_beat_refuse_a_database_behind(command: list[str], tmp_path: Path) -> None:
+    with database_in("behind") as url:
+        done = _run(_env(tmp_path, database_url=url, redis_url=CLOSED_REDIS), *command)
+    _assert_explained(done, f"nanofleet: the database at {masked(url)} {reason('behind')}")
+
+
+@pytest.mark.parametrize("args", [["migrate"], ["up", "--port", "0"], ["agent", "-m", "hello"]],
+                         ids=["migrate", "up", "agent"])
+def test_a_database_a_newer_nanofleet_migrated_is_left_alone(args: list[str], redis_server: str,
+                                                             tmp_path: Path) -> None:
+    with database_in("ahead") as url:
+        done = _run(_env(tmp_path, database_url=url, redis_url=f"{redis_server}/0"), *args)
+    _assert_explained(done, f"nanofleet: the database at {masked(url)} {reason('ahead')}")
+    assert "up at" not in done.stdout
+
+
+def test_status_names_a_database_behind(tmp_path: Path) -> None:
+    with database_in("behind") as url:
+        done = _run(_env(tmp_path, database_url=url, redis_url=CLOSED_REDIS), "status")
+    assert done.returncode == 1
+    assert f"database   NOT READY: {reason('behind')}" in done.stdout, done.stdout
 
 
 def test_masked_hides_only_the_password() -> None:

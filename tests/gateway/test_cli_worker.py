@@ -1,12 +1,16 @@
 """`nanofleet worker` and `beat`: a worker refuses what it was not built for, naming what it takes,
-before starting Celery; a standby beat says it waits; help shows no types for flags."""
+before starting Celery; a standby beat says it waits; help shows no types for flags; on a database
+at this code's revision the gateway, a worker and beat start (tests/gateway/test_cli_errors.py has
+the refusals)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import redis
+import uvicorn
 from typer.testing import CliRunner
 
 from gateway import cli
@@ -27,12 +31,31 @@ def test_worker_refuses_an_unknown_pool_or_queue(args: list[str], named: str) ->
     assert result.exit_code == 2 and named in result.output
 
 
-def test_worker_takes_queue_names_with_spaces(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def migrated(monkeypatch: pytest.MonkeyPatch, database_url: str) -> Iterator[list[list[str]]]:
+    """The CLI's settings name the tests' database (at this code's revision) and a closed Redis;
+    yields the command lines the CLI would have run (Celery's, or ["uvicorn"])."""
+    monkeypatch.setenv("NANOFLEET_DATABASE_URL", database_url)
+    monkeypatch.setenv("NANOFLEET_REDIS_URL", "redis://127.0.0.1:1/0")
     started: list[list[str]] = []
     monkeypatch.setattr(cli.os, "execvp", lambda _file, argv: started.append(argv))
+    monkeypatch.setattr(uvicorn, "run", lambda *_a, **_kw: started.append(["uvicorn"]))
+    get_settings.cache_clear()
+    yield started
+    get_settings.cache_clear()
+
+
+@pytest.mark.parametrize("command", [["gateway", "--port", "0"], ["worker"], ["beat"]], ids=lambda c: c[0])
+def test_at_this_codes_revision_the_processes_start(command: list[str], migrated: list[list[str]]) -> None:
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 0, result.output
+    assert len(migrated) == 1 and result.output == ""
+
+
+def test_worker_takes_queue_names_with_spaces(migrated: list[list[str]]) -> None:
     result = CliRunner().invoke(app, ["worker", "--queues", "agent, tools"])
     assert result.exit_code == 0, result.output
-    [argv] = started
+    [argv] = migrated
     assert argv[argv.index("-Q") + 1] == "agent,tools"
 
 

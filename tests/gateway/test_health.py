@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
+from tests.support.databases import database_in, reason
 from tests.support.stack import Stack, api_client
 
 
@@ -21,6 +24,17 @@ def test_readyz_names_redis_when_it_is_down(make_stack: Callable[..., Stack]) ->
         assert ready.status_code == 503
         assert "redis" in ready.json()["failing"]
         assert client.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("state", ["empty", "behind", "ahead"])
+def test_readyz_names_a_database_not_at_this_codes_revision(state: str, make_stack: Callable[..., Stack]) -> None:
+    with database_in(state) as url:
+        s = make_stack(DATABASE_URL=url)
+        for client in api_client(s.settings):
+            ready = client.get("/readyz")
+    assert ready.status_code == 503
+    assert "database" in ready.json()["failing"]
+    assert ready.json()["checks"]["database"] == reason(state)
 
 
 def test_readyz_names_workers_when_none_runs(make_stack: Callable[..., Stack]) -> None:

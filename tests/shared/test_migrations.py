@@ -1,22 +1,30 @@
 """Migrations: up from empty, idempotent, down and up again; they match the models; the ledger's
-uniqueness holds."""
+uniqueness holds; behind a long transaction they neither freeze the application nor hang."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, inspect, text
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, create_engine, inspect, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import SQLModel
 
-from shared.migrate import alembic_config, current, upgrade
+from shared.migrate import MigrationBlocked, alembic_config, current, upgrade
 from tests.support import services
+from tests.support.processes import ROOT
 
 TABLES = {"conversations", "messages", "runs", "run_steps", "tool_calls", "inbound_events", "outbox",
           "cron_jobs", "cron_receipts"}
@@ -71,3 +79,172 @@ def test_the_migrations_build_exactly_what_the_models_declare(empty_db: str) -> 
         drift = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
     engine.dispose()
     assert drift == [], "a model changed without a migration (or the other way round)"
+
+
+# What the application may wait behind a migration: its lock timeout (1 s here) and then some.
+PROBE_DEADLINE = 5
+RUN_ROWS = """
+insert into conversations (id, session_key, channel, chat_id, prompt_tokens, completion_tokens, cost, meta,
+                           created_at, last_active_at)
+values ('c1', 'api:c1', 'api', 'c1', 0, 0, 0, '{}', now(), now());
+insert into runs (id, conversation_id, kind, status, phase, step_seq, iteration, max_iterations, origin,
+                  suppress_reply, announced, prompt_tokens, completion_tokens, cost, created_at)
+select id, 'c1', 'turn', 'queued', 'llm', 0, 0, 10, '{}', false, false, 0, 0, 0, now()
+from unnest(array['r7', 'r8']) as id;
+"""
+
+
+def _config(url: str, **attributes: float) -> Config:
+    """The shipped migrations with a lock timeout of 1 s where a deployment has 5, to keep tests short."""
+    cfg = alembic_config(url)
+    cfg.attributes.update({"lock_timeout": 1.0, "pause": 0.1, "tries": 60, **attributes})
+    return cfg
+
+
+def _at(url: str, revision: str) -> None:
+    """The database at `revision`, with two runs."""
+    upgrade(url, revision)
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(RUN_ROWS)
+    engine.dispose()
+
+
+@contextmanager
+def _long_transaction(url: str, sql: str) -> Iterator[Connection]:
+    """A connection that ran `sql` and keeps its transaction open until the test commits it (or
+    leaves the block)."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(sql))
+            yield conn
+    finally:
+        engine.dispose()
+
+
+def _query(url: str, sql: str, *, timeout: float | None = None) -> object:
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            if timeout is not None:
+                conn.execute(text(f"set local statement_timeout = '{timeout}s'"))
+            result = conn.execute(text(sql))
+            return result.scalar() if result.returns_rows else None
+    finally:
+        engine.dispose()
+
+
+def _until(check: Callable[[], object], what: str, deadline: float = 30) -> None:
+    end = time.monotonic() + deadline
+    while not check():
+        assert time.monotonic() < end, f"gave up waiting until {what}"
+        time.sleep(0.05)
+
+
+def _migration_waits_for_a_lock(url: str) -> bool:
+    return bool(_query(url, "select count(*) from pg_stat_activity "
+                            "where datname = current_database() and wait_event_type = 'Lock'"))
+
+
+def _probe(url: str, sql: str) -> None:
+    """What the application does meanwhile: `sql` must not wait more than PROBE_DEADLINE seconds."""
+    try:
+        _query(url, sql, timeout=PROBE_DEADLINE)
+    except OperationalError as err:
+        pytest.fail(f"`{sql}` waited over {PROBE_DEADLINE}s behind the migration: {err.orig}")
+
+
+def _invalid(url: str, index: str) -> bool:
+    return bool(_query(url, f"select count(*) from pg_index where indexrelid = to_regclass('{index}') "
+                            "and not indisvalid"))
+
+
+def _head(url: str) -> str | None:
+    return ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+
+
+def test_a_migration_behind_a_long_transaction_does_not_freeze_the_application(empty_db: str) -> None:
+    """0002 alters runs. Queued behind a transaction that read runs, it used to queue every query on
+    runs behind itself until that transaction ended; now it gives up after its lock timeout, lets
+    them through, and tries again."""
+    _at(empty_db, "0001")
+    with ThreadPoolExecutor(1) as pool, _long_transaction(empty_db, "select count(*) from runs") as reader:
+        migrating = pool.submit(command.upgrade, _config(empty_db), "head")
+        _until(lambda: _migration_waits_for_a_lock(empty_db), "the migration waits for its lock on runs")
+        _probe(empty_db, "select status from runs where id = 'r7'")
+        reader.commit()
+        migrating.result(timeout=60)
+    assert current(empty_db) == _head(empty_db)
+
+
+def test_a_migration_that_cannot_take_its_lock_stops_and_names_it(empty_db: str) -> None:
+    """Behind a transaction that outlasts every try, migrate stops: one line naming the statement and
+    the transaction, and the database stays at the last migration that went through."""
+    _at(empty_db, "0001")
+    with ThreadPoolExecutor(1) as pool, _long_transaction(empty_db, "select count(*) from runs") as reader:
+        pid = reader.execute(text("select pg_backend_pid()")).scalar()
+        migrating = pool.submit(command.upgrade, _config(empty_db, lock_timeout=0.2, tries=2), "head")
+        with pytest.raises(MigrationBlocked) as blocked:
+            migrating.result(timeout=30)
+    message = str(blocked.value)
+    assert "\n" not in message
+    assert message.startswith("migrations stopped at revision 0001: `ALTER TABLE runs ADD COLUMN"), message
+    assert "another long transaction holds it" in message and f"pid {pid}," in message, message
+    assert current(empty_db) == "0001"
+
+
+def test_index_builds_let_writers_through(empty_db: str) -> None:
+    """0004 builds an index on runs. Behind a transaction that wrote runs, a plain CREATE INDEX
+    queued every writer of runs behind itself; CONCURRENTLY lets them through."""
+    _at(empty_db, "0003")
+    with ThreadPoolExecutor(1) as pool, \
+            _long_transaction(empty_db, "update runs set iteration = 1 where id = 'r7'") as writer:
+        migrating = pool.submit(command.upgrade, _config(empty_db), "head")
+        _until(lambda: _migration_waits_for_a_lock(empty_db), "the index build waits for the writer")
+        _probe(empty_db, "update runs set iteration = 2 where id = 'r8'")
+        writer.commit()
+        migrating.result(timeout=60)
+    assert current(empty_db) == _head(empty_db)
+    assert not _invalid(empty_db, "ix_runs_cron_unannounced")
+
+
+def test_an_index_build_that_gave_up_is_built_again(empty_db: str) -> None:
+    """A concurrent build that gives up leaves its index behind, INVALID; IF NOT EXISTS alone would
+    keep it, unused by any query."""
+    _at(empty_db, "0003")
+    with ThreadPoolExecutor(1) as pool, \
+            _long_transaction(empty_db, "update runs set iteration = 1 where id = 'r7'") as writer:
+        migrating = pool.submit(command.upgrade, _config(empty_db, lock_timeout=0.2, tries=1), "head")
+        with pytest.raises(MigrationBlocked):
+            migrating.result(timeout=30)
+        assert _invalid(empty_db, "ix_runs_cron_unannounced")
+        writer.commit()
+    upgrade(empty_db)
+    assert current(empty_db) == _head(empty_db)
+    assert not _invalid(empty_db, "ix_runs_cron_unannounced")
+    engine = create_engine(empty_db)
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), SQLModel.metadata) == []
+    engine.dispose()
+
+
+def test_two_migrators_at_once_both_finish(empty_db: str) -> None:
+    """Two containers migrating at once: the second waits for the first without a statement open.
+    One waiting inside pg_advisory_lock holds a snapshot, which the first one's concurrent index
+    build waits for while the second waits for the first: a deadlock, and one of them fails."""
+    _at(empty_db, "0003")
+    with ThreadPoolExecutor(1) as pool, \
+            _long_transaction(empty_db, "update runs set iteration = 1 where id = 'r7'") as writer:
+        first = pool.submit(command.upgrade, _config(empty_db), "head")
+        _until(lambda: _invalid(empty_db, "ix_runs_cron_unannounced"), "the first one's index build waits")
+        second = subprocess.Popen([sys.executable, "-c", "import sys; from shared.migrate import upgrade; "
+                                   "upgrade(sys.argv[1])", empty_db], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        _until(lambda: _query(empty_db, "select count(*) from pg_stat_activity where datname = current_database() "
+                                        "and application_name = 'nanofleet migrate'") == 2,
+               "the second one waits for its turn")
+        writer.commit()
+        first.result(timeout=60)
+        _, errors = second.communicate(timeout=60)
+    assert second.returncode == 0, errors
+    assert current(empty_db) == _head(empty_db)

@@ -1,9 +1,12 @@
 """Start-up warnings: a platform with some of its credentials set but not all is named with what is
-missing when the gateway starts and when a worker starts working (not only by a 404 later)."""
+missing, a NANOFLEET_ variable that names no setting is named with the setting meant, and no API key
+at all is said, when the gateway starts and when a worker starts working (not only by a 404 or a
+401 later)."""
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -11,16 +14,17 @@ import pytest
 
 from gateway.app import create_app
 from shared.settings import load_settings
-from shared.startup_checks import half_configured
-from tests.support.processes import wait_until
+from shared.startup_checks import half_configured, unknown_variables
+from tests.support.processes import ROOT, wait_until
 from tests.support.stack import Stack
 
 TG = "NANOFLEET_CHANNELS__TELEGRAM__"
 SLACK = "NANOFLEET_CHANNELS__SLACK__"
 
 
-def warnings_at_gateway_start(caplog: pytest.LogCaptureFixture, **channels: Any) -> list[str]:
-    settings = load_settings(redis_url="redis://127.0.0.1:1/0", channels=channels)
+def warnings_at_gateway_start(caplog: pytest.LogCaptureFixture, api_keys: tuple[str, ...] = ("k-0123456789",),
+                              **channels: Any) -> list[str]:
+    settings = load_settings(redis_url="redis://127.0.0.1:1/0", api_keys=list(api_keys), channels=channels)
     with caplog.at_level(logging.WARNING):
         create_app(settings)
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -50,3 +54,54 @@ def test_a_worker_names_a_half_configured_platform(make_stack: Callable[..., Sta
     wait_until(lambda: f"{TG}WEBHOOK_SECRET" in worker.log(), timeout=60, message="the worker's warning")
     line = next(x for x in worker.log().splitlines() if f"{TG}WEBHOOK_SECRET" in x)
     assert '"level": "WARNING"' in line and "telegram is off" in line and "only-the-token" not in line
+
+
+TYPOS = {  # variable -> (value, the setting meant)
+    "NANOFLEET_API_KEY": ('["k-secret-value"]', "NANOFLEET_API_KEYS"),
+    "NANOFLEET_LLM__APIKEY": ("sk-secret-value", "NANOFLEET_LLM__API_KEY"),
+    "NANOFLEET_TOOLS__ALLOW": ('["time"]', "NANOFLEET_TOOLS__ALLOWED"),
+    "NANOFLEET_CHANNEL__TELEGRAM__TOKEN": ("123:tg-secret-value", "NANOFLEET_CHANNELS__TELEGRAM__TOKEN"),
+    "NANOFLEET_LLM__PROFILES__FAST__MODLE": ("openai/gpt-4.1-nano", "NANOFLEET_LLM__PROFILES__FAST__MODEL"),
+}
+
+
+def test_a_misspelt_variable_is_named_with_the_setting_meant(caplog: pytest.LogCaptureFixture,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    for var, (value, _) in TYPOS.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setenv("NANOFLEET_SHOE_SIZE", "44")
+    warnings = warnings_at_gateway_start(caplog)
+    for var, (value, meant) in TYPOS.items():
+        [line] = [w for w in warnings if w.startswith(f"{var} ")]
+        assert "is not a nanofleet setting, so it is ignored" in line and line.endswith(f"did you mean {meant}?")
+        assert value not in line
+    [line] = [w for w in warnings if w.startswith("NANOFLEET_SHOE_SIZE ")]
+    assert line.endswith("see .env.example for every setting"), line
+
+
+def test_no_api_key_is_said_once_with_the_variable_to_set(caplog: pytest.LogCaptureFixture) -> None:
+    warnings = warnings_at_gateway_start(caplog, api_keys=())
+    [line] = [w for w in warnings if "API key" in w]
+    assert "refuses every request" in line and "NANOFLEET_API_KEYS" in line
+
+
+def test_settings_and_the_variables_read_elsewhere_are_not_warned_about() -> None:
+    documented = re.findall(r"^# (NANOFLEET_[A-Z0-9_]+)=", (ROOT / ".env.example").read_text(), re.MULTILINE)
+    assert len(documented) > 50, documented
+    read_elsewhere = ["NANOFLEET_CONFIG_FILE", "NANOFLEET_PORT", "NANOFLEET_TEST_DATABASE_URL",
+                      "NANOFLEET_TEST_REDIS_URL", "NANOFLEET_FUZZ_EXAMPLES", "NANOFLEET_HYPOTHESIS_PROFILE"]
+    below_mappings = ["NANOFLEET_TOOLS__MCP_SERVERS__GH__HEADERS", "NANOFLEET_TOOLS__EXEC__ENV__GH_TOKEN",
+                      "NANOFLEET_LLM__PROFILES__FAST__API_KEY", "NANOFLEET_TOOLS__MCP_SERVERS__GH"]
+    whole_groups = ["NANOFLEET_LLM", "NANOFLEET_CHANNELS__TELEGRAM", "nanofleet_llm__model"]  # JSON; any case
+    names = [*documented, *read_elsewhere, *below_mappings, *whole_groups]
+    assert unknown_variables({name: "x" for name in names} | {"PATH": "/bin", "NANO_X": "y"}) == {}
+
+
+def test_a_worker_names_a_misspelt_variable(make_stack: Callable[..., Stack]) -> None:
+    s = make_stack(LLM__APIKEY="sk-only-in-the-typo")
+    worker = s.worker()
+    s.beat()  # its sweep is the worker's first task, which builds the worker's runtime
+    wait_until(lambda: "NANOFLEET_LLM__APIKEY" in worker.log(), timeout=60, message="the worker's warning")
+    line = next(x for x in worker.log().splitlines() if "NANOFLEET_LLM__APIKEY" in x)
+    assert '"level": "WARNING"' in line and "did you mean NANOFLEET_LLM__API_KEY?" in line
+    assert "sk-only-in-the-typo" not in line

@@ -16,8 +16,14 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.create_index("ix_outbox_channel_platform_message_id", "outbox", ["channel", "platform_message_id"])
+    # CONCURRENTLY: writes to outbox go on during the build (a plain CREATE INDEX holds them until it
+    # ends). IF NOT EXISTS: a retry keeps what an earlier try built; env.py drops what a failed one left.
+    with op.get_context().autocommit_block():
+        op.create_index("ix_outbox_channel_platform_message_id", "outbox", ["channel", "platform_message_id"],
+                        postgresql_concurrently=True, if_not_exists=True)
 
 
 def downgrade() -> None:
-    op.drop_index("ix_outbox_channel_platform_message_id", table_name="outbox")
+    with op.get_context().autocommit_block():
+        op.drop_index("ix_outbox_channel_platform_message_id", table_name="outbox", postgresql_concurrently=True,
+                      if_exists=True)

@@ -17,9 +17,14 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.create_index("ix_runs_cron_unannounced", "runs", ["finished_at"],
-                    postgresql_where=sa.text("kind = 'cron' AND announced IS FALSE"))
+    # CONCURRENTLY: writes to runs go on during the build (a plain CREATE INDEX holds them until it
+    # ends). IF NOT EXISTS: a retry keeps what an earlier try built; env.py drops what a failed one left.
+    with op.get_context().autocommit_block():
+        op.create_index("ix_runs_cron_unannounced", "runs", ["finished_at"],
+                        postgresql_where=sa.text("kind = 'cron' AND announced IS FALSE"),
+                        postgresql_concurrently=True, if_not_exists=True)
 
 
 def downgrade() -> None:
-    op.drop_index("ix_runs_cron_unannounced", table_name="runs")
+    with op.get_context().autocommit_block():
+        op.drop_index("ix_runs_cron_unannounced", table_name="runs", postgresql_concurrently=True, if_exists=True)

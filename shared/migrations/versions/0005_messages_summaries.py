@@ -18,12 +18,20 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.create_index("ix_messages_summaries", "messages", ["conversation_id", "seq"],
-                    postgresql_where=sa.text("type = 'SUMMARY'"))
-    op.create_index("ix_messages_summary_due", "messages", ["conversation_id"],
-                    postgresql_where=sa.text("type = 'SUMMARY' AND meta ? 'summary_due'"))
+    # CONCURRENTLY: writes to messages go on during the build (a plain CREATE INDEX holds them until it
+    # ends). IF NOT EXISTS: a retry keeps what an earlier try built; env.py drops what a failed one left.
+    with op.get_context().autocommit_block():
+        op.create_index("ix_messages_summaries", "messages", ["conversation_id", "seq"],
+                        postgresql_where=sa.text("type = 'SUMMARY'"),
+                        postgresql_concurrently=True, if_not_exists=True)
+        op.create_index("ix_messages_summary_due", "messages", ["conversation_id"],
+                        postgresql_where=sa.text("type = 'SUMMARY' AND meta ? 'summary_due'"),
+                        postgresql_concurrently=True, if_not_exists=True)
 
 
 def downgrade() -> None:
-    op.drop_index("ix_messages_summary_due", table_name="messages")
-    op.drop_index("ix_messages_summaries", table_name="messages")
+    with op.get_context().autocommit_block():
+        op.drop_index("ix_messages_summary_due", table_name="messages", postgresql_concurrently=True,
+                      if_exists=True)
+        op.drop_index("ix_messages_summaries", table_name="messages", postgresql_concurrently=True,
+                      if_exists=True)
