@@ -82,16 +82,16 @@ def database_problem(url: str, *, may_create: bool = False) -> str | None:
 
 
 def migration_problem(url: str) -> str | None:
-    """Why this nanofleet cannot work on the database at `url` as it is (missing, never migrated,
-    at an older revision or at one a newer nanofleet wrote), in a line naming it and what to run;
-    None when it is at this code's revision. One connection; None too when the server does not
-    answer: a process may start before it and wait for it, and /readyz reports it meanwhile."""
+    """Why this nanofleet cannot work on the database at `url` as it is (missing, never migrated, at
+    an older revision; a newer nanofleet's is served, see revision_problem), in a line naming it and
+    what to run; None when it is usable. One connection; None too when the server does not answer:
+    a process may start before it and wait for it, and /readyz reports it meanwhile."""
     from shared.migrate import revision_at, revision_problem
 
     engine = _engine(url)
     try:
         with engine.connect() as conn:
-            problem = revision_problem(revision_at(conn))
+            problem = revision_problem(revision_at(conn), serving=True)
     except DBAPIError as err:
         if not _NO_DATABASE.fullmatch(_pg_reason(err)):
             return None
@@ -149,7 +149,7 @@ def _database_line(url: str) -> tuple[bool, str]:
         revision = current(url)
     except Exception as err:
         return False, f"database   DOWN: {type(err).__name__}: {str(err).splitlines()[0]}"
-    if (problem := revision_problem(revision)) is not None:
+    if (problem := revision_problem(revision, serving=True)) is not None:
         return False, f"database   NOT READY: {problem}"
     return True, f"database   ok (revision {revision})"
 

@@ -78,12 +78,6 @@ def session_scope(url: str) -> Iterator[Session]:
             raise
 
 
-def ping(url: str) -> None:
-    """Raise if the database does not answer."""
-    with get_engine(url).connect() as conn:
-        conn.execute(text("select 1"))
-
-
 def ensure_database(url: str) -> bool:
     """Create the database named in url if it does not exist; True when created."""
     target = make_url(url)

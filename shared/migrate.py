@@ -63,15 +63,17 @@ def head() -> str:
     return _scripts().get_current_head() or "base"
 
 
-def revision_problem(revision: str | None) -> str | None:
+def revision_problem(revision: str | None, *, serving: bool = False) -> str | None:
     """Why this code cannot use a database at `revision` (None: the database is at head), worded to
-    follow "the database": what it is at and what to run."""
+    follow "the database": what it is at and what to run. `serving`: a newer nanofleet's revision is
+    no problem (during a rolling upgrade the new version migrates while this one still serves; its
+    migrations keep the old schema usable), only for migrating."""
     if revision == head():
         return None
     if revision is None:
         return "has no nanofleet tables: run `nanofleet migrate`"
     if revision not in _known():
-        return f"is at revision {revision}, which this nanofleet does not know: upgrade nanofleet"
+        return None if serving else f"is at revision {revision}, which this nanofleet does not know: upgrade nanofleet"
     return f"is at revision {revision}, this nanofleet needs {head()}: run `nanofleet migrate`"
 
 
@@ -104,4 +106,4 @@ def current(url: str) -> str | None:
 def schema_problem(url: str) -> str | None:
     """Why this code cannot use the database at `url` as it is (see revision_problem), or None.
     Raises what connecting raises when the database does not answer."""
-    return revision_problem(current(url))
+    return revision_problem(current(url), serving=True)

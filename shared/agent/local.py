@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 
 from shared.agent import memory, steps
 from shared.agent.runtime import Next, Runtime
 from shared.constants import T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EXECUTE
+from shared.errors import Retryable
+
+log = logging.getLogger(__name__)
 
 Handler = Callable[[Runtime, Next], list[Next]]
 
@@ -20,7 +24,10 @@ HANDLERS: dict[str, Handler] = {
 
 
 def _compact(rt: Runtime, conversation_id: str, everything: bool = False, keep: int | None = None) -> list[Next]:
-    memory.compact(rt, conversation_id, everything=everything, keep=keep)
+    try:
+        memory.compact(rt, conversation_id, everything=everything, keep=keep)
+    except Retryable as err:  # another process compacts this conversation: a later sweep sends it again
+        log.warning("compaction of %s postponed: %s", conversation_id, err)
     return []
 
 

@@ -60,25 +60,27 @@ def needs_compaction(s: Session, conversation_id: str, settings: MemorySettings)
     return int(count) > settings.compact_after
 
 
-def start_over(s: Session, conversation_id: str) -> None:
+def start_over(s: Session, conversation_id: str) -> bool:
     """/new, in the caller's transaction: from the next prompt on, the history starts after the
     conversation's last message. The summary of what came before is written by a compaction task
     (`everything=True`); until it is, the summary row carries `DUE`, and `resend_summaries` sends
-    the task again while it stays there (a lost enqueue, a worker that died, a model that was down)."""
+    the task again while it stays there (a lost enqueue, a worker that died, a model that was down).
+    False when nothing was said since the last summary."""
     _lock(s, conversation_id)
     summary = prompt.latest_summary(s, conversation_id, fresh=True)
     last = s.exec(select(func.max(Message.seq)).where(
         Message.conversation_id == conversation_id, Message.type == MessageType.NORMAL,
         col(Message.pending).is_(False))).one()
     if not last or last <= prompt.covered(summary):
-        return  # nothing said since the last summary (or the last /new)
+        return False
     if summary is None:
         summary = Message(conversation_id=conversation_id, role=Role.SYSTEM, type=MessageType.SUMMARY)
     meta = summary.meta
     now = utcnow().isoformat()
     summary.meta = {**meta, prompt.COVERS: last, FROM: meta.get(FROM, prompt.covered(summary)), "reset": True,
-                    DUE: now, ASKED: meta.get(ASKED, now)}
+                    DUE: now, ASKED: now}
     s.add(summary)
+    return True
 
 
 def compact(rt: Runtime, conversation_id: str, *, everything: bool = False, keep: int | None = None) -> bool:
@@ -120,7 +122,7 @@ def _summary_request(rt: Runtime, conversation_id: str, previous: str, old: list
     refused every time, and the summary never move on. What is cut is left out of the summary."""
     profile = rt.llm.profile(None)
     budget = profile.context_window - (profile.max_tokens or RESERVE_TOKENS)
-    lines = [f"{m.role.value}: {m.content[:TRIM_CHARS]}" for m in old if m.content]
+    lines = [f"{m.role.value}: {prompt.said(m)[:TRIM_CHARS]}" for m in old if m.content]
 
     def request(kept: list[str]) -> dict[str, Any]:
         return {"role": "user", "content": SUMMARY_PROMPT.format(previous=previous, transcript="\n".join(kept))}
@@ -129,6 +131,7 @@ def _summary_request(rt: Runtime, conversation_id: str, previous: str, old: list
     while start > 0 and size + len(lines[start - 1]) + 1 <= budget * CHARS_PER_TOKEN:  # a first guess...
         start -= 1
         size += len(lines[start]) + 1
+    start = max(0, min(start, len(lines) - 1))  # the newest message at least: the tokenizer has the last word
     while start < len(lines) - 1 and rt.llm.count_tokens([request(lines[start:])]) > budget:  # ...made sure of
         start += max(1, (len(lines) - start) // 10)
     if start:
@@ -198,15 +201,22 @@ def _written(summary: Message, covers: int) -> None:
 
 
 def _failed_reset(s: Session, conversation_id: str, summary: Message | None, err: LLMError) -> bool:
-    """The model failed the /new summary. Retried (by the task, then by the sweep) for GIVE_UP;
-    then the new session keeps the previous summary, and the messages between are left out."""
-    asked = summary.meta.get(ASKED) if summary is not None else None
-    if summary is None or asked is None or utcnow() - datetime.fromisoformat(asked) < GIVE_UP:
-        raise Retryable(f"summary for /new: {err}", max_retries=5) from err
-    log.error("gave up the /new summary of %s after %s: %s", conversation_id, GIVE_UP, err)
+    """The model failed the /new summary: the sweep sends it again `requeue_grace` later (stamped
+    now; the sweep is its only re-sender, so attempts never pile up), for GIVE_UP after the latest
+    /new; then the new session keeps the previous summary, and the messages between are left out."""
+    if summary is None:
+        return False
     _lock(s, conversation_id)
     s.refresh(summary)
-    _written(summary, prompt.covered(summary))
+    if DUE not in summary.meta:
+        return False
+    asked = summary.meta.get(ASKED)
+    if asked is not None and utcnow() - datetime.fromisoformat(asked) >= GIVE_UP:
+        log.error("gave up the /new summary of %s after %s: %s", conversation_id, GIVE_UP, err)
+        _written(summary, prompt.covered(summary))
+    else:
+        log.warning("the /new summary of %s failed (%s); the sweeper tries again", conversation_id, err)
+        summary.meta = {**summary.meta, DUE: utcnow().isoformat()}
     s.add(summary)
     return False
 
@@ -218,6 +228,7 @@ with due as materialized (
   select id, conversation_id from messages
   where type = 'SUMMARY' and meta ? 'summary_due'
     and (meta->>'summary_due')::timestamptz < now() - make_interval(secs => :grace)
+    and (cast(:cid as text) is null or conversation_id = :cid)
   limit :batch for update skip locked
 ), idle as materialized (
   select id from due where pg_try_advisory_xact_lock(hashtext(conversation_id))
@@ -228,10 +239,12 @@ returning m.conversation_id
 """)
 
 
-def resend_summaries(rt: Runtime) -> list[str]:
-    """A sweep: the conversations whose /new summary is due again."""
+def resend_summaries(rt: Runtime, conversation_id: str | None = None) -> list[str]:
+    """A sweep (over one conversation only: `nanofleet agent`): the conversations whose /new summary
+    is due again."""
+    params = {"grace": rt.settings.runtime.requeue_grace, "batch": 200, "cid": conversation_id}
     with rt.session() as s:
-        ids = list(s.execute(_DUE, {"grace": rt.settings.runtime.requeue_grace, "batch": 200}).scalars())
+        ids = list(s.execute(_DUE, params).scalars())
     if ids:
         log.info("re-sending the /new summary of %d conversation(s)", len(ids))
     return ids

@@ -120,10 +120,7 @@ def to_llm(msg: Message) -> dict[str, Any]:
     wrote it."""
     if msg.role == Role.TOOL:
         return {"role": "tool", "tool_call_id": msg.tool_call_id, "name": msg.tool_name, "content": msg.content}
-    out: dict[str, Any] = {"role": msg.role.value.lower(), "content": msg.content}
-    origin = msg.meta.get("origin") or {} if msg.role == Role.USER else {}
-    if origin.get("group"):
-        out["content"] = f"[{sender(origin)}]: {msg.content}"
+    out: dict[str, Any] = {"role": msg.role.value.lower(), "content": said(msg)}
     if msg.role == Role.ASSISTANT and msg.tool_calls:
         out["tool_calls"] = msg.tool_calls
         out["content"] = msg.content or None
@@ -139,9 +136,16 @@ def runtime_context(run: Run, now: datetime | None = None) -> dict[str, Any]:
         f"channel: {origin.get('channel', 'api')}",
         f"chat_id: {origin.get('chat_id', '')}",
     ]
-    if origin.get("sender_id"):
+    if origin.get("sender_id") and run.kind == RunKind.TURN:
         lines.append(f"sender: {sender(origin)}" + (" (a group chat)" if origin.get("group") else ""))
     return {"role": "user", "content": "\n".join(lines)}
+
+
+def said(msg: Message) -> str:
+    """A message's text; in a group chat, a person's message starts with who wrote it (`sender` in
+    its meta: set when it came in, so subagent reports and cron tasks, which copy a chat's origin,
+    are not attributed to anyone)."""
+    return f"[{msg.meta['sender']}]: {msg.content}" if msg.meta.get("sender") else msg.content
 
 
 def sender(origin: dict[str, Any]) -> str:

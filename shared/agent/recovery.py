@@ -41,10 +41,9 @@ def sweep(rt: Runtime, conversation_id: str | None = None) -> list[Next]:
         nexts += steps.advance(rt, run_id, step_seq)
     with rt.session() as s:
         nexts += _orphan_mailboxes(rt, s, conversation_id)
-    if conversation_id is None:
-        nexts += [Next(T_COMPACT, (cid, True)) for cid in memory.resend_summaries(rt)]
-        for extra in EXTRA_SWEEPS:
-            nexts += extra(rt)
+    nexts += [Next(T_COMPACT, (cid, True)) for cid in memory.resend_summaries(rt, conversation_id)]
+    for extra in EXTRA_SWEEPS if conversation_id is None else ():
+        nexts += extra(rt)
     return nexts
 
 

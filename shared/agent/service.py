@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlmodel import Session
 
-from shared.agent import conversations, memory
+from shared.agent import conversations, memory, prompt
 from shared.agent.finish import cancel_conversation, publish_final
 from shared.agent.runtime import Next, Runtime
 from shared.constants import T_AGENT_STEP, T_COMPACT
@@ -46,10 +46,12 @@ def submit(
         out.reply = f"Stopped {len(out.cancelled)} running task(s)." if out.cancelled else "Nothing is running."
         return out
     if command == "/new":
-        memory.start_over(s, conversation_id)
-        return Submitted(conversation_id, reply="Started a new session; I kept a summary of the last one.",
+        if not memory.start_over(s, conversation_id):
+            return Submitted(conversation_id, reply="Started a new session.")
+        return Submitted(conversation_id, reply="Started a new session; I'll keep a summary of the last one.",
                          nexts=[Next(T_COMPACT, (conversation_id, True))])
-    meta = {"origin": origin, **({"model": model} if model else {})}
+    meta = {"origin": origin, **({"model": model} if model else {}),
+            **({"sender": prompt.sender(origin)} if origin.get("group") else {})}
     posted = conversations.post_message(
         s, conversation_id, content, origin=origin, meta=meta, lease_seconds=rt.settings.runtime.lease_seconds,
         max_iterations=rt.settings.agent.max_iterations,

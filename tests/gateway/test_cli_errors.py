@@ -80,7 +80,7 @@ def test_status_names_redis_url_and_reason(database_url: str, tmp_path: Path) ->
 CLOSED_REDIS = "redis://127.0.0.1:1/0"  # a refusal must come before Redis is needed
 
 
-@pytest.mark.parametrize("state", STATES)
+@pytest.mark.parametrize("state", [s for s in STATES if s != "ahead"])  # a newer one's: a rolling upgrade
 def test_a_worker_refuses_a_database_not_at_this_codes_revision(state: str, tmp_path: Path) -> None:
     with database_in(state) as url:
         done = _run(_env(tmp_path, database_url=url, redis_url=CLOSED_REDIS), "worker")

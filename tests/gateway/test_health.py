@@ -33,8 +33,11 @@ def test_readyz_names_a_database_not_at_this_codes_revision(state: str, make_sta
         for client in api_client(s.settings):
             ready = client.get("/readyz")
     assert ready.status_code == 503
-    assert "database" in ready.json()["failing"]
-    assert ready.json()["checks"]["database"] == reason(state)
+    if state == "ahead":  # a newer nanofleet migrated it: this one goes on serving through the upgrade
+        assert ready.json()["checks"]["database"] == "ok" and ready.json()["failing"] == ["workers"]
+    else:
+        assert "database" in ready.json()["failing"]
+        assert ready.json()["checks"]["database"] == reason(state)
 
 
 def test_readyz_names_workers_when_none_runs(make_stack: Callable[..., Stack]) -> None:

@@ -14,7 +14,7 @@ from shared.agent.runtime import Runtime
 from shared.agent.service import submit
 from shared.models import Message, MessageType, Run, RunKind, RunStatus, utcnow
 from shared.settings import Settings, load_settings
-from tests.fakes.llm import FakeLLM, Reply
+from tests.fakes.llm import FakeLLM, Reply, default_handler
 from tests.support.stack import clean_db
 
 
@@ -67,3 +67,30 @@ def test_new_summarises_and_a_failed_turn_says_so(database_url: str, fake_llm: F
     fake_llm.handler = lambda body: Reply(status=400)
     failed = one_turn(settings, message="anything", session="cli:n")
     assert not failed.ok and "refused" in failed.text
+
+
+def test_a_new_summary_the_model_could_not_write_is_sent_again_by_a_later_call(
+        database_url: str, fake_llm: FakeLLM, tmp_path: Path) -> None:
+    """`nanofleet agent -m /new` with the model down: no traceback, the new session starts, and the
+    summary is written by a later call (its sweep of the conversation sends it again; it used to
+    send it never, and compaction stayed off for good)."""
+    clean_db(database_url)
+    fake_llm.reset()
+    settings = _settings(database_url, fake_llm, tmp_path)
+    settings = settings.model_copy(update={"runtime": settings.runtime.model_copy(update={"requeue_grace": 0.2})})
+    assert one_turn(settings, message="remember the tea", session="cli:d").ok
+    fake_llm.handler = lambda body: Reply(status=400)  # refused: not retried
+    assert one_turn(settings, message="/new", session="cli:d").text.startswith("Started a new session")
+    rt = Runtime.build(settings)
+
+    def summary() -> Message:
+        with rt.session() as s:
+            [found] = s.exec(select(Message).where(Message.type == MessageType.SUMMARY)).all()
+            return found
+
+    assert "summary_due" in summary().meta and summary().content == ""
+    fake_llm.handler = default_handler
+    deadline = utcnow() + timedelta(seconds=30)
+    while "summary_due" in summary().meta and utcnow() < deadline:  # each call sweeps its conversation
+        assert one_turn(settings, message="and now?", session="cli:d").ok
+    assert "remember the tea" in summary().content and "summary_due" not in summary().meta

@@ -14,7 +14,7 @@ from sqlmodel import Session
 
 from shared.agent import conversations, prompt
 from shared.db import get_engine
-from shared.models import Message, MessageType, Role, Run
+from shared.models import Message, MessageType, Role, Run, RunKind
 from shared.settings import load_settings
 from tests.fakes.llm import unpaired
 from tests.support.stack import clean_db
@@ -77,7 +77,9 @@ def test_system_prompt_is_stable_and_reads_workspace_files(tmp_path) -> None:  #
 def test_in_a_group_chat_the_model_is_told_who_wrote_each_message() -> None:
     group = {"channel": "telegram", "chat_id": "-7", "sender_id": "42", "sender_name": "ann", "group": True}
     assert prompt.to_llm(Message(conversation_id="c", role=Role.USER, content="deploy it",
-                                 meta={"origin": group}))["content"] == "[ann (42)]: deploy it"
+                                 meta={"origin": group, "sender": "ann (42)"}))["content"] == "[ann (42)]: deploy it"
+    report = Message(conversation_id="c", role=Role.USER, content="[subagent report] done", meta={"origin": group})
+    assert prompt.to_llm(report)["content"] == "[subagent report] done"  # a copied origin is no author
     direct = {"channel": "telegram", "chat_id": "42", "sender_id": "42", "sender_name": "ann"}
     assert prompt.to_llm(Message(conversation_id="c", role=Role.USER, content="hi",
                                  meta={"origin": direct}))["content"] == "hi"  # a DM: nobody else speaks
@@ -85,6 +87,8 @@ def test_in_a_group_chat_the_model_is_told_who_wrote_each_message() -> None:
     context = prompt.runtime_context(Run(conversation_id="c", origin=group))["content"]
     assert "sender: ann (42) (a group chat)" in context
     assert "sender" not in prompt.runtime_context(Run(conversation_id="c", origin={}))["content"]
+    cron = Run(conversation_id="c", origin=group, kind=RunKind.CRON)  # a job set up from the group: nobody asks
+    assert "sender" not in prompt.runtime_context(cron)["content"]
 
 
 def test_the_latest_summary_is_found_through_its_index_even_in_a_generic_plan(session: Session) -> None:
