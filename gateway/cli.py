@@ -52,9 +52,9 @@ def database_or_exit(settings: Settings, *, may_create: bool = False) -> Setting
 
 
 def migrated_or_exit(settings: Settings) -> Settings:
-    """`settings`, unless its database is missing, never migrated, or at another revision than this
-    code's: a process on it would fail at its first query. A server that does not answer is not
-    refused here (the process starts, as before, and /readyz names it)."""
+    """`settings`, unless its database is missing, never migrated, or behind this code's revision: a
+    process on it would fail at its first query (a newer nanofleet's is served: a rolling upgrade).
+    A server that does not answer is not refused here (the process starts, and /readyz names it)."""
     from gateway.status import migration_problem
 
     if (problem := migration_problem(settings.database_url)) is not None:
