@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -16,15 +15,14 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, create_engine, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import SQLModel
 
-from shared.migrate import MigrationBlocked, alembic_config, current, upgrade
+from shared.migrate import MigrationBlocked, alembic_config, current, head, upgrade
 from tests.support import services
-from tests.support.processes import ROOT
+from tests.support.processes import ROOT, wait_until
 
 TABLES = {"conversations", "messages", "runs", "run_steps", "tool_calls", "inbound_events", "outbox",
           "cron_jobs", "cron_receipts"}
@@ -135,13 +133,6 @@ def _query(url: str, sql: str, *, timeout: float | None = None) -> object:
         engine.dispose()
 
 
-def _until(check: Callable[[], object], what: str, deadline: float = 30) -> None:
-    end = time.monotonic() + deadline
-    while not check():
-        assert time.monotonic() < end, f"gave up waiting until {what}"
-        time.sleep(0.05)
-
-
 def _migration_waits_for_a_lock(url: str) -> bool:
     return bool(_query(url, "select count(*) from pg_stat_activity "
                             "where datname = current_database() and wait_event_type = 'Lock'"))
@@ -160,8 +151,16 @@ def _invalid(url: str, index: str) -> bool:
                             "and not indisvalid"))
 
 
-def _head(url: str) -> str | None:
-    return ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+def _migrate_beside(url: str, *, holding: str, probe: str) -> None:
+    """Migrate to head while a transaction that ran `holding` stays open: once the migration waits
+    for a lock, `probe` (the application) must get through; the migration ends after that
+    transaction does."""
+    with ThreadPoolExecutor(1) as pool, _long_transaction(url, holding) as holder:
+        migrating = pool.submit(command.upgrade, _config(url), "head")
+        wait_until(lambda: _migration_waits_for_a_lock(url), message="the migration to wait for its lock")
+        _probe(url, probe)
+        holder.commit()
+        migrating.result(timeout=60)
 
 
 def test_a_migration_behind_a_long_transaction_does_not_freeze_the_application(empty_db: str) -> None:
@@ -169,13 +168,8 @@ def test_a_migration_behind_a_long_transaction_does_not_freeze_the_application(e
     runs behind itself until that transaction ended; now it gives up after its lock timeout, lets
     them through, and tries again."""
     _at(empty_db, "0001")
-    with ThreadPoolExecutor(1) as pool, _long_transaction(empty_db, "select count(*) from runs") as reader:
-        migrating = pool.submit(command.upgrade, _config(empty_db), "head")
-        _until(lambda: _migration_waits_for_a_lock(empty_db), "the migration waits for its lock on runs")
-        _probe(empty_db, "select status from runs where id = 'r7'")
-        reader.commit()
-        migrating.result(timeout=60)
-    assert current(empty_db) == _head(empty_db)
+    _migrate_beside(empty_db, holding="select count(*) from runs", probe="select status from runs where id = 'r7'")
+    assert current(empty_db) == head()
 
 
 def test_a_migration_that_cannot_take_its_lock_stops_and_names_it(empty_db: str) -> None:
@@ -198,14 +192,9 @@ def test_index_builds_let_writers_through(empty_db: str) -> None:
     """0004 builds an index on runs. Behind a transaction that wrote runs, a plain CREATE INDEX
     queued every writer of runs behind itself; CONCURRENTLY lets them through."""
     _at(empty_db, "0003")
-    with ThreadPoolExecutor(1) as pool, \
-            _long_transaction(empty_db, "update runs set iteration = 1 where id = 'r7'") as writer:
-        migrating = pool.submit(command.upgrade, _config(empty_db), "head")
-        _until(lambda: _migration_waits_for_a_lock(empty_db), "the index build waits for the writer")
-        _probe(empty_db, "update runs set iteration = 2 where id = 'r8'")
-        writer.commit()
-        migrating.result(timeout=60)
-    assert current(empty_db) == _head(empty_db)
+    _migrate_beside(empty_db, holding="update runs set iteration = 1 where id = 'r7'",
+                    probe="update runs set iteration = 2 where id = 'r8'")
+    assert current(empty_db) == head()
     assert not _invalid(empty_db, "ix_runs_cron_unannounced")
 
 
@@ -221,7 +210,7 @@ def test_an_index_build_that_gave_up_is_built_again(empty_db: str) -> None:
         assert _invalid(empty_db, "ix_runs_cron_unannounced")
         writer.commit()
     upgrade(empty_db)
-    assert current(empty_db) == _head(empty_db)
+    assert current(empty_db) == head()
     assert not _invalid(empty_db, "ix_runs_cron_unannounced")
     engine = create_engine(empty_db)
     with engine.connect() as conn:
@@ -237,14 +226,14 @@ def test_two_migrators_at_once_both_finish(empty_db: str) -> None:
     with ThreadPoolExecutor(1) as pool, \
             _long_transaction(empty_db, "update runs set iteration = 1 where id = 'r7'") as writer:
         first = pool.submit(command.upgrade, _config(empty_db), "head")
-        _until(lambda: _invalid(empty_db, "ix_runs_cron_unannounced"), "the first one's index build waits")
+        wait_until(lambda: _invalid(empty_db, "ix_runs_cron_unannounced"), message="the first one's index build waits")
         second = subprocess.Popen([sys.executable, "-c", "import sys; from shared.migrate import upgrade; "
                                    "upgrade(sys.argv[1])", empty_db], cwd=ROOT, stderr=subprocess.PIPE, text=True)
-        _until(lambda: _query(empty_db, "select count(*) from pg_stat_activity where datname = current_database() "
+        wait_until(lambda: _query(empty_db, "select count(*) from pg_stat_activity where datname = current_database() "
                                         "and application_name = 'nanofleet migrate'") == 2,
-               "the second one waits for its turn")
+                   message="the second one waits for its turn")
         writer.commit()
         first.result(timeout=60)
         _, errors = second.communicate(timeout=60)
     assert second.returncode == 0, errors
-    assert current(empty_db) == _head(empty_db)
+    assert current(empty_db) == head()

@@ -12,18 +12,11 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from shared.db import ensure_database, get_engine
-from shared.migrate import MIGRATIONS, upgrade
+from shared.migrate import MIGRATIONS, head, upgrade
 from tests.support import services
 
 STATES = ("missing", "empty", "behind", "ahead")
 NEWER = "9999"  # a revision no migration here has: what a newer nanofleet's looks like to this one
-
-
-def head() -> str:
-    """The revision this code's migrations end at."""
-    found = ScriptDirectory(str(MIGRATIONS)).get_current_head()
-    assert found is not None
-    return found
 
 
 def previous() -> str:
