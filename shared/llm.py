@@ -139,6 +139,11 @@ class LLMClient:
                                                     "output_cost_per_token": None})
         return self.settings
 
+    def longest(self) -> float:
+        """Seconds `complete` may take at most: every try at the timeout, every pause at its cap."""
+        s = self.settings
+        return (s.max_retries + 1) * s.timeout + s.max_retries * s.retry_max_delay
+
     def complete(
         self,
         messages: list[dict[str, Any]],

@@ -103,6 +103,8 @@ class Conversation(SQLModel, table=True):
     channel: str = "api"
     chat_id: str = ""
     active_run_id: str | None = None  # the turn lock: at most one active turn
+    # A compaction's lease: it writes the summary, with no transaction open across its model call.
+    compacting_until: datetime | None = _ts()
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost: float = 0.0

@@ -86,12 +86,39 @@ def start_over(s: Session, conversation_id: str) -> bool:
 def compact(rt: Runtime, conversation_id: str, *, everything: bool = False, keep: int | None = None) -> bool:
     """Summarise what the window no longer shows (or all but the last `keep` messages, the ones
     the token guard kept), up to the running turn; or, with `everything`, what a /new left behind.
+    One compaction of a conversation at a time, under its lease; no transaction stays open across
+    the model call (it would hold locks that a migration waits for, and a pooled connection).
     True if it wrote a summary."""
+    lease = _claim(rt, conversation_id)
+    if lease is None:
+        if everything:  # /new was promised: it runs after the compaction holding the lease
+            raise Retryable("another compaction of this conversation is running", delay=2, max_retries=60)
+        return False
+    try:
+        return _compact(rt, conversation_id, everything, keep)
+    finally:
+        with rt.session() as s:
+            s.execute(_RELEASE, {"c": conversation_id, "lease": lease})
+
+
+_CLAIM = text("""
+update conversations set compacting_until = now() + make_interval(secs => :s)
+where id = :c and (compacting_until is null or compacting_until < now())
+returning compacting_until
+""")
+_RELEASE = text("update conversations set compacting_until = null where id = :c and compacting_until = :lease")
+
+
+def _claim(rt: Runtime, conversation_id: str) -> datetime | None:
+    """The conversation's compaction lease, for as long as the longest model call (a compaction
+    whose worker died frees it then); None while another compaction holds it."""
     with rt.session() as s:
-        if not s.execute(text("select pg_try_advisory_xact_lock(hashtext(:c))"), {"c": conversation_id}).scalar():
-            if everything:  # /new was promised: it runs after the automatic compaction holding the lock
-                raise Retryable("another compaction of this conversation is running", delay=2, max_retries=60)
-            return False
+        until: datetime | None = s.execute(_CLAIM, {"c": conversation_id, "s": rt.llm.longest() + 60}).scalar()
+    return until
+
+
+def _compact(rt: Runtime, conversation_id: str, everything: bool, keep: int | None) -> bool:
+    with rt.session() as s:  # read what to summarise, and commit
         summary = prompt.latest_summary(s, conversation_id)
         seen = (summary.id, dict(summary.meta)) if summary else None
         if everything:
@@ -103,17 +130,18 @@ def compact(rt: Runtime, conversation_id: str, *, everything: bool = False, keep
         if not old:
             return False
         previous = f"Previous summary:\n{summary.content}\n" if summary and summary.content else ""
-        try:
-            response = rt.llm.complete([_summary_request(rt, conversation_id, previous, old)])
-        except LLMError as err:  # an automatic compaction comes again with the next turn
-            if everything:
-                return _failed_reset(s, conversation_id, summary, err)
-            log.warning("compaction of %s failed: %s", conversation_id, err)
-            return False
+    try:
+        response = rt.llm.complete([_summary_request(rt, conversation_id, previous, old)])
+    except LLMError as err:  # an automatic compaction comes again with the next turn
+        if everything:
+            return _failed_reset(rt, conversation_id, err)
+        log.warning("compaction of %s failed: %s", conversation_id, err)
+        return False
+    with rt.session() as s:
         if not _store(s, conversation_id, response.content, old[-1].seq or 0, seen):
             return False
-        log.info("compacted %d messages of %s", len(old), conversation_id)
-        return True
+    log.info("compacted %d messages of %s", len(old), conversation_id)
+    return True
 
 
 def _summary_request(rt: Runtime, conversation_id: str, previous: str, old: list[Message]) -> dict[str, Any]:
@@ -200,41 +228,39 @@ def _written(summary: Message, covers: int) -> None:
         summary.meta = {**summary.meta, FROM: covers}
 
 
-def _failed_reset(s: Session, conversation_id: str, summary: Message | None, err: LLMError) -> bool:
+def _failed_reset(rt: Runtime, conversation_id: str, err: LLMError) -> bool:
     """The model failed the /new summary: the sweep sends it again `requeue_grace` later (stamped
     now; the sweep is its only re-sender, so attempts never pile up), for GIVE_UP after the latest
     /new; then the new session keeps the previous summary, and the messages between are left out."""
-    if summary is None:
-        return False
-    _lock(s, conversation_id)
-    s.refresh(summary)
-    if DUE not in summary.meta:
-        return False
-    asked = summary.meta.get(ASKED)
-    if asked is not None and utcnow() - datetime.fromisoformat(asked) >= GIVE_UP:
-        log.error("gave up the /new summary of %s after %s: %s", conversation_id, GIVE_UP, err)
-        _written(summary, prompt.covered(summary))
-    else:
-        log.warning("the /new summary of %s failed (%s); the sweeper tries again", conversation_id, err)
-        summary.meta = {**summary.meta, DUE: utcnow().isoformat()}
-    s.add(summary)
+    with rt.session() as s:
+        _lock(s, conversation_id)
+        summary = prompt.latest_summary(s, conversation_id, fresh=True)
+        if summary is None or DUE not in summary.meta:
+            return False
+        asked = summary.meta.get(ASKED)
+        if asked is not None and utcnow() - datetime.fromisoformat(asked) >= GIVE_UP:
+            log.error("gave up the /new summary of %s after %s: %s", conversation_id, GIVE_UP, err)
+            _written(summary, prompt.covered(summary))
+        else:
+            log.warning("the /new summary of %s failed (%s); the sweeper tries again", conversation_id, err)
+            summary.meta = {**summary.meta, DUE: utcnow().isoformat()}
+        s.add(summary)
     return False
 
 
 # /new summaries whose task went missing: due for `grace` s and no compaction of the conversation
-# running (its advisory lock is free). Stamped, so the next sweeps leave them alone for `grace` s.
+# running (its lease is free). Stamped, so the next sweeps leave them alone for `grace` s.
 _DUE = text("""
-with due as materialized (
-  select id, conversation_id from messages
-  where type = 'SUMMARY' and meta ? 'summary_due'
-    and (meta->>'summary_due')::timestamptz < now() - make_interval(secs => :grace)
-    and (cast(:cid as text) is null or conversation_id = :cid)
-  limit :batch for update skip locked
-), idle as materialized (
-  select id from due where pg_try_advisory_xact_lock(hashtext(conversation_id))
-)
 update messages m set meta = jsonb_set(m.meta, '{summary_due}', to_jsonb(now()))
-from idle where m.id = idle.id
+from (
+  select m.id from messages m join conversations c on c.id = m.conversation_id
+  where m.type = 'SUMMARY' and m.meta ? 'summary_due'
+    and (m.meta->>'summary_due')::timestamptz < now() - make_interval(secs => :grace)
+    and (cast(:cid as text) is null or m.conversation_id = :cid)
+    and (c.compacting_until is null or c.compacting_until < now())
+  limit :batch for update of m skip locked
+) due
+where m.id = due.id
 returning m.conversation_id
 """)
 

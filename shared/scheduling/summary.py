@@ -14,7 +14,7 @@ import logging
 from datetime import datetime, timedelta
 
 from sqlalchemy import text
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from shared.agent.runtime import Next, Runtime
 from shared.constants import T_DAILY_SUMMARY
@@ -81,30 +81,36 @@ def _transcript(rt: Runtime, rows: list[Message], since: str, until: str) -> str
 
 def summarise(rt: Runtime, conversation_id: str, until: datetime) -> bool:
     """Write the conversation's summary for the period ending `until`; False if it exists or is empty.
-    Raises Retryable when the model fails: nothing is written, the task comes again."""
+    Raises Retryable when the model fails: nothing is written, the task comes again. No transaction
+    stays open across the model call; a duplicate task that overlapped it finds the summary written."""
     key, since = until.isoformat(), (until - PERIOD).isoformat()
     with rt.session() as s:
-        if not s.execute(text("select pg_try_advisory_xact_lock(hashtext(:k))"),
-                         {"k": f"daily:{conversation_id}"}).scalar():
-            return False
-        exists = s.exec(select(Message.id).where(
-            Message.conversation_id == conversation_id, Message.type == MessageType.SUMMARY,
-            col(Message.meta)[META_KEY].astext == key,
-        )).first()
-        if exists is not None:
+        if _written(s, conversation_id, key):
             return False
         rows = list(s.exec(select(Message).where(
             Message.conversation_id == conversation_id, col(Message.id).in_(
                 _recent(until).with_only_columns(col(Message.id))),  # type: ignore[attr-defined]
         ).order_by(col(Message.seq).desc()).limit(MAX_MESSAGES)))
-        if not rows:
+    if not rows:
+        return False
+    rows.reverse()
+    try:
+        response = rt.llm.complete([{"role": "user", "content": _transcript(rt, rows, since, key)}])
+    except LLMError as err:
+        raise Retryable(f"daily summary of {conversation_id}: {err}", delay=RETRY_DELAY,
+                        max_retries=RETRIES) from err
+    with rt.session() as s:
+        if _written(s, conversation_id, key):
             return False
-        rows.reverse()
-        try:
-            response = rt.llm.complete([{"role": "user", "content": _transcript(rt, rows, since, key)}])
-        except LLMError as err:
-            raise Retryable(f"daily summary of {conversation_id}: {err}", delay=RETRY_DELAY,
-                            max_retries=RETRIES) from err
         s.add(Message(conversation_id=conversation_id, role=Role.SYSTEM, type=MessageType.SUMMARY,
                       content=response.content, meta={META_KEY: key, "since": since}))
     return True
+
+
+def _written(s: Session, conversation_id: str, key: str) -> bool:
+    """Whether the summary for `key` exists, under a lock that the one writing it holds too."""
+    s.execute(text("select pg_advisory_xact_lock(hashtext(:k))"), {"k": f"daily:{conversation_id}:{key}"})
+    return s.exec(select(Message.id).where(
+        Message.conversation_id == conversation_id, Message.type == MessageType.SUMMARY,
+        col(Message.meta)[META_KEY].astext == key,
+    )).first() is not None

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis
@@ -101,14 +103,12 @@ def test_new_summarises_and_starts_fresh(stack: Stack, api: Any, fake_llm: FakeL
 
 
 def test_new_waits_for_a_compaction_already_running(stack: Stack, api: Any) -> None:
-    """/new arriving while an automatic compaction holds the conversation's lock still resets it."""
+    """/new arriving while an automatic compaction holds the conversation's lease still resets it."""
     cid = api.post("/api/v1/conversations").json()["conversationId"]
     api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "my name is Ada"})
-    with get_engine(stack.settings.database_url).connect() as other:  # the running compaction
-        other.execute(text("select pg_advisory_xact_lock(hashtext(:c))"), {"c": cid})
+    with _compacting(stack, cid):
         api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "/new"})
-        wait_until(lambda: _retried(stack), timeout=30, message="the /new compaction to find the lock taken")
-        other.rollback()
+        wait_until(lambda: _retried(stack), timeout=30, message="the /new compaction to find the lease taken")
 
     def reset() -> Message | None:
         with Session(get_engine(stack.settings.database_url)) as s:
@@ -127,11 +127,9 @@ def test_new_holds_from_the_next_message_and_its_summary_covers_only_what_came_b
     cid = api.post("/api/v1/conversations").json()["conversationId"]
     chat = f"/api/v1/conversations/{cid}/chat"
     api.post(chat, json={"message": "my name is Ada"})
-    with get_engine(stack.settings.database_url).connect() as other:  # the summary cannot be written yet
-        other.execute(text("select pg_advisory_xact_lock(hashtext(:c))"), {"c": cid})
+    with _compacting(stack, cid):  # the summary cannot be written yet
         api.post(chat, json={"message": "/new"})
         assert api.post(chat, json={"message": "who am I?"}).json()["assistantMessage"] == "echo: who am I?"
-        other.rollback()
     assert "my name is Ada" not in json.dumps(_turn_request(fake_llm, "who am I?"))
 
     def written() -> Message | None:
@@ -153,6 +151,19 @@ def _turn_request(fake_llm: FakeLLM, text: str) -> list[dict[str, Any]]:
     assert bodies, f"no turn answered {text!r}"
     messages: list[dict[str, Any]] = bodies[0]["messages"]
     return messages
+
+
+@contextmanager
+def _compacting(stack: Stack, cid: str) -> Iterator[None]:
+    """Another compaction of the conversation holds its lease meanwhile."""
+    with get_engine(stack.settings.database_url).begin() as conn:
+        conn.execute(text("update conversations set compacting_until = now() + interval '10 minutes' where id = :c"),
+                     {"c": cid})
+    try:
+        yield
+    finally:
+        with get_engine(stack.settings.database_url).begin() as conn:
+            conn.execute(text("update conversations set compacting_until = null where id = :c"), {"c": cid})
 
 
 def _retried(stack: Stack) -> bool:

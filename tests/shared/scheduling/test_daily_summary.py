@@ -6,8 +6,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 from sqlmodel import col, select
 
 from shared.agent import conversations
@@ -107,3 +110,30 @@ def test_the_summary_keeps_the_newest_messages_of_a_long_day(core: Core, fake_ll
     assert summary.summarise(rt, cid, utcnow() + timedelta(minutes=1))
     shown = [int(n) for n in re.findall(r"message (\d{3})", fake_llm.requests[0]["messages"][0]["content"])]
     assert shown == list(range(100, summary.MAX_MESSAGES + 100))
+
+
+def test_no_transaction_stays_open_while_the_model_writes_and_an_overlapping_duplicate_writes_nothing(
+        core: Core) -> None:
+    """The model call runs outside any transaction (its locks made a migration's ALTER TABLE wait);
+    a duplicate of the task that ran meanwhile has written the summary, and this one adds none."""
+    stack, rt, _ = core()
+    cid = chat_with(stack, ["plan the trip", "booked the train"])
+    until = utcnow() + timedelta(minutes=1)
+    complete, seen = rt.llm.complete, []
+
+    def meanwhile(*args: Any, **kwargs: Any) -> Any:
+        with db(stack) as s:
+            s.execute(text("set local lock_timeout = '1s'"))
+            try:
+                s.execute(text("lock table messages, conversations in access exclusive mode"))
+                seen.append("locked")
+            except OperationalError as err:
+                seen.append(str(err.orig))
+            s.rollback()
+        rt.llm.complete = complete  # type: ignore[method-assign]
+        assert summary.summarise(rt, cid, until)  # the duplicate
+        return complete(*args, **kwargs)
+
+    rt.llm.complete = meanwhile  # type: ignore[method-assign]
+    assert not summary.summarise(rt, cid, until)
+    assert seen == ["locked"] and len(daily_summaries(stack)) == 1

@@ -1,0 +1,106 @@
+"""A compaction on real Postgres, in-process: it holds the conversation's lease, not a transaction,
+while the model writes the summary; one runs at a time; a dead worker's lease runs out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+
+from shared.agent import memory, prompt
+from shared.agent.runtime import Runtime
+from shared.db import get_engine
+from shared.errors import Retryable
+from shared.models import Conversation
+from tests.shared.agent.test_new_session import _chat, _new, _summary
+from tests.support.stack import Stack
+
+
+def _lease(rt: Runtime, cid: str, seconds: float | None) -> None:
+    """Set the conversation's compaction lease to run out `seconds` from now (None: free)."""
+    with rt.session() as s:
+        s.execute(text("update conversations set compacting_until = now() + make_interval(secs => :s) "
+                       "where id = :c"), {"s": seconds, "c": cid})
+
+
+def _held(rt: Runtime, cid: str) -> bool:
+    with rt.session() as s:
+        return s.get_one(Conversation, cid).compacting_until is not None
+
+
+def test_no_transaction_stays_open_while_the_model_writes_the_summary(stack: Stack) -> None:
+    """A summary can take a minute: its compaction used to keep a transaction open meanwhile, whose
+    locks made a migration's ALTER TABLE wait (and then everything queued behind the ALTER)."""
+    rt = Runtime.build(stack.settings)
+    cid = _chat(rt, 30)
+    complete, seen = rt.llm.complete, []
+
+    def migrate_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        with get_engine(stack.settings.database_url).connect() as other:
+            other.execute(text("set local lock_timeout = '1s'"))
+            try:
+                other.execute(text("lock table messages, conversations in access exclusive mode"))
+                seen.append("locked")
+            except OperationalError as err:
+                seen.append(str(err.orig))
+            other.rollback()
+        return complete(*args, **kwargs)
+
+    rt.llm.complete = migrate_meanwhile  # type: ignore[method-assign]
+    assert memory.compact(rt, cid) is True
+    assert seen == ["locked"]
+    assert "answer 19" in _summary(rt, cid).content and not _held(rt, cid)
+
+
+def test_one_compaction_of_a_conversation_at_a_time(stack: Stack) -> None:
+    """Another compaction of the same conversation while the model writes: an automatic one gives
+    way at once, without a model call; a /new one is retried later (it was promised)."""
+    rt = Runtime.build(stack.settings)
+    cid = _chat(rt, 30)
+    complete, calls, beside = rt.llm.complete, [], []
+
+    def count(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            beside.append(memory.compact(rt, cid))
+            with pytest.raises(Retryable, match="another compaction"):
+                memory.compact(rt, cid, everything=True)
+        return complete(*args, **kwargs)
+
+    rt.llm.complete = count  # type: ignore[method-assign]
+    assert memory.compact(rt, cid) is True
+    assert beside == [False] and len(calls) == 1 and not _held(rt, cid)
+
+
+def test_a_lease_left_by_a_dead_worker_runs_out(stack: Stack) -> None:
+    """A worker killed in the middle of a compaction leaves its lease: the conversation is not
+    compacted, nor its /new summary sent again, until the lease runs out; then both go ahead."""
+    rt = Runtime.build(stack.settings)
+    cid = _chat(rt, 30)
+    _lease(rt, cid, 600)
+    assert memory.compact(rt, cid) is False
+    _new(rt, cid)
+    with rt.session() as s:
+        s.execute(text("update messages set meta = jsonb_set(meta, '{summary_due}', "
+                       "to_jsonb(now() - interval '1 hour')) where type = 'SUMMARY'"))
+    assert memory.resend_summaries(rt) == []
+    _lease(rt, cid, -1)
+    assert memory.resend_summaries(rt) == [cid]
+    assert memory.compact(rt, cid, everything=True) is True
+    assert memory.DUE not in _summary(rt, cid).meta and prompt.covered(_summary(rt, cid)) > 0
+    assert not _held(rt, cid)
+
+
+def test_a_failed_compaction_frees_its_lease(stack: Stack) -> None:
+    rt = Runtime.build(stack.settings)
+    cid = _chat(rt, 30)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a fault in the client")
+
+    rt.llm.complete = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        memory.compact(rt, cid)
+    assert not _held(rt, cid)
