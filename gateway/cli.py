@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -85,12 +86,21 @@ def gateway(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None
                 log_config=None, proxy_headers=True, access_log=False)
 
 
+def node_name(queues: list[str]) -> str:
+    """A Celery node name of its own for this worker process: its queues, then its pid (exec keeps it,
+    so it is the worker's) and a random tag, since two workers for the same queues on one host are a
+    plain way to scale, and containers sharing the host's name (host networking) may share a pid too.
+    A shared name merges them in `celery inspect`, Flower and remote control."""
+    return f"nanofleet-{'-'.join(queues)}-{os.getpid()}-{secrets.token_hex(2)}@%h"
+
+
 @app.command()
 def worker(
     queues: Annotated[str, typer.Option(help="comma-separated queues")] = ",".join(QUEUES),
     concurrency: int = 32,
     pool: Annotated[str, typer.Option(help="threads, prefork or solo")] = "threads",
-    hostname: str | None = None,
+    hostname: Annotated[str | None, typer.Option(
+        help="Celery node name, passed as given (default: nanofleet-<queues>-<pid>-<tag>@%h)")] = None,
 ) -> None:
     """Run a Celery worker for some or all queues."""
     settings = settings_or_exit()
@@ -105,9 +115,9 @@ def worker(
         raise typer.Exit(2)
     migrated_or_exit(settings)
     queues = ",".join(names)
-    name = hostname or f"nanofleet-{queues.replace(',', '-')}@%h"
     argv = [sys.executable, "-m", "celery", "-A", "workers.app:app", "worker", "-Q", queues,
-            "-c", str(concurrency), "-P", pool, "-n", name, "-E", "--without-mingle", "--without-gossip"]
+            "-c", str(concurrency), "-P", pool, "-n", hostname or node_name(names), "-E", "--without-mingle",
+            "--without-gossip"]
     os.execvp(argv[0], argv)
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
 from sqlmodel import Session
@@ -68,3 +69,17 @@ SettingsDep = Annotated[Settings, Depends(settings_dep)]
 RuntimeDep = Annotated[Runtime, Depends(runtime_dep)]
 SessionDep = Annotated[Session, Depends(session_dep)]
 StateDep = Annotated[AppState, Depends(app_state)]
+
+
+def only_params(*known: str) -> Callable[[Request], None]:
+    """A dependency refusing (422) a query parameter not in `known`, or one given twice: a misspelt
+    filter would silently list everything, and a repeated one is ambiguous."""
+
+    def check(request: Request) -> None:
+        params = request.query_params
+        bad = sorted(k for k in params if k not in known or len(params.getlist(k)) > 1)
+        if bad:
+            raise RequestValidationError([{"type": "extra_forbidden", "loc": ("query", k), "input": params[k],
+                                           "msg": "unknown or repeated query parameter"} for k in bad])
+
+    return check

@@ -44,6 +44,27 @@ class ConversationOut(CamelModel):
     conversation_id: str
 
 
+class ConversationPatch(CamelModel):
+    title: Text | None = Field(max_length=200, description="the new title; null removes it")
+
+
+class Usage(CamelModel):
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float = Field(description="USD, as the model's price map (or its profile) gives it")
+
+
+class ConversationInfo(CamelModel):
+    conversation_id: str
+    title: str | None
+    channel: str = Field(description="api, or the chat platform it came from")
+    chat_id: str
+    active_run_id: str | None = Field(description="the turn running now, if any")
+    usage: Usage = Field(description="the model calls of its runs, summed")
+    created_at: str
+    last_active_at: str
+
+
 class ChatIn(CamelModel):
     message: Text = Field(min_length=1, max_length=MAX_MESSAGE)
     model: Text | None = Field(default=None, max_length=200, description=(

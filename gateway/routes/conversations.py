@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Depends, Header, HTTPException, Query
 from sqlmodel import Session
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
-from gateway.deps import SessionDep, StateDep, require_key
+from gateway.deps import SessionDep, StateDep, only_params, require_key
 from gateway.schemas import (
     BAD_BODY,
     BIGINT_MAX,
@@ -21,7 +23,9 @@ from gateway.schemas import (
     ChatIn,
     ChatOut,
     ConversationIn,
+    ConversationInfo,
     ConversationOut,
+    ConversationPatch,
     Id,
     MessageOut,
     TimedOut,
@@ -33,9 +37,11 @@ from shared.agent import conversations, views
 from shared.agent.events import read as read_events
 from shared.agent.events import watch
 from shared.agent.service import Submitted, after_commit, submit
+from shared.contracts import NO_NUL
 from shared.db import get_engine
 from shared.models import Conversation, RunStatus, new_id
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1/conversations", tags=["conversations"], dependencies=[Depends(require_key)],
                    responses=UNAUTHORIZED)
 
@@ -54,13 +60,51 @@ def create_conversation(s: SessionDep, body: ConversationIn | None = None) -> Co
     return ConversationOut(conversation_id=conv.id)
 
 
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such conversation"}}
+
+
+def _conversation(s: Session, conversation_id: str, *, lock: bool = False) -> Conversation:
+    conv = s.get(Conversation, conversation_id, with_for_update=lock)
+    if conv is None:
+        raise HTTPException(404, f"no conversation {conversation_id}")
+    return conv
+
+
+@router.get("", response_model=list[ConversationInfo],
+            dependencies=[Depends(only_params("channel", "q", "limit", "offset"))])
+def list_conversations(
+    s: SessionDep,
+    channel: Annotated[str | None, Query(pattern=NO_NUL, max_length=64,
+                                         description="api, or a platform: telegram, slack, ...")] = None,
+    q: Annotated[str | None, Query(pattern=NO_NUL, max_length=200, description="a piece of the title")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0, le=BIGINT_MAX)] = 0,
+) -> list[dict[str, Any]]:
+    """Conversations, the most recently active first; `q` finds a title, in any case."""
+    return views.conversations(s, channel=channel, query=q, limit=limit, offset=offset)
+
+
+@router.get("/{conversation_id}", response_model=ConversationInfo, responses=NOT_FOUND)
+def get_conversation(conversation_id: Id, s: SessionDep) -> dict[str, Any]:
+    """One conversation: its title, where it came from, the turn running now, its usage."""
+    return views.conversation(_conversation(s, conversation_id))
+
+
+@router.patch("/{conversation_id}", response_model=ConversationInfo, responses={**BAD_BODY, **NOT_FOUND})
+def rename_conversation(conversation_id: Id, body: ConversationPatch, s: SessionDep) -> dict[str, Any]:
+    """Set the conversation's title (null removes it)."""
+    conv = _conversation(s, conversation_id, lock=True)  # the meta is rewritten whole
+    conv.meta = {k: v for k, v in conv.meta.items() if k != "title"} | ({"title": body.title} if body.title else {})
+    s.add(conv)
+    s.commit()
+    return views.conversation(conv)
+
+
 def _submit(state: AppState, conversation_id: str, body: ChatIn) -> Submitted:
     if body.model and (refusal := state.settings.llm.refuses(body.model)):
         raise HTTPException(422, refusal)
     with Session(get_engine(state.settings.database_url), expire_on_commit=False) as s:
-        conv = s.get(Conversation, conversation_id)
-        if conv is None:
-            raise HTTPException(404, f"no conversation {conversation_id}")
+        _conversation(s, conversation_id)
         out = submit(state.runtime, s, conversation_id, body.message, origin=_origin(conversation_id), model=body.model)
         s.commit()
     after_commit(state.runtime, out)
@@ -69,7 +113,7 @@ def _submit(state: AppState, conversation_id: str, body: ChatIn) -> Submitted:
 
 
 @router.post("/{conversation_id}/chat", response_model=ChatOut,
-             responses={**BAD_BODY, 404: {"description": "no such conversation"},
+             responses={**BAD_BODY, **NOT_FOUND,
                         503: {"description": "Redis is unreachable or busy; nothing was sent"},
                         504: {"model": TimedOut, "description": "no answer in time; the run goes on"}})
 async def chat(conversation_id: Id, body: ChatIn, state: StateDep) -> ChatOut:
@@ -92,7 +136,7 @@ def _tool_calls(state: AppState, run_id: str) -> list[ToolCallOut]:
 
 
 @router.post("/{conversation_id}/messages", status_code=202, response_model=Accepted,
-             responses={**BAD_BODY, 404: {"description": "no such conversation"}})
+             responses={**BAD_BODY, **NOT_FOUND})
 async def post_message(conversation_id: Id, body: ChatIn, state: StateDep) -> Accepted:
     """Queue a message and return at once with the run that will handle it."""
     out = await run_in_threadpool(_submit, state, conversation_id, body)
@@ -101,7 +145,7 @@ async def post_message(conversation_id: Id, body: ChatIn, state: StateDep) -> Ac
 
 
 @router.get("/{conversation_id}/messages", response_model=list[MessageOut],
-            responses={404: {"description": "no such conversation"}})
+            responses=NOT_FOUND)
 def list_messages(
     conversation_id: Id, s: SessionDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200, offset: Annotated[int, Query(ge=0, le=BIGINT_MAX)] = 0,
@@ -114,8 +158,7 @@ def list_messages(
     turn takes it in. SUMMARY messages are written beside the transcript (by compaction and the
     daily summary) and may land below such a cursor. (`offset` pages shift while a message waits:
     it moves to the end when taken in.)"""
-    if s.get(Conversation, conversation_id) is None:
-        raise HTTPException(404, f"no conversation {conversation_id}")
+    _conversation(s, conversation_id)
     rows = views.messages(s, conversation_id, limit=limit, offset=offset, after=after)
     return [MessageOut.model_validate(m) for m in rows]
 
@@ -138,8 +181,7 @@ def _resume_after(last_event: str | None) -> str | None:
 
 def _require_conversation(state: AppState, conversation_id: str) -> None:
     with Session(get_engine(state.settings.database_url)) as s:
-        if s.get(Conversation, conversation_id) is None:
-            raise HTTPException(404, f"no conversation {conversation_id}")
+        _conversation(s, conversation_id)
 
 
 @router.get("/{conversation_id}/events",
@@ -177,15 +219,31 @@ async def events(
 
 class CountedStream(EventSourceResponse):
     """An event stream counted in `state.streams` from the moment it is made until it ends, however it
-    ends (the generator's own `finally` would miss a stream that ends before its first read)."""
+    ends (the generator's own `finally` would miss a stream that ends before its first read).
+
+    When the server shuts down (SIGTERM), sse-starlette stops the stream but leaves its body open, and
+    uvicorn logs that as an error; so the body is ended here: the client sees the stream end and
+    reconnects (to another gateway, or this one once it is back). An error in the stream still
+    reaches uvicorn, which logs it."""
 
     def __init__(self, state: AppState, content: AsyncIterator[dict[str, str]]) -> None:
-        super().__init__(content, ping=15)
+        self.server_stopping = anyio.Event()  # sse-starlette sets it when the server begins to shut down
+        super().__init__(content, ping=15, shutdown_event=self.server_stopping)
         self.state = state
         state.streams += 1
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ended = False
+
+        async def noting_the_end(message: Message) -> None:
+            nonlocal ended
+            ended = ended or (message["type"] == "http.response.body" and not message.get("more_body", False))
+            await send(message)
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, noting_the_end)
+            if self.server_stopping.is_set() and not ended:
+                log.debug("event stream of %s ended: the gateway is shutting down", scope["path"])
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             self.state.streams -= 1

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
 
-from gateway.deps import SessionDep, StateDep, require_key
+from gateway.deps import SessionDep, StateDep, only_params, require_key
 from gateway.schemas import BIGINT_MAX, UNAUTHORIZED
 from shared.agent.finish import cancel, publish_final
 from shared.contracts import NO_NUL
@@ -26,16 +25,7 @@ def _subagent(s: SessionDep, subagent_id: str) -> Run:
     return run
 
 
-def _known_filters(request: Request) -> None:
-    """A misspelt filter would silently list everything, and a repeated one is ambiguous: refuse both."""
-    known = {"conversationId", "status", "limit", "offset"}
-    bad = {k for k in request.query_params if k not in known or len(request.query_params.getlist(k)) > 1}
-    if bad:
-        raise RequestValidationError([{"type": "extra_forbidden", "loc": ("query", k), "input": request.query_params[k],
-                                       "msg": "unknown or repeated query parameter"} for k in sorted(bad)])
-
-
-@router.get("", dependencies=[Depends(_known_filters)])
+@router.get("", dependencies=[Depends(only_params("conversationId", "status", "limit", "offset"))])
 def list_subagents(
     s: SessionDep,
     conversation_id: Annotated[str | None, Query(alias="conversationId", pattern=NO_NUL,

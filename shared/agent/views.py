@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from shared.models import Message, Run, RunStep, ToolCall
+from shared.models import Conversation, Message, Run, RunStep, ToolCall
 
 
 def tool_result_text(call: ToolCall) -> str:
@@ -35,6 +35,32 @@ def tool_calls(s: Session, run_ids: list[str]) -> list[dict[str, Any]]:
         }
         for c in rows
     ]
+
+
+def conversation(c: Conversation) -> dict[str, Any]:
+    return {
+        "conversationId": c.id,
+        "title": c.meta.get("title"),
+        "channel": c.channel,
+        "chatId": c.chat_id,
+        "activeRunId": c.active_run_id,
+        "usage": {"promptTokens": c.prompt_tokens, "completionTokens": c.completion_tokens, "cost": c.cost},
+        "createdAt": c.created_at.isoformat(),
+        "lastActiveAt": c.last_active_at.isoformat(),
+    }
+
+
+def conversations(s: Session, *, channel: str | None = None, query: str | None = None, limit: int = 50,
+                  offset: int = 0) -> list[dict[str, Any]]:
+    """The most recently active first; `query`: a piece of the title, in any case."""
+    rows = select(Conversation)
+    if channel is not None:
+        rows = rows.where(Conversation.channel == channel)
+    if query:
+        pattern = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = rows.where(col(Conversation.meta)["title"].astext.ilike(pattern, escape="\\"))
+    rows = rows.order_by(col(Conversation.last_active_at).desc(), col(Conversation.id)).offset(offset).limit(limit)
+    return [conversation(c) for c in s.exec(rows).all()]
 
 
 def message(m: Message) -> dict[str, Any]:

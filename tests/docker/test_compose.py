@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, SecretStr
 
 from gateway.cli import POOLS
-from shared.settings import CONFIG_FILE_ENV, Settings, SettingsError, load_settings
+from shared.settings import CONFIG_FILE_ENV, LLMSettings, Settings, SettingsError, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "compose.yml"
@@ -249,6 +249,27 @@ def test_workers_cover_every_queue_and_stop_gracefully(compose: dict[str, Any]) 
         assert service.get("stop_grace_period"), f"{name} has no stop_grace_period"
         assert service.get("stop_signal") == "SIGTERM", name
     assert served == set(QUEUES)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us)")
+_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
+
+
+def _seconds(duration: str) -> float:
+    """A compose duration ("150s", or "2m30s" as `docker compose config` writes it) in seconds."""
+    parts = _DURATION.findall(duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, f"not a duration: {duration!r}"
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+
+
+def test_a_worker_stop_waits_out_an_llm_call(compose: dict[str, Any]) -> None:
+    """`docker compose stop` sends SIGTERM (Celery's warm shutdown: running steps finish), then kills
+    after stop_grace_period: a worker must get longer than one LLM call at the default timeout, or
+    every stop cuts off the calls in flight."""
+    workers = {n: s for n, s in compose["services"].items() if n.startswith("worker-")}
+    assert workers
+    for name, service in workers.items():
+        assert _seconds(service["stop_grace_period"]) > LLMSettings().timeout, name
 
 
 def test_only_the_tools_worker_runs_without_tini(compose: dict[str, Any]) -> None:

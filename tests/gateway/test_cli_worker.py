@@ -1,11 +1,12 @@
 """`nanofleet worker` and `beat`: a worker refuses what it was not built for, naming what it takes,
-before starting Celery; a standby beat says it waits; help shows no types for flags; on a database
-at this code's revision the gateway, a worker and beat start (tests/gateway/test_cli_errors.py has
-the refusals)."""
+before starting Celery; each worker has a node name of its own; a standby beat says it waits; help
+shows no types for flags; on a database at this code's revision the gateway, a worker and beat start
+(tests/gateway/test_cli_errors.py has the refusals)."""
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -16,8 +17,9 @@ from typer.testing import CliRunner
 from gateway import cli
 from gateway.cli import app
 from shared.constants import REDBEAT_PREFIX
+from shared.queueing import make_celery
 from shared.settings import get_settings
-from tests.support.processes import wait_until
+from tests.support.processes import Proc, wait_until
 from tests.support.stack import Stack
 
 
@@ -57,6 +59,48 @@ def test_worker_takes_queue_names_with_spaces(migrated: list[list[str]]) -> None
     assert result.exit_code == 0, result.output
     [argv] = migrated
     assert argv[argv.index("-Q") + 1] == "agent,tools"
+
+
+def _node_name(argv: list[str]) -> str:
+    return argv[argv.index("-n") + 1]
+
+
+def test_each_worker_gets_a_node_name_of_its_own(migrated: list[list[str]]) -> None:
+    """Two workers for the same queues on one host must not share a Celery node name (Flower,
+    `celery inspect` and remote control would take them for one); the name still shows the queues."""
+    for _ in range(2):
+        assert CliRunner().invoke(app, ["worker", "--queues", "agent,tools"]).exit_code == 0
+    first, second = (_node_name(argv) for argv in migrated)
+    assert first != second
+    for name in (first, second):
+        assert name.startswith("nanofleet-agent-tools-") and name.endswith("@%h"), name
+
+
+def test_a_worker_node_name_given_is_used_as_given(migrated: list[list[str]]) -> None:
+    assert CliRunner().invoke(app, ["worker", "--hostname", "agents-1@box"]).exit_code == 0
+    [argv] = migrated
+    assert _node_name(argv) == "agents-1@box"
+
+
+def test_two_workers_on_one_host_answer_as_two(make_stack) -> None:  # type: ignore[no-untyped-def]
+    """`nanofleet worker` twice with the same queues, as one scales on one machine: both answer a
+    ping, under different names (`nanofleet status` counts them from these replies)."""
+    s: Stack = make_stack()
+    argv = [sys.executable, "-m", "gateway.cli", "worker", "--queues", "scheduler", "--concurrency", "1"]
+    procs = [Proc(argv, s.env, s.log_dir / f"cli-worker-{i}.log") for i in range(2)]
+    s.procs.extend(procs)
+    control = make_celery(s.settings).control
+
+    names: list[str] = []
+
+    def both_answer() -> bool:
+        for proc in procs:
+            assert proc.alive(), proc.log()[-3000:]
+        names[:] = [name for reply in control.ping(timeout=0.5) or [] for name in reply]
+        return len(names) >= 2
+
+    wait_until(both_answer, timeout=60, message="both workers to answer a ping")
+    assert len(set(names)) == 2, names
 
 
 @pytest.mark.parametrize("command", [["up"], ["worker"], ["cron", "add"]])

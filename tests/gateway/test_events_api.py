@@ -1,20 +1,32 @@
 """The SSE endpoint's answers before a stream starts: a bad Last-Event-ID, an unknown conversation,
-and no Redis connection free. Each is a clear 4xx/503 instead of a stream that breaks or never ends."""
+and no Redis connection free. Each is a clear 4xx/503 instead of a stream that breaks or never ends.
+And how a stream ends in a real gateway process: quietly when the gateway shuts down, with an error
+in its log when Redis goes away under it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
+from gateway.embedded import start_redis
 from gateway.state import async_redis
 from shared.agent.events import read as read_events
-from shared.agent.events import watch_key
-from tests.support.processes import wait_until
+from shared.agent.events import stream_key, watch_key
+from tests.fakes.server import free_port
+from tests.support.processes import Proc, wait_until
 from tests.support.stack import API_KEY, Stack
 
 
@@ -82,3 +94,73 @@ def test_a_quiet_stream_outlasts_a_blocking_read(stack: Stack, api: Any) -> None
     socket timeout is 5 s), or every stream quiet for 5 s would be cut off."""
     state = api.app.state.nanofleet
     assert api.portal.call(read_events, state.aredis, "quiet-conversation", "$", 6_000) == []
+
+
+def _healthy(client: httpx.Client) -> bool:
+    try:
+        return client.get("/healthz").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@contextmanager
+def _gateway(s: Stack) -> Iterator[tuple[Proc, httpx.Client]]:
+    """`nanofleet gateway` as a process of the stack, and a client of its API, once it answers."""
+    port = free_port()
+    proc = Proc([sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port)], s.env,
+                s.log_dir / f"gateway-{port}.log")
+    s.procs.append(proc)
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {API_KEY}"},
+                      timeout=30) as client:
+        wait_until(lambda: not proc.alive() or _healthy(client), timeout=60, message="the gateway to answer")
+        assert proc.alive(), proc.log()
+        yield proc, client
+
+
+def _live_stream(s: Stack, cid: str, lines: Iterator[str]) -> None:
+    """Publish an event and read it from `lines`: the stream is live, waiting for the next one."""
+    with redis.Redis.from_url(s.settings.redis_url) as client:
+        client.xadd(stream_key(cid), {"event": "probe", "data": "{}"})
+    assert "event: probe" in (line for line in lines)
+
+
+def _errors(log: str) -> list[str]:
+    """The log's lines at ERROR or above, and any traceback."""
+    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    bad = [r["message"] for r in records if r.get("level") in ("ERROR", "CRITICAL")]
+    return bad + (["a traceback"] if "Traceback" in log else [])
+
+
+def test_a_gateway_stopping_ends_an_open_stream_quietly(make_stack) -> None:  # type: ignore[no-untyped-def]
+    """SIGTERM (`docker compose stop`, a rolling deploy) with a client reading a stream: the stream
+    ends properly (the client reads to its end, not into a body cut short), and the gateway exits
+    without an error in its log."""
+    s: Stack = make_stack()
+    with _gateway(s) as (proc, client):
+        cid = client.post("/api/v1/conversations").json()["conversationId"]
+        with client.stream("GET", f"/api/v1/conversations/{cid}/events") as answer:
+            lines = answer.iter_lines()
+            _live_stream(s, cid, lines)
+            os.killpg(proc.pid, signal.SIGTERM)
+            list(lines)  # httpx.RemoteProtocolError on a body that never ended
+        assert proc.popen.wait(30) in (0, -signal.SIGTERM), proc.log()
+    assert _errors(proc.log()) == [], proc.log()
+
+
+def test_a_stream_whose_redis_goes_away_is_an_error_in_the_log(make_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A real fault while streaming is not mistaken for a shutdown: it is logged as an error."""
+    own_redis = start_redis(tmp_path)
+    try:
+        s: Stack = make_stack(REDIS_URL=own_redis.url)
+        with _gateway(s) as (proc, client):
+            cid = client.post("/api/v1/conversations").json()["conversationId"]
+            with client.stream("GET", f"/api/v1/conversations/{cid}/events") as answer:
+                lines = answer.iter_lines()
+                _live_stream(s, cid, lines)
+                own_redis.stop()
+                with contextlib.suppress(httpx.HTTPError):
+                    list(lines)
+            wait_until(lambda: _errors(proc.log()), timeout=60, message="the gateway to log the stream's error")
+            assert proc.alive(), proc.log()
+    finally:
+        own_redis.stop()
