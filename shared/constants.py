@@ -10,6 +10,8 @@ Q_OUTBOUND = "outbound"
 Q_SCHEDULER = "scheduler"
 QUEUES = (Q_AGENT, Q_TOOLS, Q_SUBAGENTS, Q_OUTBOUND, Q_SCHEDULER)
 
+INTERNAL = "internal"  # the channel of sessions nobody chats in (cron jobs, subagents, the heartbeat)
+
 # Task names. Each prefix maps to one task module under workers/tasks and to one queue.
 T_PING = "nanofleet.scheduler.ping"
 T_AGENT_STEP = "nanofleet.agent.step"

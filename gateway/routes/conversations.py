@@ -75,7 +75,9 @@ def _conversation(s: Session, conversation_id: str, *, lock: bool = False) -> Co
 def list_conversations(
     s: SessionDep,
     channel: Annotated[str | None, Query(pattern=NO_NUL, max_length=64,
-                                         description="api, or a platform: telegram, slack, ...")] = None,
+                                         description="api, a platform (telegram, slack, ...), or internal: the "
+                                                     "sessions of cron jobs, subagents and the heartbeat, "
+                                                     "only listed when asked for")] = None,
     q: Annotated[str | None, Query(pattern=NO_NUL, max_length=200, description="a piece of the title")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=BIGINT_MAX)] = 0,

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
+from shared.constants import INTERNAL
 from shared.models import Conversation, Message, Run, RunStep, ToolCall
 
 
@@ -52,10 +53,9 @@ def conversation(c: Conversation) -> dict[str, Any]:
 
 def conversations(s: Session, *, channel: str | None = None, query: str | None = None, limit: int = 50,
                   offset: int = 0) -> list[dict[str, Any]]:
-    """The most recently active first; `query`: a piece of the title, in any case."""
-    rows = select(Conversation)
-    if channel is not None:
-        rows = rows.where(Conversation.channel == channel)
+    """The most recently active first; `query`: a piece of the title, in any case. The sessions of
+    cron jobs, subagents and the heartbeat only when `channel` asks for them (INTERNAL)."""
+    rows = select(Conversation).where(Conversation.channel == channel if channel else Conversation.channel != INTERNAL)
     if query:
         pattern = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         rows = rows.where(col(Conversation.meta)["title"].astext.ilike(pattern, escape="\\"))

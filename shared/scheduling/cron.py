@@ -24,7 +24,7 @@ from sqlmodel.sql.expression import SelectOfScalar
 from shared.agent import conversations
 from shared.agent.finish import deliver
 from shared.agent.runtime import Next, Runtime
-from shared.constants import T_AGENT_STEP, T_CRON_FIRE, T_CRON_RECONCILE, T_DAILY_SUMMARY
+from shared.constants import INTERNAL, T_AGENT_STEP, T_CRON_FIRE, T_CRON_RECONCILE, T_DAILY_SUMMARY
 from shared.models import TERMINAL, Conversation, CronJob, CronReceipt, Message, Role, Run, RunKind, utcnow
 from shared.scheduling import schedules
 from shared.scheduling.beat import BeatMirror
@@ -33,7 +33,6 @@ from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 SESSION_PREFIX = "cron:"
-INTERNAL = "internal"  # the channel of sessions nobody chats in (cron, subagents, heartbeat)
 RECONCILE_SLACK = timedelta(seconds=3)  # beat fires on time; reconciliation only steps in later
 DAILY_SUMMARY_ID = "sys-daily-summary"
 PLANNED_ID = DAILY_SUMMARY_ID + ":planned"  # receipts of the daily summaries whose fan-out ran

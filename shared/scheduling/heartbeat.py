@@ -24,11 +24,11 @@ from sqlmodel import Session, col, select
 from shared.agent import conversations
 from shared.agent.finish import deliver
 from shared.agent.runtime import Next, Runtime
-from shared.constants import T_AGENT_STEP
+from shared.constants import INTERNAL, T_AGENT_STEP
 from shared.errors import Retryable
 from shared.llm import LLMError
 from shared.models import Conversation, CronReceipt, Message, Role, Run, RunKind, utcnow
-from shared.scheduling.cron import INTERNAL, receipt
+from shared.scheduling.cron import receipt
 
 log = logging.getLogger(__name__)
 FILE = "HEARTBEAT.md"

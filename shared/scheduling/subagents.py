@@ -19,14 +19,13 @@ from sqlmodel import Session, col, select
 
 from shared.agent import conversations, steps, views
 from shared.agent.runtime import Next, Runtime
-from shared.constants import T_AGENT_STEP, T_SUBAGENT_STEP
+from shared.constants import INTERNAL, T_AGENT_STEP, T_SUBAGENT_STEP
 from shared.db import session_scope
 from shared.models import Conversation, Message, Role, Run, RunKind, RunStatus, utcnow
 from shared.scheduling.ids import call_key, derived
 from shared.settings import Settings
 
 SESSION_PREFIX = "subagent:"
-INTERNAL = "internal"
 ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING)
 QUOTE_CHARS = 8000
 

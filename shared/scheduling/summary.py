@@ -17,11 +17,11 @@ from sqlalchemy import text
 from sqlmodel import Session, col, select
 
 from shared.agent.runtime import Next, Runtime
-from shared.constants import T_DAILY_SUMMARY
+from shared.constants import INTERNAL, T_DAILY_SUMMARY
 from shared.errors import Retryable
 from shared.llm import LLMError
 from shared.models import Conversation, Message, MessageType, Role
-from shared.scheduling.cron import INTERNAL, PLANNED_ID, receipt
+from shared.scheduling.cron import PLANNED_ID, receipt
 
 log = logging.getLogger(__name__)
 PERIOD = timedelta(hours=24)

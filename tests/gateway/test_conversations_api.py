@@ -1,11 +1,13 @@
 """Listing, showing and renaming conversations: newest activity first, found by title, with the
-usage of their model calls summed; channel conversations listed beside API ones."""
+usage of their model calls summed; chat platforms' conversations listed beside API ones, and the
+sessions of cron jobs, subagents and the heartbeat only when asked for."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from shared.agent import conversations
+from shared.constants import INTERNAL
 from shared.db import session_scope
 from tests.support.stack import Stack
 
@@ -22,11 +24,15 @@ def test_conversations_are_listed_by_latest_activity_and_found_by_title(stack: S
     untitled = _new(api)
     with session_scope(stack.settings.database_url) as s:
         conversations.get_or_create(s, session_key="telegram:42", channel="telegram", chat_id="42")
+        cron_session = conversations.get_or_create(s, session_key="cron:1", channel=INTERNAL, chat_id="1").id
     api.post(f"/api/v1/conversations/{trip}/chat", json={"message": "book the train"})  # the latest activity
 
     listed = api.get("/api/v1/conversations").json()
     assert [c["conversationId"] for c in listed][:1] == [trip]
     assert {c["conversationId"] for c in listed} >= {trip, budget, untitled}
+    assert cron_session not in {c["conversationId"] for c in listed}  # nobody chats there: asked for by name
+    assert [c["conversationId"] for c in api.get("/api/v1/conversations", params={"channel": INTERNAL}).json()] \
+        == [cron_session]
     assert [c["chatId"] for c in api.get("/api/v1/conversations", params={"channel": "telegram"}).json()] == ["42"]
     assert [c["title"] for c in api.get("/api/v1/conversations", params={"q": "kyoto"}).json()] == ["Trip to Kyoto"]
     # % and _ are letters in a search, not wildcards
