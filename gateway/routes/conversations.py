@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Depends, Header, HTTPException, Query
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Response
+from redis.exceptions import RedisError
+from sqlalchemy.exc import NoResultFound
 from sqlmodel import Session
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
@@ -35,7 +37,7 @@ from gateway.state import AppState
 from gateway.waiting import last_event_id, wait_for_run
 from shared.agent import conversations, views
 from shared.agent.events import read as read_events
-from shared.agent.events import watch
+from shared.agent.events import stream_key, watch
 from shared.agent.service import Submitted, after_commit, submit
 from shared.contracts import NO_NUL
 from shared.db import get_engine
@@ -100,6 +102,26 @@ def rename_conversation(conversation_id: Id, body: ConversationPatch, s: Session
     s.add(conv)
     s.commit()
     return views.conversation(conv)
+
+
+@router.delete("/{conversation_id}", status_code=204, responses={
+    **NOT_FOUND, 409: {"description": "a turn or subagent of the conversation is still going; stop it first"}})
+def delete_conversation(conversation_id: Id, s: SessionDep, state: StateDep) -> Response:
+    """Delete the conversation for good: its messages, runs, tool calls and undelivered replies,
+    its subagents' sessions, its event stream. Cron jobs that post to it stay (see /api/v1/cron)."""
+    try:
+        deleted = conversations.delete_conversation(s, conversation_id)
+    except NoResultFound as missing:
+        raise HTTPException(404, f"no conversation {conversation_id}") from missing
+    except conversations.Busy as busy:
+        raise HTTPException(409, f"{busy}; stop them first (/stop in the chat, or POST /api/v1/runs/{{id}}/cancel)"
+                            ) from busy
+    s.commit()
+    try:
+        state.redis.delete(*(stream_key(c) for c in deleted))
+    except RedisError as err:  # the stream expires by itself a day after its newest event
+        log.warning("conversation %s deleted, its event stream not (%s)", conversation_id, err)
+    return Response(status_code=204)
 
 
 def _submit(state: AppState, conversation_id: str, body: ChatIn) -> Submitted:

@@ -6,12 +6,26 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, func, text, update
+from sqlalchemy import bindparam, delete, func, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlmodel import Session, col, select
 
 from shared.db import table_of
-from shared.models import Conversation, Message, MessageType, Role, Run, RunKind, new_id, utcnow
+from shared.models import (
+    ACTIVE,
+    Conversation,
+    Message,
+    MessageType,
+    Outbox,
+    Role,
+    Run,
+    RunKind,
+    RunStep,
+    ToolCall,
+    ToolStatus,
+    new_id,
+    utcnow,
+)
 
 CONVERSATIONS, MESSAGES = table_of(Conversation), table_of(Message)
 # Every inbound message runs these: Core statements built once (no unit of work, no statement building)
@@ -125,3 +139,34 @@ where m.id = drawn.id
 def fold_mailbox(s: Session, conversation_id: str, run_id: str) -> int:
     """Move waiting messages into the transcript, at its end, as part of this run (one statement)."""
     return int(s.execute(FOLD, {"cid": conversation_id, "run_id": run_id}).rowcount)  # type: ignore[attr-defined]
+
+
+class Busy(Exception):
+    """The conversation, or a subagent of it, still has work going on."""
+
+    def __init__(self, run_ids: list[str]) -> None:
+        super().__init__(f"runs still going: {', '.join(run_ids)}")
+        self.run_ids = run_ids
+
+
+def delete_conversation(s: Session, conversation_id: str) -> list[str]:
+    """Delete a conversation and its subagents' sessions, with their messages, runs, steps, tool
+    calls and outbox rows (the ledger of platform event ids stays: it holds no content). Raises
+    Busy while one of their runs or tool calls has not ended. Returns the ids deleted."""
+    s.get_one(Conversation, conversation_id, with_for_update=True)  # no turn or subagent starts meanwhile
+    ids, frontier = [conversation_id], [conversation_id]
+    while frontier:  # subagents' sessions name their parent's conversation, however old
+        frontier = [c for c in s.exec(select(Conversation.id).where(
+            col(Conversation.meta)["parent_conversation_id"].astext.in_(frontier))) if c not in ids]
+        ids += frontier
+    runs = select(Run.id).where(col(Run.conversation_id).in_(ids))
+    going = s.execute(select(Run.id).where(col(Run.conversation_id).in_(ids), col(Run.status).in_(ACTIVE)).union(
+        select(ToolCall.run_id).where(col(ToolCall.run_id).in_(runs), col(ToolCall.status) == ToolStatus.RUNNING),
+    )).scalars().all()
+    if going:
+        raise Busy(sorted(going))
+    for table, which in ((ToolCall, col(ToolCall.run_id).in_(runs)), (RunStep, col(RunStep.run_id).in_(runs)),
+                         (Outbox, col(Outbox.run_id).in_(runs)), (Message, col(Message.conversation_id).in_(ids)),
+                         (Run, col(Run.conversation_id).in_(ids)), (Conversation, col(Conversation.id).in_(ids))):
+        s.execute(delete(table).where(which))
+    return ids

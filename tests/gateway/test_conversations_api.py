@@ -6,9 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
+from sqlmodel import col, func, select
+
 from shared.agent import conversations
+from shared.agent.events import stream_key
 from shared.constants import INTERNAL
 from shared.db import session_scope
+from shared.models import Conversation, Message, Outbox, Role, Run, RunStep, ToolCall
+from tests.support.processes import wait_until
 from tests.support.stack import Stack
 
 
@@ -65,3 +71,56 @@ def test_bad_requests_are_refused_with_what_is_wrong(api: Any) -> None:
     refused = api.get("/api/v1/conversations", params={"chanel": "telegram"})  # a misspelt filter lists nothing
     assert refused.status_code == 422 and "chanel" in refused.text
     assert api.get("/api/v1/conversations", params={"limit": 0}).status_code == 422
+
+
+def _rows(stack: Stack, cids: list[str]) -> dict[str, int]:
+    """How many rows each table holds for these conversations."""
+    with session_scope(stack.settings.database_url) as s:
+        runs = select(Run.id).where(col(Run.conversation_id).in_(cids))
+        return {name: s.exec(select(func.count()).select_from(model).where(which)).one() for name, model, which in (
+            ("conversations", Conversation, col(Conversation.id).in_(cids)),
+            ("messages", Message, col(Message.conversation_id).in_(cids)),
+            ("runs", Run, col(Run.conversation_id).in_(cids)),
+            ("run_steps", RunStep, col(RunStep.run_id).in_(runs)),
+            ("tool_calls", ToolCall, col(ToolCall.run_id).in_(runs)),
+            ("outbox", Outbox, col(Outbox.run_id).in_(runs)),
+        )}
+
+
+def test_a_deleted_conversation_leaves_nothing_behind(stack: Stack, api: Any) -> None:
+    """Its messages, runs, steps, tool calls, undelivered replies, its subagents' sessions and its
+    event stream go; another conversation is untouched."""
+    cid, other = _new(api, "to forget"), _new(api, "to keep")
+    for c in (cid, other):
+        assert api.post(f"/api/v1/conversations/{c}/chat", json={"message": "call:time {}"}).status_code == 200
+    with session_scope(stack.settings.database_url) as s:
+        child = conversations.get_or_create(s, session_key=f"subagent:{cid}", channel=INTERNAL, chat_id="c",
+                                            meta={"parent_conversation_id": cid}).id
+        s.add(Message(conversation_id=child, role=Role.USER, content="the subagent's task"))
+        [run_id] = s.exec(select(Run.id).where(Run.conversation_id == cid)).all()
+        s.add(Outbox(key=f"{run_id}:0", channel="telegram", chat_id="42", content="undelivered", run_id=run_id))
+    before = _rows(stack, [cid, child])
+    assert all(before.values()), before
+    kept = _rows(stack, [other])
+    streams = redis.Redis.from_url(stack.settings.redis_url)
+    assert streams.exists(stream_key(cid))
+
+    assert api.delete(f"/api/v1/conversations/{cid}").status_code == 204
+    assert set(_rows(stack, [cid, child]).values()) == {0}
+    assert _rows(stack, [other]) == kept
+    assert not streams.exists(stream_key(cid))
+    assert api.get(f"/api/v1/conversations/{cid}").status_code == 404
+    assert api.get(f"/api/v1/conversations/{cid}/messages").status_code == 404
+    assert api.delete(f"/api/v1/conversations/{cid}").status_code == 404
+    assert api.get(f"/api/v1/conversations/{other}/messages").json()[-1]["content"].startswith("done: ")
+
+
+def test_a_conversation_with_a_turn_going_is_not_deleted(stack: Stack, api: Any) -> None:
+    cid = _new(api)
+    run_id = api.post(f"/api/v1/conversations/{cid}/messages", json={"message": "sleep:3"}).json()["runId"]
+    refused = api.delete(f"/api/v1/conversations/{cid}")
+    assert refused.status_code == 409 and run_id in refused.json()["detail"] and "/stop" in refused.json()["detail"]
+    assert _rows(stack, [cid])["messages"] == 1
+    wait_until(lambda: api.get(f"/api/v1/runs/{run_id}").json()["status"] == "succeeded", timeout=30,
+               message="the turn to end")
+    assert api.delete(f"/api/v1/conversations/{cid}").status_code == 204
