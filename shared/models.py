@@ -234,7 +234,11 @@ class Outbox(SQLModel, table=True):
     """One outbound chunk, delivered once by the outbound queue."""
 
     __tablename__ = "outbox"
-    __table_args__ = (Index("ix_outbox_channel_platform_message_id", "channel", "platform_message_id"),)
+    # The rows waiting to be sent, by when they are due: the redelivery sweep (every second) looks
+    # at the ones past due only, however many wait for a platform that is down.
+    __table_args__ = (Index("ix_outbox_channel_platform_message_id", "channel", "platform_message_id"),
+                      Index("ix_outbox_pending_due", text("coalesce(next_attempt_at, created_at)"),
+                            postgresql_where=text("status = 'pending'")))
     id: str = Field(default_factory=new_id, primary_key=True)
     key: str = Field(unique=True)  # e.g. "<run id>:<chunk no>"
     channel: str = Field(index=True)
