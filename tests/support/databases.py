@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 from shared.db import ensure_database, get_engine
 from shared.migrate import MIGRATIONS, head, upgrade
@@ -59,3 +60,17 @@ def database_in(state: str) -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(text(f'drop database if exists "{name}" with (force)'))
         admin.dispose()
+
+
+def locks_for_a_migration(url: str) -> str:
+    """What an ALTER TABLE of messages and conversations meets now: "free", or Postgres' refusal
+    after waiting 1 s for the locks that an open transaction holds on them."""
+    with get_engine(url).connect() as conn:
+        conn.execute(text("set local lock_timeout = '1s'"))
+        try:
+            conn.execute(text("lock table messages, conversations in access exclusive mode"))
+            return "free"
+        except OperationalError as err:
+            return str(err.orig)
+        finally:
+            conn.rollback()
