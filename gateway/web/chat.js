@@ -4,6 +4,8 @@
 
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 const POLL_MS = 2000;
+const LISTED = 50;  // conversations offered in the page's picker
+const TITLE_CHARS = 60;  // a new conversation is named after the start of its first message
 
 export class ApiError extends Error {
   constructor(status, detail) {
@@ -37,6 +39,17 @@ export class Client {
   async newConversation() {
     const { data } = await this.call("POST", "/api/v1/conversations", {});
     return data.conversationId;
+  }
+
+  // The API's conversations, the most recently active first: [{conversationId, title, lastActiveAt, ...}].
+  async conversations() {
+    const { data } = await this.call("GET", `/api/v1/conversations?channel=api&limit=${LISTED}`);
+    return data;
+  }
+
+  async rename(conversationId, title) {
+    const { data } = await this.call("PATCH", `/api/v1/conversations/${conversationId}`, { title });
+    return data;
   }
 
   // The answer to `text`: {text, status, toolCalls}. A turn longer than the gateway's wait (504)
@@ -129,6 +142,20 @@ function page() {
   let watching = null;
   let live = null;
 
+  // The picker: this key's API conversations, newest first, the open one selected.
+  async function listConversations() {
+    const options = (await client.conversations()).map((c) => {
+      const when = new Date(c.lastActiveAt).toLocaleString();
+      const option = new Option(`${c.title ?? "untitled"} · ${when}`, c.conversationId);
+      option.dataset.titled = c.title ? "yes" : "";
+      return option;
+    });
+    if (!options.some((o) => o.value === conversation)) options.unshift(new Option("new conversation", conversation));
+    $("pick").replaceChildren(...options);
+    $("pick").value = conversation;
+    $("pick").hidden = false;
+  }
+
   function bubble(kind, text) {
     const div = document.createElement("div");
     div.className = `msg ${kind}`;
@@ -187,6 +214,7 @@ function page() {
       $("status").textContent = `conversation ${conversation}`;
       $("send").disabled = false;
       follow();
+      await listConversations();
     } catch (err) {
       $("status").textContent = err.status === 401 ? "that API key is not accepted" : String(err);
     }
@@ -200,6 +228,11 @@ function page() {
     $("send").disabled = true;
     bubble("user", text);
     live = bubble("assistant pending", "");
+    const picked = $("pick").selectedOptions[0];
+    if (picked && !picked.dataset.titled && !text.startsWith("/")) {  // name it after its first message
+      picked.dataset.titled = "yes";
+      client.rename(conversation, text.slice(0, TITLE_CHARS)).then(listConversations, () => {});
+    }
     try {
       const answer = await client.chat(conversation, text);
       live.textContent = answer.status === "queued"
@@ -216,9 +249,10 @@ function page() {
     }
   }
 
-  function fresh() {
-    store.removeItem("nanofleet.conversation");
-    conversation = null;
+  function open(id) {
+    if (id) store.setItem("nanofleet.conversation", id);
+    else store.removeItem("nanofleet.conversation");
+    conversation = id;
     $("log").replaceChildren();
     if (client) connect(new Event("submit"));
   }
@@ -227,7 +261,8 @@ function page() {
   $("remember").checked = Boolean($("key").value);
   $("connect").addEventListener("submit", connect);
   $("compose").addEventListener("submit", send);
-  $("new").addEventListener("click", fresh);
+  $("new").addEventListener("click", () => open(null));
+  $("pick").addEventListener("change", () => open($("pick").value));
   if ($("key").value) connect(new Event("submit"));
 }
 

@@ -52,3 +52,4 @@ def test_the_pages_client_chats_and_follows_the_event_stream(stack: Stack) -> No
     assert [(m["role"], m["content"]) for m in out["history"]][:2] == [("USER", "hello"), ("ASSISTANT", "echo: hello")]
     assert [m["role"] for m in out["history"]] == ["USER", "ASSISTANT", "USER", "ASSISTANT"]
     assert out["unknown"] == 404
+    assert out["listed"] == {"mine": True, "title": "hello"}

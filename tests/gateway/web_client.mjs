@@ -1,6 +1,7 @@
 // Drives the web page's client (gateway/web/chat.js) against a running gateway, as the page does:
-// node web_client.mjs BASE KEY MESSAGE... prints {"replies", "events", "history", "unknown"} as JSON
-// ("unknown": the HTTP status the history of a conversation that does not exist gets).
+// node web_client.mjs BASE KEY MESSAGE... prints {"replies", "events", "history", "unknown", "listed"}
+// as JSON ("unknown": the HTTP status the history of a conversation that does not exist gets;
+// "listed": whether the conversation, named after its first message, is the newest one listed).
 import { ApiError, Client } from "../../gateway/web/chat.js";
 
 const [base, key, ...messages] = process.argv.slice(2);
@@ -26,5 +27,8 @@ await following;
 clearTimeout(deadline);
 stop.abort();
 const history = await client.history(conversation);
+await client.rename(conversation, messages[0]);
+const [newest] = await client.conversations();
+const listed = { mine: newest.conversationId === conversation, title: newest.title };
 const unknown = await client.history("no-such-conversation").then(() => 200, (err) => (err instanceof ApiError ? err.status : -1));
-console.log(JSON.stringify({ replies, events, history, unknown }));
+console.log(JSON.stringify({ replies, events, history, unknown, listed }));
