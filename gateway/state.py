@@ -1,12 +1,16 @@
-"""What the gateway process holds: settings, runtime, producer, Redis clients."""
+"""What the gateway process holds: settings, runtime, producer, Redis clients, the worker count."""
 
 from __future__ import annotations
 
 import logging
+import math
+import threading
+import time
 from dataclasses import dataclass, field
 
 import redis
 import redis.asyncio as aioredis
+from celery.app.control import Control
 from kombu.exceptions import OperationalError
 
 from shared.agent.events import RedisEvents
@@ -29,6 +33,8 @@ REDIS_WAIT = 5.0
 # every read of an idle stream, and with it the stream, short. Connecting keeps the 5 s.
 REDIS_READ_TIMEOUT = 30.0
 REDIS_CONNECT_TIMEOUT = 5.0
+WORKER_PING_TIMEOUT = 1.0
+WORKERS_FRESH = 5.0  # seconds a worker count is reused
 
 
 def async_redis(url: str, *, connections: int = REDIS_CONNECTIONS, wait: float = REDIS_WAIT) -> aioredis.Redis:
@@ -50,6 +56,7 @@ class AppState:
     producer: Producer
     redis: redis.Redis
     aredis: aioredis.Redis
+    workers: WorkerCount
     channels: dict[str, Channel] = field(default_factory=dict)  # platform instances, built on first use
     max_streams: int = MAX_STREAMS
     streams: int = 0  # event streams open now (one event loop: a plain counter)
@@ -57,12 +64,14 @@ class AppState:
     @classmethod
     def build(cls, settings: Settings) -> AppState:
         client = redis.Redis.from_url(settings.redis_url, max_connections=100)
+        producer = Producer(make_celery(settings, name="nanofleet-gateway"))
         return cls(
             settings=settings,
             runtime=hooks.install(Runtime.build(settings, events=RedisEvents(client))),  # a cancel ends runs too
-            producer=Producer(make_celery(settings, name="nanofleet-gateway")),
+            producer=producer,
             redis=client,
             aredis=async_redis(settings.redis_url),
+            workers=WorkerCount(producer.app.control),
         )
 
     def dispatch(self, nexts: list[Next]) -> None:
@@ -76,3 +85,30 @@ class AppState:
                 log.warning("could not enqueue %d task(s) (%s); the sweeper will once the broker answers",
                             len(nexts) - i, err)
                 return
+
+
+class WorkerCount:
+    """How many workers answer a ping: asked by one request at a time, at most every WORKERS_FRESH
+    seconds, the others reusing the answer. (/readyz asks it, and needs no key. A broadcast per request held a
+    broker connection while it waited for another from the same pool: a burst of calls took the
+    whole pool and waited forever, and the gateway answered nothing more.)"""
+
+    def __init__(self, control: Control) -> None:
+        self.control = control
+        self.lock = threading.Lock()
+        self.value: int | None = None
+        self.asked = -math.inf
+
+    def count(self) -> int | None:
+        """None while the first answer is still awaited by another request."""
+        if time.monotonic() - self.asked < WORKERS_FRESH:
+            return self.value
+        if not self.lock.acquire(timeout=2 * WORKER_PING_TIMEOUT):
+            return self.value
+        try:
+            if time.monotonic() - self.asked >= WORKERS_FRESH:  # unless a request just asked
+                self.value = len(self.control.ping(timeout=WORKER_PING_TIMEOUT) or [])
+                self.asked = time.monotonic()
+            return self.value
+        finally:
+            self.lock.release()

@@ -9,9 +9,7 @@ import contextlib
 import json
 import os
 import signal
-import sys
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +23,8 @@ from gateway.embedded import start_redis
 from gateway.state import async_redis
 from shared.agent.events import read as read_events
 from shared.agent.events import stream_key, watch_key
-from tests.fakes.server import free_port
-from tests.support.processes import Proc, wait_until
-from tests.support.stack import API_KEY, Stack
+from tests.support.processes import wait_until
+from tests.support.stack import API_KEY, Stack, gateway_process
 
 
 def _open(api: Any, path: str, headers: Mapping[str, str | bytes] | None = None) -> tuple[int, str]:
@@ -96,27 +93,6 @@ def test_a_quiet_stream_outlasts_a_blocking_read(stack: Stack, api: Any) -> None
     assert api.portal.call(read_events, state.aredis, "quiet-conversation", "$", 6_000) == []
 
 
-def _healthy(client: httpx.Client) -> bool:
-    try:
-        return client.get("/healthz").status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-@contextmanager
-def _gateway(s: Stack) -> Iterator[tuple[Proc, httpx.Client]]:
-    """`nanofleet gateway` as a process of the stack, and a client of its API, once it answers."""
-    port = free_port()
-    proc = Proc([sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port)], s.env,
-                s.log_dir / f"gateway-{port}.log")
-    s.procs.append(proc)
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {API_KEY}"},
-                      timeout=30) as client:
-        wait_until(lambda: not proc.alive() or _healthy(client), timeout=60, message="the gateway to answer")
-        assert proc.alive(), proc.log()
-        yield proc, client
-
-
 def _live_stream(s: Stack, cid: str, lines: Iterator[str]) -> None:
     """Publish an event and read it from `lines`: the stream is live, waiting for the next one."""
     with redis.Redis.from_url(s.settings.redis_url) as client:
@@ -136,7 +112,7 @@ def test_a_gateway_stopping_ends_an_open_stream_quietly(make_stack) -> None:  # 
     ends properly (the client reads to its end, not into a body cut short), and the gateway exits
     without an error in its log."""
     s: Stack = make_stack()
-    with _gateway(s) as (proc, client):
+    with gateway_process(s) as (proc, client):
         cid = client.post("/api/v1/conversations").json()["conversationId"]
         with client.stream("GET", f"/api/v1/conversations/{cid}/events") as answer:
             lines = answer.iter_lines()
@@ -152,7 +128,7 @@ def test_a_stream_whose_redis_goes_away_is_an_error_in_the_log(make_stack, tmp_p
     own_redis = start_redis(tmp_path)
     try:
         s: Stack = make_stack(REDIS_URL=own_redis.url)
-        with _gateway(s) as (proc, client):
+        with gateway_process(s) as (proc, client):
             cid = client.post("/api/v1/conversations").json()["conversationId"]
             with client.stream("GET", f"/api/v1/conversations/{cid}/events") as answer:
                 lines = answer.iter_lines()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 from tests.support.databases import database_in, reason
-from tests.support.stack import Stack, api_client
+from tests.support.stack import Stack, answers, api_client, gateway_process
 
 
 def test_healthz_and_readyz_with_a_worker(stack: Stack, api) -> None:  # type: ignore[no-untyped-def]
@@ -53,3 +56,31 @@ def test_api_needs_a_bearer_key(stack: Stack) -> None:
         assert client.get("/api/v1/tools", headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert client.get("/api/v1/tools", headers={"Authorization": ""}).status_code == 401
         assert client.get("/api/v1/tools").status_code == 200
+
+
+def test_a_flood_of_readiness_checks_leaves_the_gateway_answering(make_stack: Callable[..., Stack]) -> None:
+    """/readyz needs no key. It broadcast a worker ping per request, each holding a broker connection
+    while it waited for a second one from the same pool: 40 callers for a few seconds took the whole
+    pool and then waited forever, and the gateway answered nothing more, not even /healthz."""
+    s = make_stack()
+    s.worker(queues="scheduler", concurrency=1)
+    with gateway_process(s) as (_, client):
+        stop = time.monotonic() + 6
+
+        def hammer() -> set[int]:
+            seen = set()
+            with httpx.Client(base_url=client.base_url, timeout=10) as own:
+                while time.monotonic() < stop:
+                    try:
+                        seen.add(own.get("/readyz").status_code)
+                    except httpx.HTTPError as err:
+                        seen.add(-1)
+                        if isinstance(err, httpx.TimeoutException):
+                            return seen
+            return seen
+
+        with ThreadPoolExecutor(40) as pool:
+            statuses = set().union(*pool.map(lambda _: hammer(), range(40)))
+        assert answers(client), "the gateway stopped answering"
+        assert client.post("/api/v1/conversations").status_code == 200
+        assert 200 in statuses and statuses <= {200, 503}, statuses  # 503: the first count still awaited

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import redis
 from sqlalchemy import text
 
 from shared.constants import KEY_PREFIX, QUEUES
 from shared.settings import Settings, load_settings
-from tests.support.processes import Proc, start_beat, start_worker
+from tests.fakes.server import free_port
+from tests.support.processes import Proc, start_beat, start_worker, wait_until
 from tests.support.tools import PLUGINS
 
 API_KEY = "test-key-0123456789"
@@ -125,3 +129,25 @@ def api_client(settings: Settings) -> Iterator[Any]:
 
     with TestClient(create_app(settings), headers={"Authorization": f"Bearer {API_KEY}"}) as client:
         yield client
+
+
+@contextmanager
+def gateway_process(s: Stack) -> Iterator[tuple[Proc, httpx.Client]]:
+    """`nanofleet gateway` as a process of the stack, and a client of its API, once it answers."""
+    port = free_port()
+    proc = Proc([sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port)], s.env,
+                s.log_dir / f"gateway-{port}.log")
+    s.procs.append(proc)
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {API_KEY}"},
+                      timeout=30) as client:
+        wait_until(lambda: not proc.alive() or answers(client), timeout=60, message="the gateway to answer")
+        assert proc.alive(), proc.log()
+        yield proc, client
+
+
+def answers(client: httpx.Client, timeout: float = 5.0) -> bool:
+    """Whether the gateway's /healthz answers within `timeout` seconds."""
+    try:
+        return client.get("/healthz", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
