@@ -45,7 +45,7 @@ class ConversationOut(CamelModel):
 
 
 class ConversationPatch(CamelModel):
-    title: Text | None = Field(max_length=200, description="the new title; null removes it")
+    title: Text | None = Field(min_length=1, max_length=200, description="the new title; null removes it")
 
 
 class Usage(CamelModel):
@@ -57,7 +57,8 @@ class Usage(CamelModel):
 class ConversationInfo(CamelModel):
     conversation_id: str
     title: str | None
-    channel: str = Field(description="api, or the chat platform it came from")
+    channel: str = Field(description="api, the chat platform it came from, cli (nanofleet agent), or "
+                                     "internal (the session of a cron job, a subagent or the heartbeat)")
     chat_id: str
     active_run_id: str | None = Field(description="the turn running now, if any")
     usage: Usage = Field(description="the model calls of its runs, summed")

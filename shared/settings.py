@@ -79,11 +79,16 @@ class LLMSettings(LLMProfile):
     allowed_models: list[str] = Field(default_factory=list)
 
     def refuses(self, model: str) -> str | None:
-        """Why an API request may not ask for `model` (None when it may)."""
-        if not self.allowed_models or model == self.model or model in self.profiles or model in self.allowed_models:
+        """Why an API request may not ask for `model` (None when it may). A string with a URL in it
+        is refused unless listed: some litellm providers (oobabooga/http://...) call the URL it
+        names, which would send the whole prompt to any host, past the SSRF guard."""
+        if model == self.model or model in self.profiles or model in self.allowed_models:
+            return None
+        if not self.allowed_models and "://" not in model:
             return None
         choices = ", ".join(sorted({self.model, *self.profiles, *self.allowed_models}))
-        return f"model {model!r} is not allowed here; ask for one of: {choices}"
+        why = "names a URL, and only a listed one may" if "://" in model else "is not allowed here"
+        return f"model {model!r} {why}; ask for one of: {choices} (NANOFLEET_LLM__ALLOWED_MODELS lists more)"
 
 
 class ExecSettings(BaseModel):

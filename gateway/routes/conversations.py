@@ -10,13 +10,14 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Response
 from redis.exceptions import RedisError
-from sqlalchemy.exc import NoResultFound
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.deps import SessionDep, StateDep, only_params, require_key
+from gateway.routes.cron import follow_in_beat
 from gateway.schemas import (
     BAD_BODY,
     BIGINT_MAX,
@@ -42,6 +43,7 @@ from shared.agent.service import Submitted, after_commit, submit
 from shared.contracts import NO_NUL
 from shared.db import get_engine
 from shared.models import Conversation, RunStatus, new_id
+from shared.scheduling import jobs
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1/conversations", tags=["conversations"], dependencies=[Depends(require_key)],
@@ -63,6 +65,7 @@ def create_conversation(s: SessionDep, body: ConversationIn | None = None) -> Co
 
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such conversation"}}
+FOREIGN_KEY_VIOLATION = "23503"
 
 
 def _conversation(s: Session, conversation_id: str, *, lock: bool = False) -> Conversation:
@@ -105,18 +108,17 @@ def rename_conversation(conversation_id: Id, body: ConversationPatch, s: Session
 
 
 @router.delete("/{conversation_id}", status_code=204, responses={
-    **NOT_FOUND, 409: {"description": "a turn or subagent of the conversation is still going; stop it first"}})
+    **NOT_FOUND, 409: {"description": "a turn or subagent of the conversation is still going (`runIds`): stop it"}})
 def delete_conversation(conversation_id: Id, s: SessionDep, state: StateDep) -> Response:
-    """Delete the conversation for good: its messages, runs, tool calls and undelivered replies,
-    its subagents' sessions, its event stream. Cron jobs that post to it stay (see /api/v1/cron)."""
-    try:
-        deleted = conversations.delete_conversation(s, conversation_id)
-    except NoResultFound as missing:
-        raise HTTPException(404, f"no conversation {conversation_id}") from missing
-    except conversations.Busy as busy:
-        raise HTTPException(409, f"{busy}; stop them first (/stop in the chat, or POST /api/v1/runs/{{id}}/cancel)"
-                            ) from busy
+    """Delete the conversation for good: its messages, runs, tool calls and sends not made yet, its
+    subagents' sessions, the reminders (cron jobs) that post to it, its event stream."""
+    deleted = conversations.delete_conversation(s, conversation_id)
+    reminders = [job for c in deleted for job in jobs.listing(s, channel="api", chat_id=c, include_system=False)]
+    for job in reminders:
+        jobs.delete(s, job)
     s.commit()
+    for job in reminders:
+        follow_in_beat(state, None, job.id)
     try:
         state.redis.delete(*(stream_key(c) for c in deleted))
     except RedisError as err:  # the stream expires by itself a day after its newest event
@@ -129,8 +131,14 @@ def _submit(state: AppState, conversation_id: str, body: ChatIn) -> Submitted:
         raise HTTPException(422, refusal)
     with Session(get_engine(state.settings.database_url), expire_on_commit=False) as s:
         _conversation(s, conversation_id)
-        out = submit(state.runtime, s, conversation_id, body.message, origin=_origin(conversation_id), model=body.model)
-        s.commit()
+        try:
+            out = submit(state.runtime, s, conversation_id, body.message, origin=_origin(conversation_id),
+                         model=body.model)
+            s.commit()
+        except IntegrityError as err:  # deleted since it was read
+            if getattr(err.orig, "sqlstate", None) != FOREIGN_KEY_VIOLATION:
+                raise
+            raise HTTPException(404, f"no conversation {conversation_id}") from err
     after_commit(state.runtime, out)
     state.dispatch(out.nexts)
     return out

@@ -57,7 +57,7 @@ class CronPatch(CamelModel):
     enabled: bool | None = None
 
 
-def _mirror(state: AppState, job: CronJob | None, job_id: str) -> None:
+def follow_in_beat(state: AppState, job: CronJob | None, job_id: str) -> None:
     """Follow the change in the beat schedule; if Redis fails now, reconciliation catches up."""
     try:
         mirror = BeatMirror(state.producer.app)
@@ -85,7 +85,7 @@ def create_job(body: CronIn, s: SessionDep, state: StateDep) -> dict[str, Any]:
     the API conversation `chatId` names (empty: they stay in the job's own session)."""
     job = jobs.create(s, state.settings, jobs.JobIn.model_validate(body.model_dump(by_alias=False)))
     s.commit()
-    _mirror(state, job, job.id)
+    follow_in_beat(state, job, job.id)
     return jobs.view(job)
 
 
@@ -106,7 +106,7 @@ def update_job(job_id: JobId, body: CronPatch, s: SessionDep, state: StateDep) -
     patch = jobs.JobPatch.model_validate(body.model_dump(by_alias=False, exclude_unset=True))
     job = jobs.update(s, state.settings, job, patch)
     s.commit()
-    _mirror(state, job, job.id)
+    follow_in_beat(state, job, job.id)
     return jobs.view(job)
 
 
@@ -115,5 +115,5 @@ def delete_job(job_id: JobId, s: SessionDep, state: StateDep) -> Response:
     """Remove a job; a firing already under way finishes, no further one starts."""
     jobs.delete(s, jobs.get(s, job_id, lock=True))
     s.commit()
-    _mirror(state, None, job_id)
+    follow_in_beat(state, None, job_id)
     return Response(status_code=204)

@@ -11,6 +11,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlmodel import Session, col, select
 
 from shared.db import table_of
+from shared.errors import Conflict, NotFound
 from shared.models import (
     ACTIVE,
     Conversation,
@@ -22,7 +23,6 @@ from shared.models import (
     RunKind,
     RunStep,
     ToolCall,
-    ToolStatus,
     new_id,
     utcnow,
 )
@@ -141,30 +141,29 @@ def fold_mailbox(s: Session, conversation_id: str, run_id: str) -> int:
     return int(s.execute(FOLD, {"cid": conversation_id, "run_id": run_id}).rowcount)  # type: ignore[attr-defined]
 
 
-class Busy(Exception):
-    """The conversation, or a subagent of it, still has work going on."""
+class Busy(Conflict):
+    """The conversation, or a subagent of it, has a run that has not ended."""
 
     def __init__(self, run_ids: list[str]) -> None:
-        super().__init__(f"runs still going: {', '.join(run_ids)}")
-        self.run_ids = run_ids
+        super().__init__(f"a turn or subagent of the conversation is still going ({', '.join(run_ids)}): stop it "
+                         "first (/stop in the chat, or POST /api/v1/runs/{id}/cancel)", runIds=run_ids)
 
 
 def delete_conversation(s: Session, conversation_id: str) -> list[str]:
     """Delete a conversation and its subagents' sessions, with their messages, runs, steps, tool
-    calls and outbox rows (the ledger of platform event ids stays: it holds no content). Raises
-    Busy while one of their runs or tool calls has not ended. Returns the ids deleted."""
-    s.get_one(Conversation, conversation_id, with_for_update=True)  # no turn or subagent starts meanwhile
+    calls and outbox rows not sent yet (the ledger of platform event ids stays: it holds no
+    content). Raises Busy while one of their runs has not ended. Returns the ids deleted."""
+    if s.get(Conversation, conversation_id, with_for_update=True) is None:  # no turn or subagent starts meanwhile
+        raise NotFound(f"no conversation {conversation_id}")
     ids, frontier = [conversation_id], [conversation_id]
     while frontier:  # subagents' sessions name their parent's conversation, however old
         frontier = [c for c in s.exec(select(Conversation.id).where(
             col(Conversation.meta)["parent_conversation_id"].astext.in_(frontier))) if c not in ids]
         ids += frontier
-    runs = select(Run.id).where(col(Run.conversation_id).in_(ids))
-    going = s.execute(select(Run.id).where(col(Run.conversation_id).in_(ids), col(Run.status).in_(ACTIVE)).union(
-        select(ToolCall.run_id).where(col(ToolCall.run_id).in_(runs), col(ToolCall.status) == ToolStatus.RUNNING),
-    )).scalars().all()
+    going = s.exec(select(Run.id).where(col(Run.conversation_id).in_(ids), col(Run.status).in_(ACTIVE))).all()
     if going:
         raise Busy(sorted(going))
+    runs = select(Run.id).where(col(Run.conversation_id).in_(ids))
     for table, which in ((ToolCall, col(ToolCall.run_id).in_(runs)), (RunStep, col(RunStep.run_id).in_(runs)),
                          (Outbox, col(Outbox.run_id).in_(runs)), (Message, col(Message.conversation_id).in_(ids)),
                          (Run, col(Run.conversation_id).in_(ids)), (Conversation, col(Conversation.id).in_(ids))):

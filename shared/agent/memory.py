@@ -91,11 +91,11 @@ def compact(rt: Runtime, conversation_id: str, *, everything: bool = False, keep
     True if it wrote a summary."""
     lease = _claim(rt, conversation_id)
     if lease is None:
-        if everything:  # /new was promised: it runs after the compaction holding the lease
+        if everything and _exists(rt, conversation_id):  # /new was promised: after the one holding the lease
             raise Retryable("another compaction of this conversation is running", delay=2, max_retries=60)
         return False
     try:
-        return _compact(rt, conversation_id, everything, keep)
+        return _compact(rt, conversation_id, everything=everything, keep=keep)
     finally:
         with rt.session() as s:
             s.execute(_RELEASE, {"c": conversation_id, "lease": lease})
@@ -117,7 +117,12 @@ def _claim(rt: Runtime, conversation_id: str) -> datetime | None:
     return until
 
 
-def _compact(rt: Runtime, conversation_id: str, everything: bool, keep: int | None) -> bool:
+def _exists(rt: Runtime, conversation_id: str) -> bool:
+    with rt.session() as s:
+        return s.get(Conversation, conversation_id) is not None
+
+
+def _compact(rt: Runtime, conversation_id: str, *, everything: bool, keep: int | None) -> bool:
     with rt.session() as s:  # read what to summarise, and commit
         summary = prompt.latest_summary(s, conversation_id)
         seen = (summary.id, dict(summary.meta)) if summary else None
@@ -171,8 +176,10 @@ def _summary_request(rt: Runtime, conversation_id: str, previous: str, old: list
 def _store(s: Session, conversation_id: str, content: str, covers: int, seen: tuple[int | None, Any] | None) -> bool:
     """Write the summary of everything up to `covers`. A /new may have moved the summary's bounds
     while the model wrote it: under the conversation's lock (which /new takes), look again. An
-    automatic compaction overtaken by a /new is dropped: its summary would move the cut back."""
-    _lock(s, conversation_id)
+    automatic compaction overtaken by a /new is dropped: its summary would move the cut back, and
+    so is one of a conversation deleted meanwhile."""
+    if not _lock(s, conversation_id):
+        return False
     summary = prompt.latest_summary(s, conversation_id, fresh=True)
     if summary is not None and DUE in summary.meta:
         if seen is None or DUE not in seen[1]:
@@ -188,9 +195,11 @@ def _store(s: Session, conversation_id: str, content: str, covers: int, seen: tu
     return True
 
 
-def _lock(s: Session, conversation_id: str) -> None:
-    """The conversation's row lock: /new and the end of a compaction change its summary under it."""
-    s.execute(select(Conversation.id).where(Conversation.id == conversation_id).with_for_update())
+def _lock(s: Session, conversation_id: str) -> bool:
+    """The conversation's row lock: /new and the end of a compaction change its summary under it
+    (and a deletion takes it). False when the conversation is gone."""
+    found = s.execute(select(Conversation.id).where(Conversation.id == conversation_id).with_for_update())
+    return found.first() is not None
 
 
 def _left_behind(s: Session, conversation_id: str, summary: Message | None) -> list[Message]:
@@ -233,8 +242,7 @@ def _failed_reset(rt: Runtime, conversation_id: str, err: LLMError) -> bool:
     now; the sweep is its only re-sender, so attempts never pile up), for GIVE_UP after the latest
     /new; then the new session keeps the previous summary, and the messages between are left out."""
     with rt.session() as s:
-        _lock(s, conversation_id)
-        summary = prompt.latest_summary(s, conversation_id, fresh=True)
+        summary = prompt.latest_summary(s, conversation_id, fresh=True) if _lock(s, conversation_id) else None
         if summary is None or DUE not in summary.meta:
             return False
         asked = summary.meta.get(ASKED)

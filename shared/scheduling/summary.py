@@ -99,8 +99,9 @@ def summarise(rt: Runtime, conversation_id: str, until: datetime) -> bool:
     except LLMError as err:
         raise Retryable(f"daily summary of {conversation_id}: {err}", delay=RETRY_DELAY,
                         max_retries=RETRIES) from err
-    with rt.session() as s:
-        if _written(s, conversation_id, key):
+    with rt.session() as s:  # a conversation deleted meanwhile takes its summary with it
+        gone = s.get(Conversation, conversation_id, with_for_update={"key_share": True}) is None
+        if gone or _written(s, conversation_id, key):
             return False
         s.add(Message(conversation_id=conversation_id, role=Role.SYSTEM, type=MessageType.SUMMARY,
                       content=response.content, meta={META_KEY: key, "since": since}))
@@ -108,8 +109,9 @@ def summarise(rt: Runtime, conversation_id: str, until: datetime) -> bool:
 
 
 def _written(s: Session, conversation_id: str, key: str) -> bool:
-    """Whether the summary for `key` exists, under a lock that the one writing it holds too."""
-    s.execute(text("select pg_advisory_xact_lock(hashtext(:k))"), {"k": f"daily:{conversation_id}:{key}"})
+    """Whether the summary for `key` exists, under a lock that the one writing it holds too (its
+    key is the one earlier versions held: during a rolling upgrade they exclude each other)."""
+    s.execute(text("select pg_advisory_xact_lock(hashtext(:k))"), {"k": f"daily:{conversation_id}"})
     return s.exec(select(Message.id).where(
         Message.conversation_id == conversation_id, Message.type == MessageType.SUMMARY,
         col(Message.meta)[META_KEY].astext == key,

@@ -14,6 +14,7 @@ from gateway.state import async_redis
 from gateway.waiting import wait_for_run
 from shared.models import TERMINAL, Run, RunStatus
 from shared.queueing import Producer, make_celery
+from tests.fakes.llm import FakeLLM
 from tests.support.processes import wait_until
 from tests.support.stack import Stack, api_client
 
@@ -141,7 +142,21 @@ def test_an_operator_can_limit_the_models_a_request_names(stack: Stack) -> None:
         for model in ("openai/cheap", llm.model):
             answer = api.post(f"{url}/chat", json={"message": "hi", "model": model})
             assert answer.json()["assistantMessage"] == "echo: hi", answer.text
-    for api in api_client(stack.settings):  # not set: any model string, as before
+    for api in api_client(stack.settings):  # not set: any model string, as before...
         cid = api.post("/api/v1/conversations").json()["conversationId"]
         answer = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "hi", "model": "openai/expensive"})
         assert answer.status_code == 200
+
+
+def test_a_model_string_that_names_a_url_is_refused_unless_listed(stack: Stack, fake_llm: FakeLLM) -> None:
+    """litellm's oobabooga/ provider calls the URL in the model string whatever api_base says: any
+    key holder could send the whole prompt (system prompt, memory) to any host, past the SSRF guard,
+    and read an internal service's answer in the run's error (security review)."""
+    elsewhere = f"oobabooga/{fake_llm.server.url}"
+    for api in api_client(stack.settings):
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        refused = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "hi", "model": elsewhere})
+        assert refused.status_code == 422 and "names a URL" in refused.json()["detail"], refused.text
+        assert fake_llm.calls() == 0 and api.get(f"/api/v1/conversations/{cid}/messages").json() == []
+    llm = stack.settings.llm.model_copy(update={"allowed_models": [elsewhere]})
+    assert llm.refuses(elsewhere) is None  # the operator may list one

@@ -68,6 +68,7 @@ def test_bad_requests_are_refused_with_what_is_wrong(api: Any) -> None:
     assert api.patch("/api/v1/conversations/nope", json={"title": "x"}).status_code == 404
     assert api.patch(f"/api/v1/conversations/{cid}", json={}).status_code == 422  # say what the title becomes
     assert api.patch(f"/api/v1/conversations/{cid}", json={"title": "x" * 201}).status_code == 422
+    assert api.patch(f"/api/v1/conversations/{cid}", json={"title": ""}).status_code == 422  # null removes it
     refused = api.get("/api/v1/conversations", params={"chanel": "telegram"})  # a misspelt filter lists nothing
     assert refused.status_code == 422 and "chanel" in refused.text
     assert api.get("/api/v1/conversations", params={"limit": 0}).status_code == 422
@@ -88,8 +89,8 @@ def _rows(stack: Stack, cids: list[str]) -> dict[str, int]:
 
 
 def test_a_deleted_conversation_leaves_nothing_behind(stack: Stack, api: Any) -> None:
-    """Its messages, runs, steps, tool calls, undelivered replies, its subagents' sessions and its
-    event stream go; another conversation is untouched."""
+    """Its messages, runs, steps, tool calls, sends not made yet, its subagents' sessions, the
+    reminders that post to it and its event stream go; another conversation is untouched."""
     cid, other = _new(api, "to forget"), _new(api, "to keep")
     for c in (cid, other):
         assert api.post(f"/api/v1/conversations/{c}/chat", json={"message": "call:time {}"}).status_code == 200
@@ -99,6 +100,10 @@ def test_a_deleted_conversation_leaves_nothing_behind(stack: Stack, api: Any) ->
         s.add(Message(conversation_id=child, role=Role.USER, content="the subagent's task"))
         [run_id] = s.exec(select(Run.id).where(Run.conversation_id == cid)).all()
         s.add(Outbox(key=f"{run_id}:0", channel="telegram", chat_id="42", content="undelivered", run_id=run_id))
+    reminder = api.post("/api/v1/cron", json={"message": "water the plants", "everySeconds": 3600,
+                                              "channel": "api", "chatId": cid}).json()["id"]
+    elsewhere = api.post("/api/v1/cron", json={"message": "stand-up", "everySeconds": 3600,
+                                               "channel": "api", "chatId": other}).json()["id"]
     before = _rows(stack, [cid, child])
     assert all(before.values()), before
     kept = _rows(stack, [other])
@@ -113,13 +118,16 @@ def test_a_deleted_conversation_leaves_nothing_behind(stack: Stack, api: Any) ->
     assert api.get(f"/api/v1/conversations/{cid}/messages").status_code == 404
     assert api.delete(f"/api/v1/conversations/{cid}").status_code == 404
     assert api.get(f"/api/v1/conversations/{other}/messages").json()[-1]["content"].startswith("done: ")
+    assert api.get(f"/api/v1/cron/{reminder}").status_code == 404  # it would run, and post nowhere
+    assert api.get(f"/api/v1/cron/{elsewhere}").status_code == 200
+    assert api.post(f"/api/v1/conversations/{cid}/messages", json={"message": "hi"}).status_code == 404
 
 
 def test_a_conversation_with_a_turn_going_is_not_deleted(stack: Stack, api: Any) -> None:
     cid = _new(api)
     run_id = api.post(f"/api/v1/conversations/{cid}/messages", json={"message": "sleep:3"}).json()["runId"]
     refused = api.delete(f"/api/v1/conversations/{cid}")
-    assert refused.status_code == 409 and run_id in refused.json()["detail"] and "/stop" in refused.json()["detail"]
+    assert refused.status_code == 409 and refused.json()["runIds"] == [run_id] and "/stop" in refused.json()["detail"]
     assert _rows(stack, [cid])["messages"] == 1
     wait_until(lambda: api.get(f"/api/v1/runs/{run_id}").json()["status"] == "succeeded", timeout=30,
                message="the turn to end")

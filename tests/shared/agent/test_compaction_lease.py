@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from shared.agent import memory, prompt
+from shared.agent import conversations, memory, prompt
 from shared.agent.runtime import Runtime
 from shared.errors import Retryable
 from shared.models import Conversation
@@ -96,3 +96,22 @@ def test_a_failed_compaction_frees_its_lease(stack: Stack) -> None:
     with pytest.raises(RuntimeError):
         memory.compact(rt, cid)
     assert not _held(rt, cid)
+
+
+def test_a_conversation_deleted_while_its_summary_is_written_is_left_deleted(stack: Stack) -> None:
+    """The model call holds no lock, so a DELETE may go through meanwhile: the summary is dropped
+    (its write failed on the foreign key), and a /new summary of a conversation gone is not retried."""
+    rt = Runtime.build(stack.settings)
+    cid = _chat(rt, 30)
+    complete = rt.llm.complete
+
+    def deleted_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        with rt.session() as s:
+            conversations.delete_conversation(s, cid)
+        return complete(*args, **kwargs)
+
+    rt.llm.complete = deleted_meanwhile  # type: ignore[method-assign]
+    assert memory.compact(rt, cid) is False
+    assert memory.compact(rt, cid, everything=True) is False
+    with rt.session() as s:
+        assert s.get(Conversation, cid) is None

@@ -129,3 +129,18 @@ def test_no_transaction_stays_open_while_the_model_writes_and_an_overlapping_dup
     rt.llm.complete = meanwhile  # type: ignore[method-assign]
     assert not summary.summarise(rt, cid, until)
     assert seen == ["free"] and len(daily_summaries(stack)) == 1
+
+
+def test_a_conversation_deleted_while_its_summary_is_written_gets_none(core: Core) -> None:
+    stack, rt, _ = core()
+    cid = chat_with(stack, ["plan the trip", "booked the train"])
+    complete = rt.llm.complete
+
+    def deleted_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        with db(stack) as s:
+            conversations.delete_conversation(s, cid)
+        return complete(*args, **kwargs)
+
+    rt.llm.complete = deleted_meanwhile  # type: ignore[method-assign]
+    assert not summary.summarise(rt, cid, utcnow() + timedelta(minutes=1))
+    assert daily_summaries(stack) == []
