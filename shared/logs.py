@@ -3,6 +3,7 @@ per-second recovery sweep's task lines at DEBUG."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import uuid
@@ -82,7 +83,10 @@ class RedactingFormatter(logging.Formatter):
     def __init__(self, inner: logging.Formatter, secrets: Iterable[str]) -> None:
         super().__init__()
         self.inner = inner
-        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        # as written, and as a JSON line writes it: a secret with a quote, a backslash or a letter
+        # outside ASCII is escaped there, and the plain form would not match
+        forms = {f for s in secrets if s for f in (s, json.dumps(s)[1:-1], json.dumps(s, ensure_ascii=False)[1:-1])}
+        self.secrets = sorted(forms, key=len, reverse=True)
 
     def format(self, record: logging.LogRecord) -> str:
         return self.redact(self.inner.format(record))

@@ -10,6 +10,7 @@ from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
+from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -314,6 +315,8 @@ class Settings(BaseSettings):
                     walk(item)
 
         walk(self)
+        passwords = [p for p in (urlsplit(url).password for url in (self.database_url, self.redis_url)) if p]
+        found += [form for p in passwords for form in (p, unquote(p))]  # in a URL, as given and decoded
         return [s for s in found if len(s) >= 4]
 
 

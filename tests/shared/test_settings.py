@@ -169,3 +169,9 @@ def test_telegram_webhook_secret_outside_its_alphabet_is_refused(monkeypatch: py
     assert "NANOFLEET_CHANNELS__TELEGRAM__WEBHOOK_SECRET: " in str(err.value) and "A-Z a-z 0-9 _ -" in str(err.value)
     monkeypatch.setenv("NANOFLEET_CHANNELS__TELEGRAM__WEBHOOK_SECRET", "Ok_secret-1" * 20)
     assert load_settings().channels.telegram.webhook_secret is not None
+
+
+def test_passwords_in_the_database_and_redis_urls_are_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NANOFLEET_DATABASE_URL", "postgresql+psycopg://app:db%40secret@db:5432/nanofleet")
+    monkeypatch.setenv("NANOFLEET_REDIS_URL", "redis://:redis-secret@redis:6379/0")
+    assert {"db%40secret", "db@secret", "redis-secret"} <= set(load_settings().secrets())
