@@ -297,7 +297,7 @@ def test_app_services_reach_backends_by_service_name(compose: dict[str, Any]) ->
         assert env["NANOFLEET_DATABASE_URL"] == (
             "postgresql+psycopg://nanofleet:nanofleet@postgres:5432/nanofleet"
         ), name
-        assert env["NANOFLEET_REDIS_URL"] == "redis://redis:6379/0", name
+        assert env["NANOFLEET_REDIS_URL"] == "redis://:nanofleet@redis:6379/0", name
         assert "/data/workspace" in json.dumps(service["volumes"]), name
     flower = compose["services"]["flower"]
     assert flower["environment"]["FLOWER_BASIC_AUTH"]
@@ -528,3 +528,14 @@ def test_env_example_active_lines_are_compose_only() -> None:
         a for a in active if a.startswith("NANOFLEET_") and a not in NOT_SETTINGS
     ]
     assert overriding == [], f"comment these out in .env.example: {overriding}"
+
+
+def test_redis_asks_for_the_password_the_app_services_use(compose: dict[str, Any]) -> None:
+    """The exec tool's commands share the workers' network: without a password they could read the
+    event streams of every conversation and write broker messages (security review)."""
+    redis_ = compose["services"]["redis"]
+    command = _cmd(redis_).split()
+    password = command[command.index("--requirepass") + 1]
+    assert password and redis_["environment"]["REDISCLI_AUTH"] == password  # the healthcheck's ping
+    for name, service in _app_services(compose).items():
+        assert service["environment"]["NANOFLEET_REDIS_URL"].startswith(f"redis://:{password}@redis:"), name
