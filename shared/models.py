@@ -169,7 +169,7 @@ class Run(SQLModel, table=True):
     announced: bool = False  # a subagent's result has been handed to its parent conversation
     lease_owner: str | None = None
     lease_until: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True), index=True))
-    recoveries: int = 0  # times the sweeper took step `recovered_seq` back from a worker that died in it
+    recoveries: int = 0  # times step `recovered_seq` failed: it raised, or its worker died in it
     recovered_seq: int | None = None
     request_id: str | None = None
     prompt_tokens: int = 0

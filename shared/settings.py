@@ -189,8 +189,8 @@ class RuntimeSettings(BaseModel):
     lease_seconds: float = 4.0
     sweep_interval: float = 1.0
     requeue_grace: float = 15.0  # after the sweeper re-enqueues a step, how long before it may again
-    # A step (or idempotent tool call) whose worker died this many times fails its run instead of
-    # being tried again: something in it kills workers (memory, a crashing library).
+    # A step (or idempotent tool call) that failed this many times (it raised, or its worker died in
+    # it) fails its run instead of being tried again: something in it kills workers or always raises.
     max_recoveries: int = Field(default=5, ge=1)
 
 

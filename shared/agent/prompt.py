@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,9 +14,14 @@ from sqlmodel import Session, col, select
 from shared.models import Message, MessageType, Role, Run, RunKind
 from shared.settings import Settings
 from shared.skills import skills_section
+from shared.tools.workspace import OutsideWorkspace, read_start
+
+log = logging.getLogger(__name__)
 
 BOOTSTRAP_FILES = ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md", "MEMORY.md")
-MAX_FILE_CHARS = 20_000
+MAX_FILE_BYTES = 64 * 1024  # read no more of a file: every LLM step reads them all
+MAX_FILE_CHARS = 20_000  # and put no more of one in the prompt
+CUT = "[{name} is cut here: the prompt carries at most {limit} characters of each workspace file]"
 
 # Extra system-prompt sections (the skills index registers one); each returns text or "".
 Section = Callable[[Settings], str]
@@ -31,15 +37,36 @@ answer with the result, stated plainly for the person who asked. You cannot mess
 spawn other agents or schedule jobs. Your workspace is {workspace}."""
 
 
+# Files skipped for a reason already logged: the prompt is built on every step, the warning is said once.
+_skipped: dict[Path, str] = {}
+
+
 def _workspace_files(workspace: Path) -> list[str]:
-    parts = []
-    for name in BOOTSTRAP_FILES:
-        path = workspace / name
-        if path.is_file():
-            body = path.read_text(errors="replace")[:MAX_FILE_CHARS].strip()
-            if body:
-                parts.append(f"## {name}\n\n{body}")
-    return parts
+    return [f"## {name}\n\n{body}" for name in BOOTSTRAP_FILES if (body := _workspace_file(workspace, name))]
+
+
+def _workspace_file(workspace: Path, name: str) -> str:
+    """The file's text as the prompt carries it, marked where it is cut. Read as the file tools
+    read (a symlink that leads out of the workspace, a FIFO or a device is refused); "" when it is
+    missing or cannot be read, which is a warning in the log, never a failed step."""
+    path = workspace / name
+    try:
+        data, more = read_start(workspace, name, MAX_FILE_BYTES)
+    except FileNotFoundError:
+        _skipped.pop(path, None)
+        return ""
+    except (OutsideWorkspace, OSError) as err:
+        reason = (err.strerror if isinstance(err, OSError) else None) or str(err)
+        if _skipped.get(path) != reason:
+            _skipped[path] = reason
+            log.warning("system prompt: %s skipped: %s", path, reason)
+        return ""
+    _skipped.pop(path, None)
+    text = data.decode(errors="replace")
+    body = text[:MAX_FILE_CHARS].strip()
+    if body and (more or len(text) > MAX_FILE_CHARS):
+        body += "\n\n" + CUT.format(name=name, limit=MAX_FILE_CHARS)
+    return body
 
 
 def system_prompt(settings: Settings, kind: RunKind = RunKind.TURN) -> str:

@@ -56,7 +56,8 @@ def _expired(s: Session, conversation_id: str | None) -> list[Run]:
 
 
 def _recover(rt: Runtime, s: Session, run: Run, ready: list[tuple[str, int]], failed: list[Run]) -> list[Next]:
-    if run.phase == Phase.LLM and run.lease_owner is not None and _lost(run) >= rt.settings.runtime.max_recoveries:
+    lost = run.phase == Phase.LLM and run.lease_owner is not None  # its worker died in the step
+    if lost and steps.count_failure(run) >= rt.settings.runtime.max_recoveries:
         log.error("run %s: step %d was lost %d times; failing the run", run.id, run.step_seq, run.recoveries)
         failed.append(run)
         return finish(rt, s, run, status=RunStatus.FAILED, store=False, text=GAVE_UP,
@@ -79,15 +80,6 @@ def _recover(rt: Runtime, s: Session, run: Run, ready: list[tuple[str, int]], fa
     if all(c.status in steps.DONE for c in calls):
         ready.append((run.id, run.step_seq))
     return nexts
-
-
-def _lost(run: Run) -> int:
-    """Count one more loss of the current step (a worker held its lease and died); returns the count."""
-    if run.recovered_seq == run.step_seq:
-        run.recoveries += 1
-    else:
-        run.recovered_seq, run.recoveries = run.step_seq, 1
-    return run.recoveries
 
 
 def _interrupted(rt: Runtime, s: Session, call: ToolCall) -> None:

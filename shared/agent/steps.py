@@ -9,7 +9,9 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import func, insert, update
+import redis
+from kombu.exceptions import OperationalError as BrokerError
+from sqlalchemy import exc, func, insert, update
 from sqlmodel import Session, col, select
 
 from shared.agent import conversations, events, lease, memory, prompt
@@ -18,6 +20,7 @@ from shared.agent.runtime import Next, Runtime
 from shared.aio import run_sync
 from shared.constants import T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EXECUTE
 from shared.db import table_of, update_returning
+from shared.errors import Retryable
 from shared.llm import LLMError, LLMResponse
 from shared.models import (
     ACTIVE,
@@ -41,6 +44,14 @@ SUBAGENT_EXCLUDED = ("message", "spawn", "cron")
 DONE = (ToolStatus.SUCCESS, ToolStatus.REJECTED, ToolStatus.FAILED)
 # A chat turn whose model answered nothing (and sent nothing with the message tool) still gets a reply
 EMPTY_ANSWER = "I've completed processing but have no response to give."
+FAILED_STEP = ("Sorry, I had to stop: something went wrong on my side each time I tried to go on with this. "
+               "Send your message again; if it keeps happening, the operator can find the error in the worker log.")
+# Errors another try may well not meet (the database or the broker was unreachable or busy): the task
+# base or the sweeper tries the step again, as often as it takes; they never count as its failures.
+TRANSIENT: tuple[type[BaseException], ...] = (
+    Retryable, exc.OperationalError, exc.InterfaceError, exc.TimeoutError, BrokerError,
+    redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError,
+)
 
 
 def step_task(run: Run) -> str:
@@ -56,8 +67,70 @@ def bound_message(n: int) -> str:
 
 def llm_step(rt: Runtime, run_id: str, seq: int) -> list[Next]:
     """One LLM call for step `seq` of the run, under the run's lease. Taking the lease, folding in
-    the mailbox and reading the prompt are one transaction."""
+    the mailbox and reading the prompt are one transaction. A step that raises is tried again (the
+    sweeper re-enqueues it when its lease expires); one that raised max_recoveries times fails its run."""
     owner = rt.owner()
+    try:
+        return _llm_step(rt, run_id, seq, owner)
+    except Exception as err:
+        if transient(err):
+            raise
+        nexts = _failed(rt, run_id, seq, owner, err)
+        if nexts is None:
+            raise
+        return nexts
+
+
+def transient(err: BaseException) -> bool:
+    """Whether `err` is one another try may well not meet: it never counts as a failure of the step."""
+    return isinstance(err, TRANSIENT) or (isinstance(err, exc.DBAPIError) and err.connection_invalidated)
+
+
+def count_failure(run: Run) -> int:
+    """Count one more failure of the run's current step (it raised, or its worker died in it);
+    returns how many times it failed."""
+    if run.recovered_seq == run.step_seq:
+        run.recoveries += 1
+    else:
+        run.recovered_seq, run.recoveries = run.step_seq, 1
+    return run.recoveries
+
+
+def _failed(rt: Runtime, run_id: str, seq: int, owner: str, err: Exception) -> list[Next] | None:
+    """Count the failure of step `seq`: the run's end once the step failed max_recoveries times, else
+    None (raise: the step is tried again). A step someone else holds, or that ended, is not counted."""
+    try:
+        with rt.session() as s:
+            run = s.get(Run, run_id, with_for_update=True)
+            if run is None or run.step_seq != seq or run.phase != Phase.LLM or run.status not in ACTIVE:
+                return None
+            if run.lease_owner not in (None, owner) and run.lease_until and run.lease_until > utcnow():
+                return None
+            failures, bound = count_failure(run), rt.settings.runtime.max_recoveries
+            if failures < bound:
+                log.warning("run %s: step %d failed (%d of %d tries): %r", run_id, seq, failures, bound, err)
+                _release(run, rt.settings.runtime.lease_seconds)  # the sweeper re-enqueues it, as no lost step
+                s.add(run)
+                return None
+            log.error("run %s: step %d failed %d times; failing the run: %r", run_id, seq, failures, err)
+            nexts = _give_up(rt, s, run, f"step {seq} failed {failures} times; the last time: {err!r}")
+    except Exception:
+        log.exception("run %s: could not record the failure of step %d", run_id, seq)
+        return None
+    publish_final(rt, run)
+    return nexts
+
+
+def _give_up(rt: Runtime, s: Session, run: Run, error: str) -> list[Next]:
+    """Fail the run (locked by the caller). It takes the waiting messages its step would have taken
+    (they stay pending when the step raised before it committed), or they would start a turn that
+    fails the same way, and another after it."""
+    if rt.settings.agent.mailbox_mode == "steer" or run.iteration == 0:
+        conversations.fold_mailbox(s, run.conversation_id, run.id)
+    return finish(rt, s, run, status=RunStatus.FAILED, text=FAILED_STEP, store=False, error=error[:1000])
+
+
+def _llm_step(rt: Runtime, run_id: str, seq: int, owner: str) -> list[Next]:
     with rt.session() as s:
         run = lease.acquire(s, run_id=run_id, seq=seq, phase=Phase.LLM, owner=owner,
                             seconds=rt.settings.runtime.lease_seconds)
@@ -202,7 +275,9 @@ def tool_step(rt: Runtime, tool_call_id: str) -> list[Next]:
     ctx = _context(rt, run, call)
     result = _execute(rt, run, call, ctx) if run.status in ACTIVE else ToolResult.fail(ErrorCode.FAILED, NOT_RUN)
     with rt.session() as s:  # the run first, as the sweeper and cancellation lock: never a deadlock
-        locked = s.get_one(Run, run.id, with_for_update=True)
+        locked = s.get(Run, run.id, with_for_update=True)
+        if locked is None:  # its conversation was deleted meanwhile (a cancelled run's tool went on)
+            return ctx.followups
         s.execute(
             update(calls)
             .where(calls.c.id == call.id, calls.c.status == ToolStatus.RUNNING.value)

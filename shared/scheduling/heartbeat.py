@@ -29,6 +29,7 @@ from shared.errors import Retryable
 from shared.llm import LLMError
 from shared.models import Conversation, CronReceipt, Message, Role, Run, RunKind, utcnow
 from shared.scheduling.cron import receipt
+from shared.tools.workspace import OutsideWorkspace, read_start
 
 log = logging.getLogger(__name__)
 FILE = "HEARTBEAT.md"
@@ -36,6 +37,7 @@ SESSION = "heartbeat"
 RECEIPT_JOB = "system:heartbeat"
 KEEP_MESSAGES = 20
 MAX_CHARS = 8000
+MAX_BYTES = 4 * MAX_CHARS  # enough for MAX_CHARS characters of UTF-8
 QUIET = "HEARTBEAT_OK"
 DECIDE_RETRIES = 3  # then this heartbeat is given up; the next interval brings another
 KEYED_BY_ID = datetime(1970, 1, 1, tzinfo=UTC)  # a heartbeat's receipt is unique by its job id alone
@@ -58,12 +60,20 @@ def tasks(text: str) -> str:
 
 
 def read(rt: Runtime) -> str:
-    path = rt.settings.workspace / FILE
+    """The tasks in HEARTBEAT.md, read as the file tools read (a symlink that leads out of the
+    workspace, a FIFO or a device is refused); "" when it is missing or cannot be read."""
+    workspace = rt.settings.workspace
     try:
-        return tasks(path.read_text(errors="replace")[:MAX_CHARS]) if path.is_file() else ""
-    except OSError as err:
-        log.warning("heartbeat: cannot read %s: %s", path, err)
+        data, more = read_start(workspace, FILE, MAX_BYTES)
+    except FileNotFoundError:
         return ""
+    except (OutsideWorkspace, OSError) as err:
+        log.warning("heartbeat: cannot read %s: %s", workspace / FILE, err)
+        return ""
+    text = data.decode(errors="replace")
+    if more or len(text) > MAX_CHARS:
+        log.warning("heartbeat: %s is longer than %d characters; only its start is read", FILE, MAX_CHARS)
+    return tasks(text[:MAX_CHARS])
 
 
 def decide(rt: Runtime, todo: str, now: datetime) -> str | None:

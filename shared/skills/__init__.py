@@ -55,6 +55,7 @@ class Skill:
     source: str  # "workspace" or "builtin"
     always: bool = False
     missing: list[str] = field(default_factory=list)
+    instructions: str = field(default="", repr=False)  # the body, as read with the front matter
 
     @property
     def available(self) -> bool:
@@ -67,7 +68,7 @@ class Skill:
 
     def body(self) -> str:
         """The instructions without the front matter."""
-        return _split(_read(self.file))[1][:MAX_SKILL_CHARS].strip()
+        return self.instructions
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "source": self.source, "path": self.location,
@@ -75,9 +76,19 @@ class Skill:
                 "reason": f"missing {', '.join(self.missing)}" if self.missing else None}
 
 
-def _read(file: Path) -> str:
-    with file.open("rb") as fh:
-        return fh.read(MAX_FILE_BYTES).decode(errors="replace")
+def _read(file: Path, workspace: Path | None) -> str:
+    """The start of a SKILL.md: a workspace one read as the file tools read (one behind a symlink
+    that leads out of the workspace is a BadSkill), a built-in one (`workspace` None) as it is."""
+    if workspace is None:
+        with file.open("rb") as fh:
+            return fh.read(MAX_FILE_BYTES).decode(errors="replace")
+    from shared.tools.workspace import OutsideWorkspace, read_start  # shared.tools imports this module
+
+    try:
+        data, _ = read_start(workspace, str(file.relative_to(workspace)), MAX_FILE_BYTES)
+    except OutsideWorkspace as err:
+        raise BadSkill(str(err)) from err
+    return data.decode(errors="replace")
 
 
 def _split(text: str) -> tuple[str | None, str]:
@@ -157,8 +168,9 @@ def _text(front: dict[str, Any], key: str, limit: int) -> str:
 
 
 def read_skill(file: Path, source: str, settings: Settings) -> Skill:
-    """The skill in `file`; raises BadSkill or OSError for one that cannot be used."""
-    head, _ = _split(_read(file))
+    """The skill in `file` (a workspace one unless `source` is "builtin"); raises BadSkill or
+    OSError for one that cannot be used."""
+    head, body = _split(_read(file, None if source == "builtin" else settings.workspace))
     front = parse_front_matter(head) if head is not None else {}
     meta = skill_metadata(front)
     return Skill(
@@ -168,6 +180,7 @@ def read_skill(file: Path, source: str, settings: Settings) -> Skill:
         source=source,
         always=bool(meta.get("always") or front.get("always")),
         missing=missing_requirements(meta, settings),
+        instructions=body[:MAX_SKILL_CHARS].strip(),
     )
 
 

@@ -95,6 +95,16 @@ def open_file(workspace: Path, target: Path, mode: OpenMode, *, make_parents: bo
     return os.fdopen(fd, mode)
 
 
+def read_start(workspace: Path, path: str, limit: int) -> tuple[bytes, bool]:
+    """The first `limit` bytes of the file `path` (relative to the workspace) and whether it has
+    more, for files the system reads by itself (the prompt's files, HEARTBEAT.md, skills): held to
+    the guard as `read_file` is, so a symlink that leads out, a FIFO or a device is refused too.
+    Raises OutsideWorkspace, NotAFile or the OSError of the open or the read."""
+    with open_file(workspace, resolve(workspace, path), "rb") as fh:
+        data = fh.read(limit + 1)
+    return data[:limit], len(data) > limit
+
+
 def open_folder(workspace: Path, target: Path) -> int:
     """An fd on the folder `target` (a path `resolve` answered), reached as `open_file` reaches
     files; the caller closes it. Raises OutsideWorkspace or the OSError of the open."""

@@ -3,7 +3,12 @@ history every provider accepts."""
 
 from __future__ import annotations
 
+import logging
+import os
+import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -170,3 +175,101 @@ def test_any_history_comes_out_well_formed(steps: list[object]) -> None:
     assert unpaired(fixed) is None  # type: ignore[arg-type]
     if unpaired(history) is None:  # type: ignore[arg-type]
         assert fixed == history
+
+
+SECRET = "TOP-SECRET-OUTSIDE"
+
+
+@pytest.fixture
+def open_workspace() -> Iterator[Path]:
+    """A workspace any user may enter (pytest's tmp_path is root's alone): a worker runs as another
+    user than the one that wrote the files."""
+    with tempfile.TemporaryDirectory(prefix="nanofleet-ws-") as folder:
+        os.chmod(folder, 0o755)
+        yield Path(folder).resolve()
+
+
+@contextmanager
+def as_a_worker_without_root() -> Iterator[None]:
+    """Root reads every file; a worker that is not root does not. As root, act as nobody meanwhile."""
+    if os.geteuid() != 0:
+        yield
+        return
+    os.setegid(NOBODY)
+    os.seteuid(NOBODY)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+
+
+NOBODY = 65534
+
+
+def skipped_warnings(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno == logging.WARNING and name in r.getMessage()]
+
+
+@pytest.mark.parametrize("target", ["outside", "/proc/self/environ"])
+def test_a_workspace_file_linked_out_of_the_workspace_stays_out_of_the_prompt(
+        tmp_path: Path, target: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The exec tool runs as another user, who can plant `ln -s /etc/shadow AGENTS.md`: the prompt
+    (sent to the LLM) must not read through it, as read_file does not."""
+    workspace, outside = tmp_path / "ws", tmp_path / "secret.txt"
+    workspace.mkdir()
+    outside.write_text(SECRET)
+    (workspace / "AGENTS.md").symlink_to(outside if target == "outside" else target)
+    (workspace / "SOUL.md").write_text("Be kind.")
+    settings = load_settings(workspace=workspace)
+    with caplog.at_level(logging.WARNING, logger="shared.agent.prompt"):
+        first = prompt.system_prompt(settings)
+        assert prompt.system_prompt(settings) == first
+    assert "## AGENTS.md" not in first and SECRET not in first
+    assert "Be kind." in first
+    [warning] = skipped_warnings(caplog, "AGENTS.md")  # once, not on every step
+    assert "outside the workspace" in warning.getMessage() and warning.exc_info is None
+
+
+def test_a_link_that_stays_inside_the_workspace_is_read(tmp_path: Path) -> None:
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "agents.md").write_text("Use British spelling.")
+    (tmp_path / "AGENTS.md").symlink_to(tmp_path / "notes" / "agents.md")
+    assert "Use British spelling." in prompt.system_prompt(load_settings(workspace=tmp_path))
+
+
+def test_a_workspace_file_the_worker_cannot_read_is_skipped_with_one_warning(
+        open_workspace: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An unreadable AGENTS.md once made every LLM step of every conversation raise."""
+    (open_workspace / "AGENTS.md").write_text("unreadable")
+    (open_workspace / "AGENTS.md").chmod(0)
+    (open_workspace / "SOUL.md").write_text("Be kind.")
+    (open_workspace / "SOUL.md").chmod(0o644)
+    settings = load_settings(workspace=open_workspace)
+    with caplog.at_level(logging.WARNING, logger="shared.agent.prompt"), as_a_worker_without_root():
+        texts = [prompt.system_prompt(settings) for _ in range(3)]
+    assert texts[0] == texts[1] == texts[2]
+    assert "Be kind." in texts[0] and "## AGENTS.md" not in texts[0]
+    [warning] = skipped_warnings(caplog, "AGENTS.md")
+    assert "Permission denied" in warning.getMessage() and warning.exc_info is None
+
+
+def test_a_fifo_in_place_of_a_workspace_file_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    os.mkfifo(tmp_path / "USER.md")  # opening it for reading would wait for a writer
+    with caplog.at_level(logging.WARNING, logger="shared.agent.prompt"):
+        text = prompt.system_prompt(load_settings(workspace=tmp_path))
+    assert "## USER.md" not in text
+    assert "not a regular file" in skipped_warnings(caplog, "USER.md")[0].getMessage()
+
+
+def test_a_long_workspace_file_is_cut_and_the_prompt_says_so(tmp_path: Path) -> None:
+    with (tmp_path / "MEMORY.md").open("w") as fh:
+        fh.write("remember this. " * 100_000)  # 1.5 MB
+    settings = load_settings(workspace=tmp_path)
+    text = prompt.system_prompt(settings)
+    [section] = [part for part in text.split("\n\n## ") if part.startswith("MEMORY.md")]
+    assert section.count("remember this.") <= prompt.MAX_FILE_CHARS // len("remember this. ") + 1
+    assert section.endswith(prompt.CUT.format(name="MEMORY.md", limit=prompt.MAX_FILE_CHARS))
+    assert prompt.system_prompt(settings) == text
+    (tmp_path / "MEMORY.md").write_text("short")
+    assert "cut here" not in prompt.system_prompt(settings)

@@ -3,10 +3,13 @@ most recently active chat; one decision per interval; a session that stays small
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlmodel import col, func, select
 
 from shared.agent import conversations
@@ -17,7 +20,7 @@ from shared.models import Message, Outbox, Role, RunKind, RunStatus, utcnow
 from shared.queueing import Producer, beat_schedule, make_celery
 from shared.scheduling import heartbeat
 from shared.scheduling.beat import BeatMirror
-from shared.settings import HeartbeatSettings
+from shared.settings import HeartbeatSettings, load_settings
 from tests.fakes.llm import FakeLLM, Reply, default_handler
 from tests.support.processes import wait_until
 from tests.support.scheduling import call, db, runs
@@ -151,3 +154,23 @@ def test_a_failed_decision_is_tried_again(sched: Stack, fake_llm: FakeLLM) -> No
     wait_until(lambda: [r for r in runs(stack, kind=RunKind.HEARTBEAT) if r.status == RunStatus.SUCCEEDED],
                timeout=60, message="the heartbeat's run, after its decision was retried")
     assert decisions(fake_llm) == 4 and stack.executions()[0].endswith(" hb")
+
+
+def test_a_heartbeat_file_linked_out_of_the_workspace_is_not_read(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """HEARTBEAT.md is read as read_file reads: a planted `ln -s /etc/shadow HEARTBEAT.md` would
+    otherwise send the file to the LLM as the tasks to decide on."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    (tmp_path / "secret.txt").write_text("- root:$6$hash:19000:0:99999:7:::\n")
+    (workspace / heartbeat.FILE).symlink_to(tmp_path / "secret.txt")
+    rt = Runtime.build(load_settings(workspace=workspace))
+    with caplog.at_level(logging.WARNING, logger="shared.scheduling.heartbeat"):
+        assert heartbeat.read(rt) == ""
+    assert any("outside the workspace" in r.getMessage() for r in caplog.records)
+    (workspace / heartbeat.FILE).unlink()
+    assert heartbeat.read(rt) == ""  # missing: nothing to do, nothing to say
+    (workspace / heartbeat.FILE).write_text("- [ ] water the plants\n" + "- [ ] x\n" * 10_000)
+    with caplog.at_level(logging.WARNING, logger="shared.scheduling.heartbeat"):
+        assert heartbeat.read(rt).startswith("- [ ] water the plants")
+    assert any("longer than" in r.getMessage() for r in caplog.records)

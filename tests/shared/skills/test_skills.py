@@ -99,6 +99,28 @@ def test_front_matter_parsing_edges() -> None:
 
 
 
+def test_skills_linked_out_of_the_workspace_are_not_read(tmp_path: Path, bin_dir: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A SKILL.md (or the skills folder) planted as a symlink to a file outside the workspace is
+    skipped, as read_file would refuse it: an `always` skill would put that file in every prompt."""
+    workspace, outside = tmp_path / "ws", tmp_path / "outside"
+    workspace.mkdir()
+    write_skill(outside, "leak", "name: leak\ndescription: d\nmetadata:\n  always: true", "SECRET-BODY")
+    (workspace / "skills" / "evil").mkdir(parents=True)
+    (workspace / "skills" / "evil" / "SKILL.md").symlink_to(outside / "skills" / "leak" / "SKILL.md")
+    write_skill(workspace, "fine", "name: fine\ndescription: still here")
+    settings = settings_for(workspace, bin_dir)
+    text = system_prompt(settings)
+    assert "leak" not in by_name(settings) and "SECRET-BODY" not in text
+    assert "- fine: still here" in text
+    assert "skills/evil/SKILL.md skipped" in caplog.text and "outside the workspace" in caplog.text
+    linked = tmp_path / "ws2"
+    linked.mkdir()
+    (linked / "skills").symlink_to(outside / "skills")
+    assert "leak" not in by_name(settings_for(linked, bin_dir))
+    assert "SECRET-BODY" not in system_prompt(settings_for(linked, bin_dir))
+
+
 def alias_bomb(depth: int) -> str:
     """Front matter of a few hundred bytes whose aliases expand to 10**depth strings."""
     lines = ['a0: &a0 "xxxxxxxxxx"']

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from shared.tools.base import ErrorCode
 from shared.tools.registry import ToolRegistry
-from shared.tools.workspace import OutsideWorkspace, open_file, resolve
+from shared.tools.workspace import OutsideWorkspace, open_file, read_start, resolve
 from tests.shared.tools.conftest import call
 
 SECRET = "SECRET-OUTSIDE"
@@ -86,6 +86,19 @@ def test_read_and_list_never_see_outside(layout: tuple[Path, Path], registry: Ca
             assert SECRET not in str(result.output) and "secret.txt" not in str(result.output)
         if result.error == ErrorCode.PERMISSION_DENIED:
             assert not expected_inside, (tool, path)
+
+
+@SLOW_OK
+@given(path=paths, limit=st.integers(min_value=0, max_value=10))
+def test_read_start_never_reads_outside(layout: tuple[Path, Path], path: str, limit: int) -> None:
+    """What the prompt, the heartbeat and skills read on their own is held to the guard too."""
+    workspace, _ = layout
+    try:
+        data, more = read_start(workspace, path, limit)
+    except (OutsideWorkspace, OSError):
+        return
+    assert inside(workspace, path), path
+    assert (data, more) == (b"inside"[:limit], limit < len(b"inside"))
 
 
 def test_guard_examples(layout: tuple[Path, Path]) -> None:

@@ -1,0 +1,39 @@
+"""A conversation deleted while work of it is still under way, in-process on real Postgres: what
+comes back after the deletion finds nothing to write to, and ends quietly."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from shared.agent import conversations
+from shared.agent.finish import cancel_conversation
+from shared.agent.local import drain
+from shared.agent.runtime import Next, Runtime
+from shared.constants import T_AGENT_STEP
+from shared.models import Conversation, ToolCall
+from tests.support.stack import Stack
+
+
+def test_a_tool_that_finishes_after_its_conversation_was_deleted_ends_quietly(
+        make_stack: Callable[..., Stack]) -> None:
+    """/stop leaves a running tool to finish (its run is cancelled, so DELETE goes ahead); its
+    result then had no run to be written to, and the task failed with NoResultFound."""
+    rt = Runtime.build(make_stack().settings)
+    with rt.session() as s:
+        cid = conversations.get_or_create(s, session_key="t:deleted").id
+        run_id = conversations.post_message(s, cid, "call:time {}", origin={},
+                                            lease_seconds=rt.settings.runtime.lease_seconds).run_id
+    execute = rt.tools.execute
+
+    async def stopped_and_deleted_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        with rt.session() as s:
+            cancel_conversation(rt, s, cid, [])
+        with rt.session() as s:
+            conversations.delete_conversation(s, cid)
+        return await execute(*args, **kwargs)
+
+    rt.tools.execute = stopped_and_deleted_meanwhile  # type: ignore[method-assign]
+    assert drain(rt, [Next(T_AGENT_STEP, (run_id, 0))]) == []
+    with rt.session() as s:
+        assert s.get(Conversation, cid) is None and s.query(ToolCall).count() == 0
