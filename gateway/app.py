@@ -23,6 +23,7 @@ from gateway.schemas import MAX_BODY
 from gateway.state import AppState
 from shared.errors import NanofleetError
 from shared.logs import configure_logging, new_request_id, request_id_var
+from shared.process_guard import guard_or_warn
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger("gateway")
@@ -185,7 +186,10 @@ async def _redis_unavailable(request: Request, err: redis.ConnectionError) -> JS
 
 
 def factory() -> FastAPI:
-    """For `uvicorn --factory gateway.app:factory`: settings from the environment, logging set up."""
+    """For `uvicorn --factory gateway.app:factory`: settings from the environment, logging set up.
+    Made non-dumpable first: `nanofleet gateway` already is, but uvicorn starts each of several
+    workers as a new program (the flag does not survive exec), and uvicorn may be run directly."""
+    guard_or_warn("the gateway")
     settings = get_settings()
     configure_logging(level=settings.log_level, json=settings.log_json, secrets=settings.secrets())
     return create_app(settings)

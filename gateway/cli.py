@@ -12,6 +12,7 @@ import typer
 from gateway.cli_channels import app as channels_app
 from gateway.cli_cron import app as cron_app
 from shared.constants import QUEUES, REDBEAT_PREFIX
+from shared.process_guard import guard_or_warn, start_resource_tracker
 from shared.settings import Settings, SettingsError, get_settings
 
 if TYPE_CHECKING:
@@ -82,6 +83,8 @@ def gateway(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None
     if (problem := port_problem(host, port)) is not None:
         refuse(problem)
     migrated_or_exit(settings)
+    if workers > 1:
+        start_resource_tracker()  # uvicorn spawns its workers, which would start it with our environment
     uvicorn.run("gateway.app:factory", factory=True, host=host, port=port, workers=workers,
                 log_config=None, proxy_headers=True, access_log=False)
 
@@ -219,6 +222,8 @@ def agent(
 
 
 def main() -> None:
+    # First: a command exec runs as this process's user must not read the secrets in its environment.
+    guard_or_warn("nanofleet")
     app()
 
 

@@ -49,6 +49,7 @@ PG_ROLE = PG_DATABASE = "nanofleet"
 FALLBACK_ROOT = Path("/var/lib/nanofleet")
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
+SERVER_VARIABLES = frozenset({"PATH", "HOME", "LANG", "TZ", "TMPDIR"})  # the environment Redis and Postgres get
 PG_DSN = f"host={HOST} user={PG_ROLE} dbname=postgres connect_timeout=2"
 User = pwd.struct_passwd | None
 _NO_RETRY = Retry(NoBackoff(), 0)
@@ -121,14 +122,17 @@ def _deathsig(sig: str) -> list[str]:
 
 
 def _spawn(argv: list[str], log_file: Path, user: User = None) -> subprocess.Popen[bytes]:
-    """Start `argv` (as `user`) in its own process group, output appended to `log_file`."""
+    """Start `argv` (as `user`) in its own process group, output appended to `log_file`, with only
+    the environment a server needs: Redis and PostgreSQL stay dumpable, and `up`'s secrets would
+    be in their memory, where an exec command of their user could read them."""
     uid, gid = (user.pw_uid, user.pw_gid) if user else (None, None)
     groups = os.getgrouplist(user.pw_name, user.pw_gid) if user else None
+    env = {k: v for k, v in os.environ.items() if k in SERVER_VARIABLES or k.startswith("LC_")}
     with open(log_file, "ab") as out:
         # fmt: off
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, cwd="/", process_group=0,
-                                user=uid, group=gid, extra_groups=groups)
+                                user=uid, group=gid, extra_groups=groups, env=env)
         # fmt: on
 
 

@@ -11,7 +11,6 @@ everything. Ctrl-C stops them all."""
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import os
 import signal
@@ -28,6 +27,7 @@ from urllib.parse import urlsplit
 from gateway.embedded import EmbeddedService, port_open, start_postgres, start_redis
 from gateway.status import Unavailable, port_problem, require_database, require_redis
 from shared.migrate import upgrade
+from shared.process_guard import libc
 from shared.settings import Settings
 
 STOP_GRACE = 20.0
@@ -36,7 +36,7 @@ RESTART_WINDOW = 60.0
 READY_PATIENCE = 60.0  # seconds to wait for the gateway's /healthz before saying it is slow
 LOCK_FILE = "up.lock"
 _PR_SET_PDEATHSIG = 1  # prctl(2)
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None  # loaded before any fork
+_LIBC = libc()  # loaded before any fork
 
 Say = Callable[[str], None]
 

@@ -13,11 +13,15 @@ from celery.signals import beat_init
 from redbeat.schedulers import RedBeatScheduler  # imported first: its beat lock handler runs before ours
 
 from shared.constants import T_CRON_RECONCILE
+from shared.process_guard import guard_or_warn
 from shared.queueing import make_celery
 from shared.settings import get_settings
 from workers import signals
 
 log = logging.getLogger(__name__)
+# As soon as celery has loaded this module (`nanofleet beat` exec'd it: the flag did not survive):
+# a command exec runs as beat's user on this host must not read the secrets in beat's environment.
+guard_or_warn("beat")
 app = make_celery(get_settings(), name="nanofleet-beat")
 signals.connect()
 

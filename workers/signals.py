@@ -32,10 +32,9 @@ def _postrun(**_: Any) -> None:
 
 def _guard(**_: Any) -> None:
     """Before any task, and before a prefork pool forks: exec's commands cannot read the worker's secrets."""
-    from shared.tools.exec import guard_worker_secrets
+    from shared.process_guard import guard_or_warn
 
-    if not guard_worker_secrets():
-        log.warning("could not make the worker non-dumpable: commands run by exec may read its environment")
+    guard_or_warn("the worker")
 
 
 def _warm(**_: Any) -> None:

@@ -9,15 +9,12 @@ import asyncio
 import codecs
 import collections
 import contextlib
-import ctypes
-import functools
 import logging
 import os
 import pwd
 import secrets
 import signal
 import stat
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -27,6 +24,7 @@ from typing import Any
 import psutil
 from pydantic import BaseModel, Field
 
+from shared.process_guard import libc
 from shared.settings import Permission, Settings
 from shared.tools.base import Emit, ErrorCode, Tool, ToolContext, ToolResult
 from shared.tools.shell_guard import Denied, check_command
@@ -40,7 +38,7 @@ PROGRESS_INTERVAL = 0.5  # at most one progress event per this many seconds
 PROGRESS_LINES = 50
 PROGRESS_LINE_CHARS = 500
 MARKER = "EXEC_CALL_ID"  # a token per call in the command's environment (not NANOFLEET_*: those are settings)
-PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36  # linux/prctl.h
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 KILL_ROUNDS = 20  # rescans for processes forked while the others were being stopped
 
 
@@ -152,32 +150,14 @@ async def _pump(stream: asyncio.StreamReader, output: Output, progress: Progress
     output.add(decoder.decode(b"", final=True))
 
 
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-
-
 def _set_subreaper(on: bool) -> bool:
-    libc = _libc()
-    if libc is None or libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+    c = libc()
+    if c is None or c.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
         if on:
             log.warning("exec: cannot make the worker a child subreaper; processes that leave a command's "
                         "session are looked for among all processes by their marker")
         return False
     return True
-
-
-def guard_worker_secrets() -> bool:
-    """Make this process, and the pool children it forks, non-dumpable (Linux): their /proc entries
-    (environ, mem) then belong to root, so a command exec runs under the worker's own user (no root
-    to drop from, as in the Docker image) cannot read the secrets in the worker's environment."""
-    libc = _libc()
-    return libc is not None and libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
 
 
 class Calls:

@@ -141,3 +141,15 @@ def test_leftover_server_on_same_data_dir_is_replaced(
             _assert_stopped(fresh)
     finally:
         leftover.stop()
+
+
+def test_postgres_gets_none_of_ups_secrets(shared_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis and PostgreSQL stay dumpable: `up`'s environment, handed down whole, was readable in
+    theirs by an exec command of their user (security review). Postgres keeps its environ."""
+    monkeypatch.setenv("NANOFLEET_LLM__API_KEY", "sk-canary-of-up")
+    service = start_postgres(shared_dir)
+    try:
+        environ = Path(f"/proc/{service.process.pid}/environ").read_bytes().split(b"\0")
+    finally:
+        _assert_stopped(service)
+    assert not any(b"canary" in v for v in environ) and any(v.startswith(b"PATH=") for v in environ)

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable
+from fnmatch import fnmatchcase
 
 from shared.aio import background_loop, run_sync
 from shared.settings import Settings
+from shared.tools.base import Tool
 from shared.tools.mcp.connection import MCPConnection, State
-from shared.tools.mcp.tool import MCPTool, make_tool
+from shared.tools.mcp.tool import MCPTool, make_tool, tool_name
 from shared.tools.registry import ToolRegistry
 
 __all__ = ["MCPConnection", "MCPTool", "State", "attach", "connections", "shutdown"]
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _connections: dict[str, MCPConnection] = {}
 _pid = 0
@@ -43,24 +47,76 @@ def connections() -> list[MCPConnection]:
         return list(_connections.values()) if _pid == os.getpid() else []
 
 
-def _adder(registry: ToolRegistry) -> Callable[[MCPConnection], None]:
-    """A listener that adds a connection's tools to `registry` while the registry is alive."""
+def _origin(tool: Tool) -> str:
+    if isinstance(tool, MCPTool):
+        return f"server '{tool.server}' tool '{tool.remote_name}'"
+    return f"the tool '{tool.name}'"
+
+
+def _hint(held: Tool, new: MCPTool) -> str:
+    if isinstance(held, MCPTool) and held.server == new.server:
+        return "tool names keep only letters, digits, '_' and '-'"
+    return "rename one of the servers in NANOFLEET_TOOLS__MCP_SERVERS to offer both"
+
+
+def glob_overlaps(settings: Settings) -> list[str]:
+    """What is wrong with each per-server glob (`mcp_<server>_*`) in NANOFLEET_TOOLS__ALLOWED that
+    allows another server's tools too (`mcp_git_*` those of `git_hub`)."""
+    servers, allowed = list(settings.tools.mcp_servers), set(settings.tools.allowed)
+    found = []
+    for server in servers:
+        glob = f"{tool_name(server, '')}*"
+        others = [o for o in servers if o != server and fnmatchcase(tool_name(o, "x"), glob)]
+        if glob in allowed and others:
+            found.append(f"NANOFLEET_TOOLS__ALLOWED: '{glob}' allows the tools of server(s) "
+                         f"{', '.join(repr(o) for o in others)} too, not only those of '{server}': allow those "
+                         "by name, or rename a server so that no server's name starts with another's and '_'")
+    return found
+
+
+def _first(new: MCPTool, held: Tool, order: dict[str, int]) -> bool:
+    """Whether `new` takes a name `held` has: only a tool of a server configured before held's, so
+    that every process keeps the same one whichever server answers first. Within one server, the
+    tool it lists first keeps the name."""
+    if not isinstance(held, MCPTool) or held.server == new.server:
+        return False
+    return order.get(new.server, len(order)) < order.get(held.server, len(order))
+
+
+def _adder(registry: ToolRegistry, servers: list[str]) -> Callable[[MCPConnection], None]:
+    """A listener that adds a connection's tools to `registry` while the registry is alive. Two tools
+    whose names map to the same `mcp_<server>_<tool>` (server `a_b` tool `c` and server `a` tool
+    `b_c`; `read.file` and `read_file`) cannot both be offered: the first is kept and the other
+    skipped, with a warning naming both."""
     ref = weakref.ref(registry)
+    order = {name: i for i, name in enumerate(servers)}
+    warned: set[tuple[str, str]] = set()
 
     def add(connection: MCPConnection) -> None:
         target = ref()
-        if target is not None:
-            for spec in list(connection.tools.values()):
-                tool = make_tool(connection, spec)
-                if target.get(tool.name) is None:
+        if target is None:
+            return
+        for spec in list(connection.tools.values()):
+            tool = make_tool(connection, spec)
+            held = target.get(tool.name)
+            if held is None:
+                target.add(tool)
+            elif _origin(held) != _origin(tool):
+                kept, skipped = (tool, held) if _first(tool, held, order) else (held, tool)
+                if kept is tool:
                     target.add(tool)
+                if (key := (_origin(kept), _origin(skipped))) not in warned:
+                    warned.add(key)
+                    log.warning("MCP tool name clash: %s and %s are both named %s; keeping %s, skipping %s (%s)",
+                                _origin(held), _origin(tool), tool.name, *key, _hint(held, tool))
 
     return add
 
 
 async def _start(conns: list[MCPConnection], registry: ToolRegistry) -> None:
+    add = _adder(registry, [conn.name for conn in conns])
     for conn in conns:
-        conn.on_tools(_adder(registry))
+        conn.on_tools(add)
         await conn.start()
 
 
@@ -77,6 +133,8 @@ def attach(settings: Settings, registry: ToolRegistry) -> None:
     Waits at most NANOFLEET_TOOLS__MCP_CONNECT_TIMEOUT for the first listing, all servers at once;
     a server that is slower or broken is marked down and its tools appear when it comes up.
     """
+    for problem in glob_overlaps(settings):
+        log.warning("%s", problem)
     conns = [_connection(name, settings) for name in settings.tools.mcp_servers]
     if _on_background_loop():  # cannot block the loop the sessions run on
         task = asyncio.ensure_future(_start(conns, registry))

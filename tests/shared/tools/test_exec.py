@@ -300,12 +300,12 @@ def test_root_worker_reports_a_workspace_the_user_cannot_use(registry: Callable[
 
 _READ_OWN_ENVIRON = """
 import ctypes, os, pwd, subprocess, sys
-from shared.tools.exec import guard_worker_secrets
+from shared.process_guard import guard_process_secrets
 nobody = pwd.getpwnam("nobody")
 os.setgroups([]); os.setgid(nobody.pw_gid); os.setuid(nobody.pw_uid)
 ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable, as any process its user starts (setuid cleared it)
 if sys.argv[1] == "guarded":
-    assert guard_worker_secrets()
+    assert guard_process_secrets()
 done = subprocess.run(["cat", f"/proc/{os.getpid()}/environ"], capture_output=True)
 print("SECRET" in done.stdout.decode(errors="replace"), done.returncode)
 """
