@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 from datetime import timedelta
 
-from sqlalchemy import func
+from sqlalchemy import func, update
 from sqlmodel import Session, col, select
 
 from shared.agent import conversations, memory, steps
@@ -28,23 +28,48 @@ EXTRA_SWEEPS: list[Callable[[Runtime], list[Next]]] = []
 
 
 def sweep(rt: Runtime, conversation_id: str | None = None) -> list[Next]:
-    """One pass (over one conversation only: `nanofleet agent` after a crash); returns the tasks to enqueue."""
+    """One pass (over one conversation only: `nanofleet agent` after a crash); returns the tasks to
+    enqueue. A run it cannot recover is logged and left for a later pass (no sooner than
+    `requeue_grace`), and so is a part that fails: the rest of the pass goes on without them."""
     nexts: list[Next] = []
     ready: list[tuple[str, int]] = []  # tools phases whose calls all have results
     failed: list[Run] = []  # runs given up on: their step kept killing workers
     with rt.session() as s:
         for run in _expired(s, conversation_id):
-            nexts += _recover(rt, s, run, ready, failed)
+            try:
+                with s.begin_nested():
+                    nexts += _recover(rt, s, run, ready, failed)
+            except Exception:
+                log.exception("run %s: the sweep could not recover it; a later one tries again", run.id)
+                _later(rt, s, run.id)
     for run in failed:
         publish_final(rt, run)
     for run_id, step_seq in ready:
-        nexts += steps.advance(rt, run_id, step_seq)
-    with rt.session() as s:
-        nexts += _orphan_mailboxes(rt, s, conversation_id)
-    nexts += [Next(T_COMPACT, (cid, True)) for cid in memory.resend_summaries(rt, conversation_id)]
-    for extra in EXTRA_SWEEPS if conversation_id is None else ():
-        nexts += extra(rt)
+        nexts += _isolated(f"run {run_id}: moving on from its tools", steps.advance, rt, run_id, step_seq)
+    parts: list[Callable[[Runtime], list[Next]]] = [
+        lambda rt: _orphan_mailboxes(rt, conversation_id),
+        lambda rt: [Next(T_COMPACT, (cid, True)) for cid in memory.resend_summaries(rt, conversation_id)],
+        *(EXTRA_SWEEPS if conversation_id is None else ()),
+    ]
+    for part in parts:
+        nexts += _isolated("a part of the sweep", part, rt)
     return nexts
+
+
+def _isolated(what: str, part: Callable[..., list[Next]], *args: object) -> list[Next]:
+    """`part(*args)`, or nothing (logged) if it fails: one fault does not stop the rest of the sweep."""
+    try:
+        return part(*args)
+    except Exception:
+        log.exception("sweep: %s failed; a later sweep tries again", what)
+        return []
+
+
+def _later(rt: Runtime, s: Session, run_id: str) -> None:
+    """Leave a run the sweep could not recover alone for `requeue_grace`, so its error is logged
+    once per grace, not on every pass."""
+    s.execute(update(Run).where(col(Run.id) == run_id).values(
+        lease_until=func.now() + timedelta(seconds=rt.settings.runtime.requeue_grace)))
 
 
 def _expired(s: Session, conversation_id: str | None) -> list[Run]:
@@ -59,9 +84,10 @@ def _recover(rt: Runtime, s: Session, run: Run, ready: list[tuple[str, int]], fa
     lost = run.phase == Phase.LLM and run.lease_owner is not None  # its worker died in the step
     if lost and steps.count_failure(run) >= rt.settings.runtime.max_recoveries:
         log.error("run %s: step %d was lost %d times; failing the run", run.id, run.step_seq, run.recoveries)
+        nexts = finish(rt, s, run, status=RunStatus.FAILED, store=False, text=GAVE_UP,
+                       error=f"step {run.step_seq}: its worker died {run.recoveries} times")
         failed.append(run)
-        return finish(rt, s, run, status=RunStatus.FAILED, store=False, text=GAVE_UP,
-                      error=f"step {run.step_seq}: its worker died {run.recoveries} times")
+        return nexts
     log.info("run %s: lease expired in %s step %d; re-enqueueing", run.id, run.phase, run.step_seq)
     run.lease_owner = None
     # A backlog can hold the re-enqueued task for a while: don't pile up more copies meanwhile.
@@ -100,8 +126,13 @@ def _interrupted(rt: Runtime, s: Session, call: ToolCall) -> None:
     s.add(call)
 
 
-def _orphan_mailboxes(rt: Runtime, s: Session, conversation_id: str | None) -> list[Next]:
+def _orphan_mailboxes(rt: Runtime, conversation_id: str | None) -> list[Next]:
     """Messages waiting in a conversation with no active turn (a lost race or a crash) get one."""
+    with rt.session() as s:
+        return _start_orphans(rt, s, conversation_id)
+
+
+def _start_orphans(rt: Runtime, s: Session, conversation_id: str | None) -> list[Next]:
     query = (select(Conversation.id)
              .where(col(Conversation.active_run_id).is_(None))
              .where(col(Conversation.id).in_(select(Message.conversation_id).where(col(Message.pending).is_(True)))))
