@@ -84,10 +84,10 @@ def _recover(rt: Runtime, s: Session, run: Run, ready: list[tuple[str, int]], fa
     lost = run.phase == Phase.LLM and run.lease_owner is not None  # its worker died in the step
     if lost and steps.count_failure(run) >= rt.settings.runtime.max_recoveries:
         log.error("run %s: step %d was lost %d times; failing the run", run.id, run.step_seq, run.recoveries)
-        nexts = finish(rt, s, run, status=RunStatus.FAILED, store=False, text=GAVE_UP,
+        ended = finish(rt, s, run, status=RunStatus.FAILED, store=False, text=GAVE_UP,
                        error=f"step {run.step_seq}: its worker died {run.recoveries} times")
-        failed.append(run)
-        return nexts
+        failed.append(run)  # once it has ended: its end is published after the pass
+        return ended
     log.info("run %s: lease expired in %s step %d; re-enqueueing", run.id, run.phase, run.step_seq)
     run.lease_owner = None
     # A backlog can hold the re-enqueued task for a while: don't pile up more copies meanwhile.
