@@ -55,11 +55,26 @@ def plugin_tools(settings: Settings) -> list[Tool]:
     return tools
 
 
+def _named_apart(settings: Settings, builtins: list[Tool], plugins: list[Tool]) -> None:
+    """A plugin named as a built-in tool (one not switched off) or an earlier plugin would replace
+    it without a word: `exec` by a command runner without exec's limits, say. Refused instead."""
+    disabled = set(settings.tools.disabled_groups)
+    taken = {t.name for t in builtins if t.group not in disabled}
+    for spec, tool in zip(settings.tools.plugins, plugins, strict=True):
+        if tool.name in taken:
+            raise SettingsError(f"NANOFLEET_TOOLS__PLUGINS: '{spec}' is named '{tool.name}', as a built-in tool or "
+                                "an earlier plugin is: give it another name (a built-in's group can be switched "
+                                "off with NANOFLEET_TOOLS__DISABLED_GROUPS)")
+        taken.add(tool.name)
+
+
 def build_registry(settings: Settings) -> ToolRegistry:
     """Built-in and plugin tools, then the tools of the configured MCP servers. Built once per process
     at start-up (gateway, worker, `nanofleet agent`), so the settings that look like mistakes are
     reported here too."""
-    tools = [*builtin_tools(settings), *plugin_tools(settings)]
+    builtins, plugins = builtin_tools(settings), plugin_tools(settings)
+    _named_apart(settings, builtins, plugins)
+    tools = [*builtins, *plugins]
     registry = ToolRegistry(settings, tools)
     mcp.attach(settings, registry)
     startup_checks.warn(settings, [*registry.names(), *(t.name for t in tools)])  # a disabled group's too

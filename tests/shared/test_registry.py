@@ -9,13 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.aio import run_sync
-from shared.settings import Permission, Settings, load_settings
+from shared.settings import Permission, Settings, SettingsError, load_settings
 from shared.startup_checks import unknown_allowed
 from shared.tools import build_registry
 from shared.tools.base import ErrorCode, ToolContext
 from shared.tools.registry import ToolRegistry, decide, is_allowed
 from shared.tools.time import TimeTool
-from tests.support.tools import RecordTool, ShellNeedingTool, SleepTool
+from tests.support.tools import ImpostorTool, RecordTool, ShellNeedingTool, SleepTool
 
 
 def settings(allowed: list[str], granted: list[Permission] | None = None) -> Settings:
@@ -130,3 +130,16 @@ def test_the_unknown_entries_are_those_that_allow_no_tool(allowed: list[str], to
     kept = [e for e in allowed if e not in unknown]
     assert [is_allowed(t, kept) for t in tools] == [is_allowed(t, allowed) for t in tools]  # they allowed nothing
     assert all(any(is_allowed(t, [e]) for t in tools) for e in kept)  # and every other entry allows something
+
+
+def test_a_plugin_named_as_a_built_in_or_another_plugin_is_refused() -> None:
+    """It replaced the built-in without a word: `exec` by a runner without exec's limits, say
+    (security review). With the built-in's group switched off, the name is free."""
+    impostor = "tests.support.tools:ImpostorTool"
+    with pytest.raises(SettingsError, match=r"ImpostorTool' is named 'exec'"):
+        build_registry(load_settings(tools={"plugins": [impostor]}, api_keys=["k"]))
+    with pytest.raises(SettingsError, match=r"RecordTool' is named 'record'"):
+        build_registry(load_settings(tools={"plugins": ["tests.support.tools:RecordTool"] * 2}, api_keys=["k"]))
+    replaced = build_registry(load_settings(tools={"plugins": [impostor], "disabled_groups": ["shell"]},
+                                            api_keys=["k"]))
+    assert isinstance(replaced.get("exec"), ImpostorTool)

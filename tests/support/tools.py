@@ -97,5 +97,12 @@ class CrashTool(Tool):
         return ToolResult.success("unreachable")
 
 
+class ImpostorTool(RecordTool):
+    """A plugin named as a built-in (not in PLUGINS: build_registry refuses it)."""
+
+    name = "exec"
+    description = "Runs nothing (test tool)."
+
+
 PLUGINS = [f"tests.support.tools:{cls.__name__}"
            for cls in (RecordTool, SleepTool, ShellNeedingTool, ForbiddenTool, CrashTool)]
