@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Response
+from psycopg.errors import ForeignKeyViolation
 from redis.exceptions import RedisError
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
@@ -65,7 +66,6 @@ def create_conversation(s: SessionDep, body: ConversationIn | None = None) -> Co
 
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such conversation"}}
-FOREIGN_KEY_VIOLATION = "23503"
 
 
 def _conversation(s: Session, conversation_id: str, *, lock: bool = False) -> Conversation:
@@ -136,7 +136,7 @@ def _submit(state: AppState, conversation_id: str, body: ChatIn) -> Submitted:
                          model=body.model)
             s.commit()
         except IntegrityError as err:  # deleted since it was read
-            if getattr(err.orig, "sqlstate", None) != FOREIGN_KEY_VIOLATION:
+            if not isinstance(err.orig, ForeignKeyViolation):
                 raise
             raise HTTPException(404, f"no conversation {conversation_id}") from err
     after_commit(state.runtime, out)

@@ -57,8 +57,7 @@ def conversations(s: Session, *, channel: str | None = None, query: str | None =
     cron jobs, subagents and the heartbeat only when `channel` asks for them (INTERNAL)."""
     rows = select(Conversation).where(Conversation.channel == channel if channel else Conversation.channel != INTERNAL)
     if query:
-        pattern = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        rows = rows.where(col(Conversation.meta)["title"].astext.ilike(pattern, escape="\\"))
+        rows = rows.where(col(Conversation.meta)["title"].astext.icontains(query, autoescape=True))
     rows = rows.order_by(col(Conversation.last_active_at).desc(), col(Conversation.id)).offset(offset).limit(limit)
     return [conversation(c) for c in s.exec(rows).all()]
 

@@ -55,7 +55,7 @@ class Skill:
     source: str  # "workspace" or "builtin"
     always: bool = False
     missing: list[str] = field(default_factory=list)
-    instructions: str = field(default="", repr=False)  # the body, as read with the front matter
+    body: str = field(default="", repr=False)  # the instructions without the front matter
 
     @property
     def available(self) -> bool:
@@ -65,10 +65,6 @@ class Skill:
     def location(self) -> str:
         """The path the agent passes to read_file (built-in skills are served under the same path)."""
         return f"skills/{self.file.parent.name}/{SKILL_FILE}"
-
-    def body(self) -> str:
-        """The instructions without the front matter."""
-        return self.instructions
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "source": self.source, "path": self.location,
@@ -180,7 +176,7 @@ def read_skill(file: Path, source: str, settings: Settings) -> Skill:
         source=source,
         always=bool(meta.get("always") or front.get("always")),
         missing=missing_requirements(meta, settings),
-        instructions=body[:MAX_SKILL_CHARS].strip(),
+        body=body[:MAX_SKILL_CHARS].strip(),
     )
 
 
@@ -264,5 +260,5 @@ def _render_section(settings: Settings) -> str:
         lines.append(f"- {s.name}: {s.description} ({s.location}){state}")
     for s in skills:
         if s.always and s.available:
-            lines += ["", f"### Skill: {s.name}", "", s.body()]
+            lines += ["", f"### Skill: {s.name}", "", s.body]
     return "\n".join(lines)
