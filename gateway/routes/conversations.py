@@ -38,8 +38,8 @@ from gateway.schemas import (
 from gateway.state import AppState
 from gateway.waiting import last_event_id, wait_for_run
 from shared.agent import conversations, views
+from shared.agent.events import DELETED, RedisEvents, watch
 from shared.agent.events import read as read_events
-from shared.agent.events import stream_key, watch
 from shared.agent.service import Submitted, after_commit, submit
 from shared.contracts import NO_NUL
 from shared.db import get_engine
@@ -111,7 +111,8 @@ def rename_conversation(conversation_id: Id, body: ConversationPatch, s: Session
     **NOT_FOUND, 409: {"description": "a turn or subagent of the conversation is still going (`runIds`): stop it"}})
 def delete_conversation(conversation_id: Id, s: SessionDep, state: StateDep) -> Response:
     """Delete the conversation for good: its messages, runs, tool calls and sends not made yet, its
-    subagents' sessions, the reminders (cron jobs) that post to it, its event stream."""
+    subagents' sessions, the reminders (cron jobs) that post to it, its event stream (whose open
+    readers get a last `conversation.deleted` event)."""
     deleted = conversations.delete_conversation(s, conversation_id)
     reminders = [job for c in deleted for job in jobs.listing(s, channel="api", chat_id=c, include_system=False)]
     for job in reminders:
@@ -119,8 +120,8 @@ def delete_conversation(conversation_id: Id, s: SessionDep, state: StateDep) -> 
     s.commit()
     for job in reminders:
         follow_in_beat(state, None, job.id)
-    try:
-        state.redis.delete(*(stream_key(c) for c in deleted))
+    try:  # open event streams see the deletion and end
+        RedisEvents(state.redis).end(deleted)
     except RedisError as err:  # the stream expires by itself a day after its newest event
         log.warning("conversation %s deleted, its event stream not (%s)", conversation_id, err)
     return Response(status_code=204)
@@ -245,6 +246,8 @@ async def events(
             for entry_id, fields in await read_events(state.aredis, conversation_id, since, READ_BLOCK_MS):
                 since = entry_id
                 yield {"id": entry_id, "event": fields.get("event", "message"), "data": fields.get("data", "{}")}
+                if fields.get("event") == DELETED:
+                    return
 
     return CountedStream(state, stream())
 

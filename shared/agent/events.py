@@ -31,6 +31,8 @@ TOOL_FINISHED = "tool.finished"
 RUN_FINISHED = "run.finished"
 RUN_FAILED = "run.failed"
 FINAL = (RUN_FINISHED, RUN_FAILED)
+DELETED = "conversation.deleted"  # the stream's last event: SSE readers end their stream
+DELETED_LINGER = 60  # seconds a deleted conversation's stream stays, for readers between two reads
 DELTA_EVERY = 0.05  # seconds
 WATCH_SECONDS = 45  # outlives one blocking read of the SSE loop (15 s) with room to spare
 
@@ -89,6 +91,14 @@ class RedisEvents:
                 pipe.execute()
         except redis.RedisError as err:
             log.warning("could not publish %s: %s", event, err)
+
+    def end(self, conversation_ids: list[str]) -> None:
+        """Mark the conversations' streams deleted and let them go shortly after (raises RedisError)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for cid in conversation_ids:
+                pipe.xadd(stream_key(cid), {"event": DELETED, "data": "{}"})
+                pipe.expire(stream_key(cid), DELETED_LINGER)
+            pipe.execute()
 
     def watched(self, conversation_id: str) -> bool:
         """True while an SSE client reads the conversation's events (then text deltas are streamed)."""

@@ -10,7 +10,7 @@ import redis
 from sqlmodel import col, func, select
 
 from shared.agent import conversations
-from shared.agent.events import stream_key
+from shared.agent.events import DELETED, DELETED_LINGER, stream_key
 from shared.constants import INTERNAL
 from shared.db import session_scope
 from shared.models import Conversation, Message, Outbox, Role, Run, RunStep, ToolCall
@@ -113,7 +113,8 @@ def test_a_deleted_conversation_leaves_nothing_behind(stack: Stack, api: Any) ->
     assert api.delete(f"/api/v1/conversations/{cid}").status_code == 204
     assert set(_rows(stack, [cid, child]).values()) == {0}
     assert _rows(stack, [other]) == kept
-    assert not streams.exists(stream_key(cid))
+    last = streams.xrevrange(stream_key(cid), count=1)[0][1]  # open readers see it and end
+    assert last[b"event"] == DELETED.encode() and 0 < streams.ttl(stream_key(cid)) <= DELETED_LINGER
     assert api.get(f"/api/v1/conversations/{cid}").status_code == 404
     assert api.get(f"/api/v1/conversations/{cid}/messages").status_code == 404
     assert api.delete(f"/api/v1/conversations/{cid}").status_code == 404

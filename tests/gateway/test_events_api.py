@@ -1,7 +1,7 @@
 """The SSE endpoint's answers before a stream starts: a bad Last-Event-ID, an unknown conversation,
 and no Redis connection free. Each is a clear 4xx/503 instead of a stream that breaks or never ends.
-And how a stream ends in a real gateway process: quietly when the gateway shuts down, with an error
-in its log when Redis goes away under it."""
+And how a stream ends in a real gateway process: quietly when the gateway shuts down or the
+conversation is deleted, with an error in its log when Redis goes away under it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,24 @@ def test_a_gateway_stopping_ends_an_open_stream_quietly(make_stack) -> None:  # 
             list(lines)  # httpx.RemoteProtocolError on a body that never ended
         assert proc.popen.wait(30) in (0, -signal.SIGTERM), proc.log()
     assert _errors(proc.log()) == [], proc.log()
+
+
+def test_a_stream_of_a_deleted_conversation_ends(make_stack) -> None:  # type: ignore[no-untyped-def]
+    """A reader of a conversation deleted meanwhile (the web chat in another tab) gets a last
+    `conversation.deleted` event and the end of the stream, not pings for as long as it stays."""
+    s: Stack = make_stack()
+    with gateway_process(s) as (_, client):
+        cid = client.post("/api/v1/conversations").json()["conversationId"]
+        with client.stream("GET", f"/api/v1/conversations/{cid}/events") as answer:
+            lines = answer.iter_lines()
+            _live_stream(s, cid, lines)
+            assert client.delete(f"/api/v1/conversations/{cid}").status_code == 204
+            deadline, rest = time.monotonic() + 20, []  # a ping comes every 15 s while the stream is open
+            for line in lines:
+                rest.append(line)
+                assert time.monotonic() < deadline, f"the stream went on after the deletion: {rest}"
+        assert "event: conversation.deleted" in rest, rest
+        assert _open(client, f"/api/v1/conversations/{cid}/events")[0] == 404
 
 
 def test_a_stream_whose_redis_goes_away_is_an_error_in_the_log(make_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
