@@ -29,7 +29,9 @@ from shared.models import (
 
 CONVERSATIONS, MESSAGES = table_of(Conversation), table_of(Message)
 # Every inbound message runs these: Core statements built once (no unit of work, no statement building)
-FIND = select(CONVERSATIONS.c.id).where(CONVERSATIONS.c.session_key == bindparam("key"))
+# FIND's key-share lock (what the message's foreign key takes anyway, only sooner) waits for a
+# deletion of the conversation going on, and then finds nothing: the message starts the chat afresh.
+FIND = select(CONVERSATIONS.c.id).where(CONVERSATIONS.c.session_key == bindparam("key")).with_for_update(key_share=True)
 POST = insert(MESSAGES).values(
     conversation_id=bindparam("cid"), role=Role.USER, type=MessageType.NORMAL, content=bindparam("text"),
     pending=True, meta=bindparam("info"), created_at=bindparam("now"),
@@ -49,7 +51,7 @@ class Posted:
 
 
 def find(s: Session, session_key: str) -> str | None:
-    """The id of the conversation with this session key, if there is one."""
+    """The id of the conversation with this session key, if there is one (locked: it stays)."""
     found: str | None = s.connection().execute(FIND, {"key": session_key}).scalar()
     return found
 

@@ -11,9 +11,12 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from sqlmodel import Session
 
+from shared.agent import conversations
 from shared.agent.service import HELP
 from shared.channels.inbound import UNSUPPORTED
+from shared.db import get_engine
 from tests.fakes.llm import FakeLLM
 from tests.support.platforms import DRIVERS, ChannelStack, llm_requests_with
 from tests.support.processes import wait_until
@@ -101,6 +104,28 @@ def test_a_429_is_retried_and_the_reply_delivered_once(channels: ChannelStack, n
     assert d.replies(chat) == [f"echo: {text}"]
     assert [c.status for c in channels.fakes[name].arrived(chat)] == [429, 200]
     assert channels.scalar("select attempts from outbox where chat_id = :c", c=chat) == 0  # throttled, not failed
+
+
+def test_a_message_that_meets_its_conversations_deletion_starts_a_new_one(channels: ChannelStack) -> None:
+    """The chat's conversation is being deleted (DELETE /api/v1/conversations/{id}, not committed
+    yet) when a message from that chat arrives: it waits for the deletion and starts the chat
+    afresh, instead of a 500 and the platform's retries."""
+    d = channels.driver("telegram")
+    chat, first, second = d.new_chat(), marker(), marker()
+    assert channels.post("telegram", d.request(chat=chat, text=first)).status_code == 200
+    channels.settled(chat)
+    cid = channels.scalar("select id from conversations where chat_id = :c", c=chat)
+    with Session(get_engine(channels.database_url)) as deleting, ThreadPoolExecutor(1) as pool:
+        conversations.delete_conversation(deleting, cid)
+        answer = pool.submit(channels.post, "telegram", d.request(chat=chat, text=second))
+        wait_until(lambda: answer.done() or channels.scalar(
+            "select count(*) from pg_stat_activity where wait_event_type = 'Lock' and datname = current_database()"),
+            timeout=30, message="the webhook to meet the deletion")
+        deleting.commit()
+        assert answer.result(30).status_code == 200, answer.result().text
+    channels.settled(chat)
+    assert d.replies(chat) == [f"echo: {first}", f"echo: {second}"]
+    assert channels.scalar("select count(*) from conversations where chat_id = :c and id <> :old", c=chat, old=cid) == 1
 
 
 # --------------------------------------------------------------------------- platform specifics
