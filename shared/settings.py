@@ -115,6 +115,17 @@ class WebSettings(BaseModel):
     allow_hosts: list[str] = Field(default_factory=list)  # host or host:port that skip the SSRF guard
 
 
+class MessageSettings(BaseModel):
+    """Where the message tool may send besides the chat it is used in."""
+
+    # "channel:chat_id", or "channel:*" for every chat there. Empty: the current chat only, so text
+    # the model read (a fetched page, a file) cannot have it write to other people.
+    send_to: list[str] = Field(default_factory=list, examples=[["slack:C0123456", "telegram:*"]])
+
+    def allows(self, channel: str, chat_id: str) -> bool:
+        return f"{channel}:{chat_id}" in self.send_to or f"{channel}:*" in self.send_to
+
+
 class MCPServer(BaseModel):
     """An MCP server: stdio (command) or streamable HTTP (url)."""
 
@@ -148,6 +159,7 @@ class ToolsSettings(BaseModel):
     default_timeout: float = 60.0
     exec: ExecSettings = Field(default_factory=ExecSettings)
     web: WebSettings = Field(default_factory=WebSettings)
+    message: MessageSettings = Field(default_factory=MessageSettings)
     mcp_servers: dict[str, MCPServer] = Field(default_factory=dict)
     mcp_connect_timeout: float = 10.0  # start-up waits at most this long for the servers' tool lists
     mcp_health_interval: float = 30.0  # seconds between checks of each MCP session

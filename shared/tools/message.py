@@ -1,4 +1,5 @@
-"""`message`: send text to a chat (by default the run's own) through the outbox.
+"""`message`: send text to a chat (by default the run's own) through the outbox. Another chat only
+when the operator lists it (tools.message.send_to).
 
 Sent to the run's own chat during a turn, it stands in for the reply: the turn's final answer is
 then not sent again (runs.suppress_reply). On the `api` channel there is no platform to deliver
@@ -45,6 +46,9 @@ def _target(args: MessageArgs, ctx: ToolContext) -> tuple[str, str] | ToolResult
         missing: list[str] = getattr(platform, "missing", list)()
         hint = f" (an operator must set {', '.join(missing)})" if missing else ""
         return ToolResult.fail(ErrorCode.FAILED, f"channel '{channel}' is not configured here{hint}")
+    if (channel, chat_id) != (ctx.channel, ctx.chat_id) and not ctx.settings.tools.message.allows(channel, chat_id):
+        return ToolResult.fail(ErrorCode.NOT_ALLOWED, f"sending to {channel}:{chat_id} is not allowed: only to the "
+                               "current chat, and to chats an operator lists in NANOFLEET_TOOLS__MESSAGE__SEND_TO")
     return channel, chat_id
 
 
@@ -65,7 +69,7 @@ def _store(ctx: ToolContext, channel: str, chat_id: str, text: str, own_chat: bo
 class MessageTool(Tool):
     name = "message"
     description = ("Send a message to a chat: by default the current one (then it replaces your final reply "
-                   "there), or another with channel and chat_id.")
+                   "there), or another the operator allows, with channel and chat_id.")
     Args = MessageArgs
     group = "messaging"
     max_input_bytes = 200_000

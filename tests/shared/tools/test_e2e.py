@@ -48,6 +48,7 @@ def tool_stack(database_url: str, redis_server: str, redis_dbs: tuple[int, int],
         TOOLS__WEB__ALLOW_HOSTS=json.dumps([web.host]), TOOLS__WEB__SEARCH_BACKEND="brave",
         TOOLS__WEB__BRAVE_API_KEY="brave-test-key", TOOLS__WEB__BRAVE_API_BASE=f"{web.url}/brave",
         TOOLS__MCP_SERVERS=json.dumps({"demo": demo}),
+        TOOLS__MESSAGE__SEND_TO=json.dumps(["webhook:ops-room"]),
         CHANNELS__WEBHOOK__SECRET="webhook-test-secret", CHANNELS__WEBHOOK__CALLBACK_URL=f"{web.url}/callback",
     )
     stack = Stack(env, tmp_path_factory.mktemp("tool-stack"))

@@ -13,7 +13,7 @@ from sqlmodel import Session, select
 from shared.constants import T_OUTBOUND_DELIVER
 from shared.db import get_engine
 from shared.models import Conversation, Outbox, Run, RunKind
-from shared.settings import Settings
+from shared.settings import MessageSettings, Settings
 from shared.tools import build_registry
 from shared.tools.base import ErrorCode, ToolContext
 from shared.tools.registry import ToolRegistry
@@ -29,6 +29,13 @@ def configured(settings: Settings, database_url: str) -> Settings:
     """The test database, and Telegram and Slack switched on (their secrets set)."""
     channels = settings.channels.model_validate(CHANNELS)
     return settings.model_copy(update={"database_url": database_url, "channels": channels})
+
+
+def allowing(database_url: str, workspace: Path, send_to: list[str]) -> ToolRegistry:
+    """The message tool, allowed to send to the chats `send_to` lists too."""
+    settings = configured(tool_settings(workspace, allowed=["message"], granted=[]), database_url)
+    tools = settings.tools.model_copy(update={"message": MessageSettings(send_to=send_to)})
+    return build_registry(settings.model_copy(update={"tools": tools}))
 
 
 @pytest.fixture
@@ -84,14 +91,31 @@ def test_message_to_the_own_chat_replaces_the_final_reply(reg: ToolRegistry, mak
     assert suppressed(database_url, run.id)
 
 
-def test_message_to_another_chat_keeps_the_reply(reg: ToolRegistry, make_run: Callable[..., Run],
-                                                 database_url: str) -> None:
+def test_message_to_another_chat_keeps_the_reply(database_url: str, workspace: Path,
+                                                 make_run: Callable[..., Run]) -> None:
+    clean_db(database_url)
+    reg = allowing(database_url, workspace, ["slack:C123"])
     run = make_run()
     result, _ = send(reg, run, {"content": "ping", "channel": "slack", "chat_id": "C123"})
     assert result.ok
     assert [(r.channel, r.chat_id, r.meta.get("reply_to_message_id")) for r in rows(database_url)] == [
         ("slack", "C123", None)]
     assert not suppressed(database_url, run.id)
+
+
+def test_other_chats_only_when_the_operator_lists_them(reg: ToolRegistry, database_url: str, workspace: Path,
+                                                       make_run: Callable[..., Run]) -> None:
+    """Text the model read (a fetched page, a file) must not have it write to other people."""
+    run = make_run()
+    for target in ({"channel": "slack", "chat_id": "C123"}, {"chat_id": "43"}):
+        refused = send(reg, run, {"content": "the secrets", **target})[0]
+        assert refused.error == ErrorCode.NOT_ALLOWED and "NANOFLEET_TOOLS__MESSAGE__SEND_TO" in refused.message
+    assert rows(database_url) == []
+    anywhere_on_slack = allowing(database_url, workspace, ["slack:*"])
+    assert send(anywhere_on_slack, run, {"content": "hi", "channel": "slack", "chat_id": "C9"})[0].ok
+    assert send(anywhere_on_slack, run, {"content": "hi", "chat_id": "43"}, call_id="call_2")[0].error \
+        == ErrorCode.NOT_ALLOWED
+    assert [(r.channel, r.chat_id) for r in rows(database_url)] == [("slack", "C9")]
 
 
 def test_cron_runs_never_suppress(reg: ToolRegistry, make_run: Callable[..., Run], database_url: str) -> None:
