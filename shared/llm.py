@@ -140,9 +140,7 @@ class LLMClient:
         return self.settings
 
     def longest(self) -> float:
-        """Seconds `complete` may take at most: every try at the timeout, every pause at its cap."""
-        s = self.settings
-        return (s.max_retries + 1) * s.timeout + s.max_retries * s.retry_max_delay
+        return self.settings.longest()
 
     def complete(
         self,

@@ -13,18 +13,26 @@ from shared.constants import (
     QUEUES,
     REDBEAT_PREFIX,
     REQUEST_ID_HEADER,
+    T_AGENT_STEP,
+    T_COMPACT,
     T_CRON_RECONCILE,
     T_HEARTBEAT,
     T_RETENTION,
+    T_SUBAGENT_STEP,
     T_SWEEP,
+    T_TOOL_EXECUTE,
     TASK_ROUTES,
 )
 from shared.logs import request_id_var
 from shared.settings import Settings
 
 VISIBILITY_TIMEOUT = 3600  # seconds; every task finishes far sooner (see the time limits)
+# Celery's time limits, which only a prefork pool enforces (compose's tools worker): a backstop for
+# a task stuck past its own timeouts. A step that calls the model or a tool gets what that call may
+# take at most plus MARGIN, or the pool would cut short what the settings allow (a 600 s exec).
 SOFT_TIME_LIMIT = 300
 HARD_TIME_LIMIT = 330
+MARGIN = 30
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -50,6 +58,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_prefetch_multiplier": 1,
         "task_soft_time_limit": SOFT_TIME_LIMIT,
         "task_time_limit": HARD_TIME_LIMIT,
+        "task_annotations": time_limits(settings),
         "broker_transport_options": {
             "visibility_timeout": VISIBILITY_TIMEOUT,
             "max_connections": 200,
@@ -72,6 +81,19 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "timezone": "UTC",
         "enable_utc": True,
     }
+
+
+def time_limits(settings: Settings) -> dict[str, dict[str, float]]:
+    """Time limits of the tasks that may run longer than the default ones, by task name."""
+    tools = settings.tools
+    tool = max(tools.default_timeout, tools.exec.max_timeout, *(m.timeout for m in tools.mcp_servers.values()))
+    model = settings.llm.longest()
+
+    def above(seconds: float) -> dict[str, float]:
+        soft = max(SOFT_TIME_LIMIT, seconds + MARGIN)
+        return {"soft_time_limit": soft, "time_limit": soft + HARD_TIME_LIMIT - SOFT_TIME_LIMIT}
+
+    return {T_TOOL_EXECUTE: above(tool), **{task: above(model) for task in (T_AGENT_STEP, T_SUBAGENT_STEP, T_COMPACT)}}
 
 
 def beat_schedule(settings: Settings) -> dict[str, Any]:

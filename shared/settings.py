@@ -79,6 +79,10 @@ class LLMSettings(LLMProfile):
     # litellm model string, called on the default endpoint with the default key.
     allowed_models: list[str] = Field(default_factory=list)
 
+    def longest(self) -> float:
+        """Seconds a model call may take at most: every try at the timeout, every pause at its cap."""
+        return (self.max_retries + 1) * self.timeout + self.max_retries * self.retry_max_delay
+
     def refuses(self, model: str) -> str | None:
         """Why an API request may not ask for `model` (None when it may). A string with a URL in it
         is refused unless listed: some litellm providers (oobabooga/http://...) call the URL it

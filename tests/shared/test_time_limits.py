@@ -1,0 +1,40 @@
+"""Celery's time limits (which a prefork pool enforces, as compose's tools worker runs) stay above
+what the settings let a tool call or a model call take: a 600 s exec is not cut short at 300 s."""
+
+from __future__ import annotations
+
+from shared.constants import T_AGENT_STEP, T_OUTBOUND_DELIVER, T_TOOL_EXECUTE
+from shared.queueing import HARD_TIME_LIMIT, SOFT_TIME_LIMIT, make_celery
+from shared.settings import Settings
+from workers.app import TASK_MODULES
+
+
+def limits(settings: Settings) -> dict[str, tuple[float | None, float | None]]:
+    """(soft, hard) seconds of each task, as a worker's pool reads them."""
+    app = make_celery(settings, include=TASK_MODULES)
+    app.loader.import_default_modules()
+    app.finalize()
+    return {name: (app.tasks[name].soft_time_limit or app.conf.task_soft_time_limit,
+                   app.tasks[name].time_limit or app.conf.task_time_limit)
+            for name in (T_TOOL_EXECUTE, T_AGENT_STEP, T_OUTBOUND_DELIVER)}
+
+
+def test_tool_and_model_steps_get_the_time_their_settings_allow() -> None:
+    settings = Settings.model_validate({
+        "tools": {"exec": {"max_timeout": 900},
+                  "mcp_servers": {"slow": {"url": "http://mcp.test/mcp", "timeout": 1200}}},
+        "llm": {"timeout": 200, "max_retries": 2, "retry_max_delay": 10},
+    })
+    got = limits(settings)
+    tool_soft, tool_hard = got[T_TOOL_EXECUTE]
+    assert tool_soft is not None and tool_hard is not None
+    assert 1200 < tool_soft < tool_hard  # the slowest tool: the MCP server's calls
+    model_soft, _ = got[T_AGENT_STEP]
+    assert model_soft is not None and model_soft > 3 * 200 + 2 * 10  # every try at the timeout, every pause
+    assert got[T_OUTBOUND_DELIVER] == (SOFT_TIME_LIMIT, HARD_TIME_LIMIT)
+
+
+def test_with_short_timeouts_the_defaults_stay() -> None:
+    settings = Settings.model_validate({"tools": {"exec": {"max_timeout": 30}},
+                                        "llm": {"timeout": 10, "max_retries": 0}})
+    assert set(limits(settings).values()) == {(SOFT_TIME_LIMIT, HARD_TIME_LIMIT)}
