@@ -341,7 +341,7 @@ def load_settings(**overrides: object) -> Settings:
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as err:
-        raise SettingsError(describe_validation(err)) from None
+        raise SettingsError(describe_validation(err, os.environ, os.environ.get(CONFIG_FILE_ENV))) from None
     except SourceError as err:  # a value that should be JSON and is not
         raise SettingsError(describe_unparsable(Settings, os.environ, err)) from None
 

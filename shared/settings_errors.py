@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import types
 from collections.abc import Mapping, Sequence
+from itertools import takewhile
 from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
@@ -34,8 +35,26 @@ def variable(loc: Sequence[int | str]) -> str:
     return PREFIX + DELIMITER.join(names)
 
 
-def describe_validation(err: ValidationError) -> str:
-    lines = [f"{variable(e['loc'])}: {e['msg']}" for e in err.errors()]
+def file_key(loc: Sequence[int | str]) -> str:
+    """A config file's key an error location points at: ("permissions", "granted", 1) is
+    `permissions.granted[2]`."""
+    return "".join(f"[{p + 1}]" if isinstance(p, int) else f"{'.' if i else ''}{p}" for i, p in enumerate(loc))
+
+
+def _source(loc: Sequence[int | str], environ: Mapping[str, str], config_file: str | None) -> str:
+    """Where the refused value came from: the variable that sets it (or a group of settings above
+    it, as JSON), else the config file's key."""
+    names = [str(p) for p in takewhile(lambda p: isinstance(p, str), loc)]
+    set_here = {k.upper() for k in environ}
+    if config_file and not any(f"{PREFIX}{DELIMITER.join(names[:n])}".upper() in set_here
+                               for n in range(1, len(names) + 1)):
+        return f"{file_key(loc)} in {config_file}"
+    return variable(loc)
+
+
+def describe_validation(err: ValidationError, environ: Mapping[str, str] | None = None,
+                        config_file: str | None = None) -> str:
+    lines = [f"{_source(e['loc'], environ or {}, config_file)}: {e['msg']}" for e in err.errors()]
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 

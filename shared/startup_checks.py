@@ -1,11 +1,13 @@
 """Start-up warnings for settings that load but are likely mistakes: allowed tool names that name no
 tool, platforms with some of their credentials set but not all (such a platform is off), NANOFLEET_
-variables that name no setting (a typo is otherwise ignored), and no API key at all."""
+variables and config file keys that name no setting (a typo is otherwise ignored), and no API key
+at all."""
 
 from __future__ import annotations
 
 import logging
 import os
+import tomllib
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -99,12 +101,46 @@ def unknown_variables(environ: Mapping[str, str]) -> dict[str, str | None]:
     return found
 
 
+def unknown_keys(table: Mapping[str, Any], annotation: Any = Settings, at: str = "") -> dict[str, str | None]:
+    """Keys of a config file's tables that name no setting (so nothing reads them), as dotted paths
+    -> the closest setting's path, or None. Unlike variables, file keys are matched exactly."""
+    found: dict[str, str | None] = {}
+    annotation = _unwrap(annotation)
+    is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    for key, value in table.items():
+        if is_model and key not in annotation.model_fields:
+            fitted = _fit(annotation, [key.lower()])
+            found[at + key] = at + fitted[0] if fitted else None
+            continue
+        below = annotation.model_fields[key].annotation if is_model else (
+            get_args(annotation)[1] if get_origin(annotation) is dict else None)
+        if isinstance(value, dict) and below is not None:
+            found |= unknown_keys(value, below, f"{at}{key}.")
+    return found
+
+
+def _file_keys() -> dict[str, str | None]:
+    """unknown_keys of the config file, when there is one (Settings read it already: it parses)."""
+    path = os.environ.get(CONFIG_FILE_ENV)
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as fh:
+            return unknown_keys(tomllib.load(fh))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return {}
+
+
 def warn(settings: Settings, tool_names: Iterable[str]) -> None:
     """Log a WARNING for each likely mistake (the process starts anyway)."""
     # Settings read the environment; what they ignored is only found there (names are logged, never values).
     for var, meant in sorted(unknown_variables(os.environ).items()):
         hint = f"did you mean {meant}?" if meant else "see .env.example for every setting"
         log.warning("%s is not a nanofleet setting, so it is ignored: %s", var, hint)
+    for key, meant in sorted(_file_keys().items()):
+        hint = f"did you mean {meant}?" if meant else "see .env.example for every setting (as TOML tables)"
+        log.warning("%s: %s is not a nanofleet setting, so it is ignored: %s",
+                    os.environ.get(CONFIG_FILE_ENV), key, hint)
     if not settings.api_keys:
         log.warning("no API key is configured, so the REST API (/api/v1) refuses every request: set "
                     "NANOFLEET_API_KEYS to a JSON list of keys, e.g. '[\"a-long-random-key\"]'")

@@ -139,6 +139,20 @@ def test_malformed_config_file_is_named_with_the_parsers_message(monkeypatch: py
     assert f"NANOFLEET_CONFIG_FILE: {path}" in str(err.value) and "Unclosed array" in str(err.value)
 
 
+def test_a_bad_value_in_the_config_file_is_named_by_its_key_there(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """Not as a variable the user never set; one the environment sets is still named as such."""
+    path = tmp_path / "nanofleet.toml"
+    path.write_text('api_keys = "k-0123456789"\n[tools]\nallowed = ["time", 3]\n[memory]\nwindow = "many"\n')
+    monkeypatch.setenv("NANOFLEET_CONFIG_FILE", str(path))
+    monkeypatch.setenv("NANOFLEET_MEMORY__WINDOW", "lots")
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    lines = str(err.value).splitlines()[1:]
+    assert [line.strip().split(": ")[0] for line in lines] == [
+        f"api_keys in {path}", f"tools.allowed[2] in {path}", "NANOFLEET_MEMORY__WINDOW"], lines
+
+
 def test_a_list_item_is_named_by_its_position_not_as_a_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NANOFLEET_PERMISSIONS__GRANTED", '["FS_READ", "ROOT"]')
     with pytest.raises(SettingsError) as err:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -77,6 +78,26 @@ def test_a_misspelt_variable_is_named_with_the_setting_meant(caplog: pytest.LogC
         assert value not in line
     [line] = [w for w in warnings if w.startswith("NANOFLEET_SHOE_SIZE ")]
     assert line.endswith("see .env.example for every setting"), line
+
+
+def test_a_misspelt_key_in_the_config_file_is_named_with_the_setting_meant(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """File keys are read exactly as written: `[LLM]` is ignored as `[lm]` is."""
+    path = tmp_path / "nanofleet.toml"
+    path.write_text('[lm]\nmodel = "openai/gpt-4.1"\n[LLM]\nMODEL = "x"\n[tools]\nalowed = ["time"]\n'
+                    '[tools.mcp_servers.gh]\nurl = "https://mcp.example.com"\ntiemout = 5\n'
+                    '[tools.exec.env]\nGH_TOKEN = "t"\n[memory]\nwindow = 9\nshoe_size = 44\n')
+    monkeypatch.setenv("NANOFLEET_CONFIG_FILE", str(path))
+    warnings = [w.removeprefix(f"{path}: ") for w in warnings_at_gateway_start(caplog) if w.startswith(str(path))]
+    assert sorted(warnings) == [
+        "LLM is not a nanofleet setting, so it is ignored: did you mean llm?",
+        "lm is not a nanofleet setting, so it is ignored: did you mean llm?",
+        "memory.shoe_size is not a nanofleet setting, so it is ignored: see .env.example for every setting "
+        "(as TOML tables)",
+        "tools.alowed is not a nanofleet setting, so it is ignored: did you mean tools.allowed?",
+        "tools.mcp_servers.gh.tiemout is not a nanofleet setting, so it is ignored: "
+        "did you mean tools.mcp_servers.gh.timeout?",
+    ], warnings
 
 
 def test_no_api_key_is_said_once_with_the_variable_to_set(caplog: pytest.LogCaptureFixture) -> None:
