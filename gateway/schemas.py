@@ -36,7 +36,14 @@ class CamelModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, serialize_by_alias=True)
 
 
-class ConversationIn(CamelModel):
+class RequestBody(CamelModel):
+    """A request body: a key it does not know is a 422 that names it, not dropped (a misspelt
+    field would otherwise take its default without a word)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ConversationIn(RequestBody):
     title: Text | None = Field(default=None, max_length=200)
 
 
@@ -44,7 +51,7 @@ class ConversationOut(CamelModel):
     conversation_id: str
 
 
-class ConversationPatch(CamelModel):
+class ConversationPatch(RequestBody):
     title: Text | None = Field(min_length=1, max_length=200, description="the new title; null removes it")
 
 
@@ -66,7 +73,7 @@ class ConversationInfo(CamelModel):
     last_active_at: str
 
 
-class ChatIn(CamelModel):
+class ChatIn(RequestBody):
     message: Text = Field(min_length=1, max_length=MAX_MESSAGE)
     model: Text | None = Field(default=None, max_length=200, description=(
         "a profile name or a litellm model string (422 when NANOFLEET_LLM__ALLOWED_MODELS is set and it is "

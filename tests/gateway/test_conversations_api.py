@@ -72,6 +72,13 @@ def test_bad_requests_are_refused_with_what_is_wrong(api: Any) -> None:
     refused = api.get("/api/v1/conversations", params={"chanel": "telegram"})  # a misspelt filter lists nothing
     assert refused.status_code == 422 and "chanel" in refused.text
     assert api.get("/api/v1/conversations", params={"limit": 0}).status_code == 422
+    misspelt = (("/api/v1/conversations", {"titel": "x"}), (f"/api/v1/conversations/{cid}", {"title": "x", "x": 1}),
+                (f"/api/v1/conversations/{cid}/messages", {"message": "hi", "modle": "openai/gpt-4.1"}))
+    for path, body in misspelt:
+        sent = api.patch(path, json=body) if path.endswith(cid) else api.post(path, json=body)
+        assert sent.status_code == 422 and "Extra inputs are not permitted" in sent.text, (path, sent.text)
+        assert sent.json()["detail"][0]["loc"][-1] == next(k for k in body if k not in ("title", "message"))
+    assert api.get(f"/api/v1/conversations/{cid}/messages").json() == []  # nothing was taken in
 
 
 def _rows(stack: Stack, cids: list[str]) -> dict[str, int]:
