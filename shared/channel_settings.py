@@ -24,6 +24,16 @@ class ChannelBase(BaseModel):
     api_base: str = ""
     allow_from: list[str] = Field(default_factory=list, examples=[["*"]])
 
+    @field_validator("allow_from", mode="before")
+    @classmethod
+    def _ids_as_text(cls, v: object) -> object:
+        """User ids as given: Telegram's are numbers, so `[4242]` (or a bare `4242`) means `["4242"]`."""
+        if isinstance(v, int) and not isinstance(v, bool):
+            return [str(v)]
+        if isinstance(v, list):
+            return [str(x) if isinstance(x, int) and not isinstance(x, bool) else x for x in v]
+        return v
+
     @field_validator("*")
     @classmethod
     def _check_secrets(cls, v: object) -> object:

@@ -25,6 +25,14 @@ def test_env_names_and_nesting(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.channels.telegram.allow_from == ["*"]
 
 
+@pytest.mark.parametrize(("value", "read"), [("[4242, \"alice\"]", ["4242", "alice"]), ("4242", ["4242"])])
+def test_numeric_user_ids_are_read_as_the_ids_they_are(monkeypatch: pytest.MonkeyPatch, value: str,
+                                                       read: list[str]) -> None:
+    """Telegram's user ids are numbers: written as numbers, they are the same ids."""
+    monkeypatch.setenv("NANOFLEET_CHANNELS__TELEGRAM__ALLOW_FROM", value)
+    assert load_settings().channels.telegram.allow_from == read
+
+
 def test_defaults_deny_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(__import__("os").environ):
         if key.startswith("NANOFLEET_"):
