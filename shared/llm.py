@@ -76,7 +76,8 @@ class LLMResponse:
 
 
 class LLMError(Exception):
-    """The model could not be reached after retries; `user_message` is safe to show."""
+    """The model refused the call, or could not be reached within the retries (the message says how
+    many tries); `user_message` is safe to show."""
 
     def __init__(self, message: str, *, user_message: str) -> None:
         super().__init__(message)
@@ -161,7 +162,8 @@ class LLMClient:
                 wait = retry_after(err)
                 if not retryable(err) or attempt > self.settings.max_retries or (relay and relay.sent) \
                         or (wait or 0) > self.settings.retry_max_delay:  # streamed text would show twice
-                    raise LLMError(str(err), user_message=_user_message(err, wait)) from err
+                    tries = f"{attempt} tries" if attempt > 1 else "not retried" if not retryable(err) else "1 try"
+                    raise LLMError(f"{err} ({tries})", user_message=_user_message(err, wait)) from err
                 delay = wait or min(random.uniform(0, self.settings.retry_base_delay * 2**attempt),
                                     self.settings.retry_max_delay)
                 log.warning("LLM call failed (%s); retry %d in %.1fs", type(err).__name__, attempt, delay)

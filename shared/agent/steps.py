@@ -163,7 +163,7 @@ def _call(rt: Runtime, run: Run, seq: int, messages: list[dict[str, Any]], tools
     try:
         response = rt.llm.complete(messages, tools=tools or None, model=run.model, on_delta=deltas)
     except LLMError as err:
-        log.warning("run %s: LLM failed after retries: %s", run.id, err)
+        log.warning("run %s: LLM call failed: %s", run.id, err)
         return _finish_if_current(rt, run.id, seq, status=RunStatus.FAILED, text=err.user_message,
                                   store=False, error=str(err))
     finally:

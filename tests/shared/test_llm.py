@@ -28,7 +28,7 @@ def client(request: pytest.FixtureRequest, fake_llm: FakeLLM, monkeypatch: pytes
 
 
 def test_more_calls_are_open_at_once_than_httpx_default_pool(client: LLMClient, fake_llm: FakeLLM) -> None:
-    fake_llm.handler = lambda body: Reply(text="slow", delay=1.5)
+    fake_llm.handler = lambda body: Reply(text="slow", delay=5)  # long enough for 150 threads to start on a busy host
     with ThreadPoolExecutor(150) as pool:
         futures = [pool.submit(client.complete, USER) for _ in range(150)]
         wait_until(lambda: fake_llm.in_flight == 150, timeout=20, message="150 calls open at the fake at once")
@@ -41,6 +41,7 @@ def test_a_refused_request_is_not_retried(client: LLMClient, fake_llm: FakeLLM, 
     with pytest.raises(LLMError) as err:
         client.complete(USER)
     assert hint in err.value.user_message and fake_llm.calls() == 1
+    assert str(err.value).endswith("(not retried)")  # the log says so, not "after retries"
 
 
 @pytest.mark.parametrize("api_base", ["http://127.0.0.1:1/v1", "http://no-such-host.invalid/v1"])
@@ -69,6 +70,7 @@ def test_server_errors_are_retried_then_reported(client: LLMClient, fake_llm: Fa
     with pytest.raises(LLMError) as err:
         client.complete(USER)
     assert "try again in a moment" in err.value.user_message
+    assert str(err.value).endswith(f"({client.settings.max_retries + 1} tries)")
 
 
 def test_a_retry_after_beyond_the_longest_wait_is_reported_not_cut_short(client: LLMClient,
