@@ -87,6 +87,22 @@ def _fit(annotation: Any, names: list[str]) -> list[str] | None:
     return None if tail is None else [name, *tail]
 
 
+def _paths(annotation: Any, at: tuple[str, ...] = ()) -> Iterable[tuple[str, ...]]:
+    """Every setting's path of names below `annotation` (groups of settings included)."""
+    annotation = _unwrap(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        for name, field in annotation.model_fields.items():
+            yield (*at, name)
+            yield from _paths(field.annotation, (*at, name))
+
+
+def _placed(names: list[str]) -> list[str] | None:
+    """The one setting whose path ends with `names` (NANOFLEET_EXEC__RUN_AS_USER is the tools'
+    exec setting), else None."""
+    found = [p for p in _paths(Settings) if list(p[-len(names):]) == names and len(p) > len(names)]
+    return list(found[0]) if len(found) == 1 else None
+
+
 def unknown_variables(environ: Mapping[str, str]) -> dict[str, str | None]:
     """NANOFLEET_ variables in `environ` that name no setting (so nothing reads them) -> the closest
     setting's variable, or None. Names are matched as pydantic-settings matches them: ignoring case."""
@@ -97,6 +113,7 @@ def unknown_variables(environ: Mapping[str, str]) -> dict[str, str | None]:
             continue
         names = upper.removeprefix(PREFIX).lower().split(DELIMITER)
         if (fitted := _fit(Settings, names)) != names:
+            fitted = fitted or _placed(names)
             found[var] = PREFIX + DELIMITER.join(fitted).upper() if fitted else None
     return found
 

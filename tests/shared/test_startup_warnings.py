@@ -63,6 +63,9 @@ TYPOS = {  # variable -> (value, the setting meant)
     "NANOFLEET_TOOLS__ALLOW": ('["time"]', "NANOFLEET_TOOLS__ALLOWED"),
     "NANOFLEET_CHANNEL__TELEGRAM__TOKEN": ("123:tg-secret-value", "NANOFLEET_CHANNELS__TELEGRAM__TOKEN"),
     "NANOFLEET_LLM__PROFILES__FAST__MODLE": ("openai/gpt-4.1-nano", "NANOFLEET_LLM__PROFILES__FAST__MODEL"),
+    # a group left out, as the docs' short names (EXEC__RUN_AS_USER) invite
+    "NANOFLEET_EXEC__RUN_AS_USER": ("agent", "NANOFLEET_TOOLS__EXEC__RUN_AS_USER"),
+    "NANOFLEET_TELEGRAM__ALLOW_FROM": ('["4242"]', "NANOFLEET_CHANNELS__TELEGRAM__ALLOW_FROM"),
 }
 
 
