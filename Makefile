@@ -23,7 +23,7 @@ install: uv ## Install nanofleet, its embedded servers (x86-64 Linux) and dev to
 	@$(UV) sync --frozen --extra embedded --quiet
 
 run: install ## Run the whole system on this machine (embedded Redis/Postgres if none is configured)
-	@.venv/bin/nanofleet up
+	@.venv/bin/nanofleet up $(ARGS)
 
 test: install ## Run the test suite, two processes (needs Postgres and Redis: see README)
 	@$(PY) -m pytest -n 2
