@@ -1,7 +1,7 @@
 """Start-up warnings for settings that load but are likely mistakes: allowed tool names that name no
 tool, platforms with some of their credentials set but not all (such a platform is off), NANOFLEET_
-variables and config file keys that name no setting (a typo is otherwise ignored), and no API key
-at all."""
+variables and config file keys that name no setting (a typo is otherwise ignored), no API key at
+all, and no key for a model whose provider wants one."""
 
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ NOT_SETTINGS = frozenset({
     "NANOFLEET_TEST_DATABASE_URL", "NANOFLEET_TEST_REDIS_URL",  # where the tests find their servers
     "NANOFLEET_FUZZ_EXAMPLES", "NANOFLEET_HYPOTHESIS_PROFILE",  # test knobs (Makefile)
 })
+# litellm providers that run locally or take their credentials from elsewhere (cloud roles)
+KEYLESS = frozenset({"ollama", "ollama_chat", "lm_studio", "llamafile", "vllm", "hosted_vllm", "bedrock",
+                     "bedrock_converse", "sagemaker", "vertex_ai", "vertex_ai_beta", "azure_ai", "watsonx"})
 CLOSE = 0.7  # difflib's similarity from which a setting's name is offered as the one meant
 
 
@@ -148,6 +151,17 @@ def _file_keys() -> dict[str, str | None]:
         return {}
 
 
+def missing_model_key(settings: Settings, environ: Mapping[str, str]) -> str | None:
+    """The default model's provider when it is one that wants a key and none is set: not in the
+    settings, no endpoint of one's own (a local server may need none), and not the provider's own
+    variable (OPENAI_API_KEY), which litellm reads."""
+    llm = settings.llm
+    provider = llm.model.split("/", 1)[0] if "/" in llm.model else "openai"
+    if llm.api_key or llm.api_base or provider in KEYLESS or f"{provider.upper()}_API_KEY" in environ:
+        return None
+    return provider
+
+
 def warn(settings: Settings, tool_names: Iterable[str]) -> None:
     """Log a WARNING for each likely mistake (the process starts anyway)."""
     # Settings read the environment; what they ignored is only found there (names are logged, never values).
@@ -161,6 +175,11 @@ def warn(settings: Settings, tool_names: Iterable[str]) -> None:
     if not settings.api_keys:
         log.warning("no API key is configured, so the REST API (/api/v1) refuses every request: set "
                     "NANOFLEET_API_KEYS to a JSON list of keys, e.g. '[\"a-long-random-key\"]'")
+    if provider := missing_model_key(settings, os.environ):
+        log.warning("no key is set for the model %s: its provider refuses every call without one, and each turn "
+                    "ends with a reply saying so; set NANOFLEET_LLM__API_KEY (or %s_API_KEY), or "
+                    "NANOFLEET_LLM__API_BASE for a server of your own that needs none",
+                    settings.llm.model, provider.upper())
     known = sorted(set(tool_names))
     if unknown := unknown_allowed(settings, known):
         log.warning("NANOFLEET_TOOLS__ALLOWED: %s match no known tool, so nothing they name can run; known tools: %s",

@@ -24,8 +24,9 @@ SLACK = "NANOFLEET_CHANNELS__SLACK__"
 
 
 def warnings_at_gateway_start(caplog: pytest.LogCaptureFixture, api_keys: tuple[str, ...] = ("k-0123456789",),
-                              **channels: Any) -> list[str]:
-    settings = load_settings(redis_url="redis://127.0.0.1:1/0", api_keys=list(api_keys), channels=channels)
+                              llm: dict[str, str] | None = None, **channels: Any) -> list[str]:
+    llm = {"api_key": "sk-0123456789"} if llm is None else llm
+    settings = load_settings(redis_url="redis://127.0.0.1:1/0", api_keys=list(api_keys), channels=channels, llm=llm)
     with caplog.at_level(logging.WARNING):
         create_app(settings)
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -107,6 +108,19 @@ def test_no_api_key_is_said_once_with_the_variable_to_set(caplog: pytest.LogCapt
     warnings = warnings_at_gateway_start(caplog, api_keys=())
     [line] = [w for w in warnings if "API key" in w]
     assert "refuses every request" in line and "NANOFLEET_API_KEYS" in line
+
+
+def test_a_hosted_model_without_a_key_is_said_at_start(caplog: pytest.LogCaptureFixture,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    [line] = [w for w in warnings_at_gateway_start(caplog, llm={"model": "anthropic/claude-sonnet-4"})
+              if "no key is set for the model" in w]
+    assert "NANOFLEET_LLM__API_KEY (or ANTHROPIC_API_KEY)" in line and "NANOFLEET_LLM__API_BASE" in line
+    caplog.clear()
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-0123456789")  # litellm reads the provider's own variable
+    for llm in ({"model": "anthropic/claude-sonnet-4"}, {"model": "openai/qwen3", "api_base": "http://127.0.0.1:8001/v1"},
+                {"model": "ollama/llama3"}, {"model": "openai/gpt-4.1", "api_key": "sk-0123456789"}):
+        assert not [w for w in warnings_at_gateway_start(caplog, llm=llm) if "no key is set" in w], llm
 
 
 def test_settings_and_the_variables_read_elsewhere_are_not_warned_about() -> None:
