@@ -203,7 +203,9 @@ def up(
 def agent(
     message: Annotated[str, typer.Option("-m", "--message", help="what to say")],
     session: Annotated[str, typer.Option(help="conversation to continue")] = "cli:default",
-    model: str | None = None,
+    model: Annotated[str | None, typer.Option(
+        help="the model for this turn: a profile name or a litellm model string (default: NANOFLEET_LLM__MODEL)",
+    )] = None,
 ) -> None:
     """One turn in-process: needs PostgreSQL, not Redis or workers. Prints the reply; exits 1 when
     the turn failed."""

@@ -1,4 +1,5 @@
-"""`nanofleet cron list|add|remove`: scheduled jobs from the command line (Postgres, then the beat mirror)."""
+"""`nanofleet cron list|add|remove|enable|disable`: scheduled jobs from the command line (Postgres, then the
+beat mirror)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from datetime import datetime
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from shared.db import session_scope
 from shared.errors import NanofleetError
@@ -22,17 +25,30 @@ app = typer.Typer(help="Scheduled jobs: their results go to a chat (for api: a c
 
 # The core names the schedule's fields; the CLI names its own flags.
 _FLAGS = {"every_seconds": "--every", "cron_expr": "--cron", "chat_id": "--chat-id", "missed_policy": "--missed-policy"}
+# What a flag's value must be, by pydantic's error type (others: pydantic's own words).
+_MUST = {"greater_than_equal": "must be at least {ge}", "less_than_equal": "must be at most {le}",
+         "literal_error": "must be {expected}", "string_too_short": "must not be empty",
+         "string_too_long": "must be at most {max_length} characters"}
 
 
 def _settings() -> Settings:
-    """Settings whose database answers (else a one-line reason and exit 1)."""
-    from gateway.cli import database_or_exit, settings_or_exit  # the main CLI module imports this one
+    """Settings whose database answers and is at this code's revision (else a one-line reason and exit 1)."""
+    from gateway.cli import database_or_exit, migrated_or_exit, settings_or_exit  # the main CLI imports this one
 
-    return database_or_exit(settings_or_exit())
+    return migrated_or_exit(database_or_exit(settings_or_exit()))
 
 
 def _in_flags(message: str) -> str:
     return re.sub(r"\b(" + "|".join(_FLAGS) + r")\b", lambda m: _FLAGS[m.group(1)], message)
+
+
+def _flag_error(e: ErrorDetails) -> str:
+    """An invalid value in a line naming its flag (pydantic's own text names the model and links its docs)."""
+    field = str(e["loc"][0]) if e["loc"] else ""
+    flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
+    if e["type"] in _MUST:
+        return f"{flag}: {_MUST[e['type']].format(**e.get('ctx', {}))}"
+    return f"{flag}: {e['msg'][:1].lower()}{e['msg'][1:]}"
 
 
 def _mirror(settings: Settings, job: CronJob | None, job_id: str) -> None:
@@ -90,12 +106,17 @@ def add(
     if sum(x is not None for x in (every, cron, at)) != 1:
         typer.echo("nanofleet: give exactly one of --every, --cron or --at", err=True)
         raise typer.Exit(2)
-    settings = _settings()
     try:
         data = jobs.JobIn.model_validate({
             "message": message, "name": name, "every_seconds": every, "cron_expr": cron, "tz": tz, "at": at,
             "channel": channel, "chat_id": chat_id, "missed_policy": missed_policy,
         })
+    except ValidationError as err:
+        for e in err.errors():
+            typer.echo(f"nanofleet: {_flag_error(e)}", err=True)
+        raise typer.Exit(2) from None
+    settings = _settings()
+    try:
         with session_scope(settings.database_url) as s:
             job = jobs.create(s, settings, data)
             view = jobs.view(job)
@@ -118,3 +139,29 @@ def remove(job_id: Annotated[str, typer.Argument(help="the job's id (see `nanofl
         raise typer.Exit(1) from None
     _mirror(settings, None, job_id)
     typer.echo(f"removed {job_id}")
+
+
+def _switch(job_id: str, *, enabled: bool) -> None:
+    """The REST PATCH's core: the job changes in Postgres, then the beat schedule follows."""
+    settings = _settings()
+    try:
+        with session_scope(settings.database_url) as s:
+            job = jobs.update(s, settings, jobs.get(s, job_id, lock=True), jobs.JobPatch(enabled=enabled))
+            view = jobs.view(job)
+    except NanofleetError as err:
+        typer.echo(f"nanofleet: {err.message}", err=True)
+        raise typer.Exit(1) from None
+    _mirror(settings, job, job_id)
+    typer.echo(f"enabled {job_id}: next run {view['nextRunAt']}" if enabled else f"disabled {job_id}")
+
+
+@app.command()
+def enable(job_id: Annotated[str, typer.Argument(help="the job's id (see `nanofleet cron list`)")]) -> None:
+    """Switch a job on again: it counts from now (runs missed while it was off are not made up)."""
+    _switch(job_id, enabled=True)
+
+
+@app.command()
+def disable(job_id: Annotated[str, typer.Argument(help="the job's id (see `nanofleet cron list`)")]) -> None:
+    """Switch a job off; it stays listed until removed."""
+    _switch(job_id, enabled=False)

@@ -11,7 +11,7 @@ from pydantic import Field
 from sqlmodel import col, select
 
 from gateway.deps import SessionDep, StateDep, only_params, require_key
-from gateway.schemas import BAD_BODY, UNAUTHORIZED, CamelModel
+from gateway.schemas import BAD_BODY, UNAUTHORIZED, RequestBody
 from gateway.state import AppState
 from shared.contracts import NO_NUL
 from shared.models import CronJob, CronReceipt
@@ -25,7 +25,7 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such job"
 JobId = Annotated[str, Path(pattern=NO_NUL, max_length=64)]
 
 
-class CronIn(CamelModel):
+class CronIn(RequestBody):
     """A new job: `message` and exactly one of everySeconds, cronExpr (with tz) or at."""
 
     message: str = Field(min_length=1, max_length=10_000, pattern=NO_NUL)
@@ -42,7 +42,7 @@ class CronIn(CamelModel):
     enabled: bool = True
 
 
-class CronPatch(CamelModel):
+class CronPatch(RequestBody):
     """Fields to change; a new schedule replaces the old one."""
 
     message: str | None = Field(default=None, min_length=1, max_length=10_000, pattern=NO_NUL)

@@ -11,12 +11,13 @@ from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, Field
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, or_, select
 
 from shared.channels import REGISTRY, get_channel
+from shared.channels.base import BaseChannel
 from shared.contracts import NO_NUL
 from shared.errors import Conflict, NanofleetError, NotFound
-from shared.models import CronJob, CronReceipt, utcnow
+from shared.models import Conversation, CronJob, CronReceipt, utcnow
 from shared.scheduling import schedules
 from shared.scheduling.beat import BeatMirror
 from shared.settings import Settings
@@ -133,19 +134,32 @@ def _schedule(settings: Settings, *, every: int | None, expr: str | None, tz: st
     return {"kind": kind, "every_seconds": every, "cron_expr": expr, "tz": tz, "at": at}
 
 
-def check_target(settings: Settings, channel: str, chat_id: str) -> None:
-    """Refuse a target no result could reach: every firing would pay for a run whose reply is lost.
-    Any `api` chat id will do: one that names no API conversation (`nanofleet agent` uses its
-    session key) keeps the results in the job's own session, where the API shows them."""
+def check_target(s: Session, settings: Settings, *, channel: str, chat_id: str) -> None:
+    """Refuse a target no result could reach: every firing would pay for a run whose reply is lost."""
     if channel == API:
+        _check_api_chat(s, chat_id)
         return
     found = get_channel(channel, settings)
     if found is None:
         raise InvalidJob(f"unknown channel '{channel}': use {API} or one of {', '.join(sorted(REGISTRY))}")
     if not found.enabled():
-        raise InvalidJob(f"channel '{channel}' is not configured here")
+        missing = found.missing() if isinstance(found, BaseChannel) else []
+        to_set = f": set {', '.join(missing)}" if missing else ""
+        raise InvalidJob(f"channel '{channel}' is not configured here{to_set}")
     if not chat_id.strip():
         raise InvalidJob(f"channel '{channel}' needs a chat_id: the chat the results go to")
+
+
+def _check_api_chat(s: Session, chat_id: str) -> None:
+    """An `api` chat id names a conversation: its id (the results are posted there), or its session
+    key (what the cron tool sets in `nanofleet agent`; the results stay in the job's own session, as
+    without a chat id). Anything else is a typo whose results nobody would see."""
+    if not chat_id:
+        return
+    named = or_(col(Conversation.id) == chat_id, col(Conversation.session_key) == chat_id)
+    if s.exec(select(Conversation.id).where(named).limit(1)).first() is None:
+        raise InvalidJob(f"no conversation '{chat_id}': give the id of one (POST /api/v1/conversations makes one), "
+                         "or leave chat_id out to keep the results in the job's own session")
 
 
 class AlreadyFired(NanofleetError):
@@ -165,7 +179,7 @@ def create(s: Session, settings: Settings, data: JobIn, *, job_id: str | None = 
     now = now or utcnow()
     columns = _schedule(settings, every=data.every_seconds, expr=data.cron_expr, tz=data.tz, at=data.at, now=now,
                         tz_given=data.tz is not None)
-    check_target(settings, data.channel, data.chat_id)
+    check_target(s, settings, channel=data.channel, chat_id=data.chat_id)
     policy = data.missed_policy or ("run_once" if columns["kind"] == "at" else "skip")
     origin = {"channel": data.channel, "chat_id": data.chat_id, "reply_meta": data.reply_meta}
     job = CronJob(name=data.name or data.message[:60], message=data.message, missed_policy=policy,
@@ -204,7 +218,7 @@ def update(s: Session, settings: Settings, job: CronJob, patch: JobPatch, *, now
     if patch.channel is not None or patch.chat_id is not None:
         job.channel = patch.channel if patch.channel is not None else job.channel
         job.chat_id = patch.chat_id if patch.chat_id is not None else job.chat_id
-        check_target(settings, job.channel, job.chat_id)
+        check_target(s, settings, channel=job.channel, chat_id=job.chat_id)
         job.origin = {"channel": job.channel, "chat_id": job.chat_id, "reply_meta": {}}
     s.add(job)
     s.flush()

@@ -29,6 +29,8 @@ LOOKBACK = timedelta(days=31)  # missed cron firings older than this are forgott
 MAX_STEPS = 10_000  # candidate wall times examined for one next fire time
 MAX_EVERY = 10 * 366 * 86_400  # every_seconds at most ten years
 FOLD_REACH = timedelta(hours=6)  # longer than any fall-back: where second passes may start
+FIELDS = (("minute", "0-59"), ("hour", "0-23"), ("day of month", "1-31"), ("month", "1-12 or jan-dec"),
+          ("weekday", "0-7 or sun-sat"))  # a cron line's fields, in order, with the values each takes
 
 
 class ScheduleError(ValueError):
@@ -60,11 +62,29 @@ def zone(name: str) -> ZoneInfo:
 
 
 def check_cron(expr: str) -> str:
-    """The expression, normalised; raises ScheduleError unless it is a valid 5-field cron line."""
-    expr = " ".join(expr.split())
-    if len(expr.split(" ")) != 5 or not croniter.is_valid(expr):
-        raise ScheduleError(f"'{expr}' is not a 5-field cron expression (minute hour day month weekday)")
+    """The expression, normalised; raises ScheduleError unless it is a valid 5-field cron line,
+    saying what is wrong: the number of fields, or which field and why."""
+    fields = expr.split()
+    expr = " ".join(fields)
+    if len(fields) != len(FIELDS):
+        raise ScheduleError(f"'{expr}' has {len(fields)} field{'' if len(fields) == 1 else 's'}; a cron expression "
+                            "has 5: minute hour day month weekday")
+    if not croniter.is_valid(expr):
+        raise ScheduleError(f"'{expr}': {_bad_field(fields)}")
     return expr
+
+
+def _bad_field(fields: list[str]) -> str:
+    """Which field makes the expression invalid, tried alone (`*` in the others): croniter's own
+    message quotes the whole line without naming the field."""
+    for i, ((name, span), value) in enumerate(zip(FIELDS, fields, strict=True)):
+        try:
+            croniter.expand(" ".join(value if j == i else "*" for j in range(len(FIELDS))))
+        except CroniterError as err:
+            if any(words in str(err) for words in ("out of range", "out of bands")):
+                return f"{name} '{value}' is out of range ({span})"
+            return f"{name} '{value}' is not valid: use {span}, *, a range a-b, a list a,b or a step */n"
+    return "not a valid cron expression (minute hour day month weekday)"
 
 
 def validate(spec: Spec) -> None:

@@ -1,18 +1,22 @@
-"""`nanofleet cron list|add|remove` against the test database and Redis."""
+"""`nanofleet cron list|add|remove|enable|disable` against the test database and Redis."""
 
 from __future__ import annotations
 
 import json
 import os
 from collections.abc import Callable, Iterator
+from datetime import datetime
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from gateway.cli import app
+from gateway.status import masked
+from shared.agent import conversations
 from shared.scheduling.beat import BeatMirror, beat_app
 from shared.settings import get_settings
-from tests.support.scheduling import TELEGRAM
+from tests.support import databases
+from tests.support.scheduling import TELEGRAM, db
 from tests.support.stack import Stack
 
 
@@ -70,3 +74,86 @@ def test_cron_add_refuses_what_cannot_run_or_reach_anyone(cli: CliRunner) -> Non
         assert out.exit_code == 2 and reason in out.output, (args, out.output)
         assert isinstance(out.exception, SystemExit)  # a message, not a traceback
     assert "no cron jobs" in cli.invoke(app, ["cron", "list"]).output
+
+
+def added_id(out: Result) -> str:
+    assert out.exit_code == 0, out.output
+    return out.output.split()[1].rstrip(":")
+
+
+def refused(out: Result, code: int = 2) -> str:
+    """The one line a refused command prints (no traceback)."""
+    assert out.exit_code == code and isinstance(out.exception, SystemExit), out.output
+    assert len(out.output.strip().splitlines()) == 1, out.output
+    return out.output.strip()
+
+
+@pytest.mark.parametrize("args", [["list"], ["add", "-m", "x", "--every", "60"]], ids=["list", "add"])
+def test_a_database_never_migrated_is_named_in_a_line(args: list[str], cli: CliRunner) -> None:
+    with databases.database_in("empty") as url:
+        os.environ["NANOFLEET_DATABASE_URL"] = url
+        get_settings.cache_clear()
+        out = cli.invoke(app, ["cron", *args])
+    assert refused(out, code=1) == f"nanofleet: the database at {masked(url)} {databases.reason('empty')}"
+
+
+def test_cron_add_says_which_field_of_a_cron_line_is_wrong(cli: CliRunner) -> None:
+    out = cli.invoke(app, ["cron", "add", "-m", "x", "--cron", "61 * * * *"])
+    assert refused(out) == "nanofleet: '61 * * * *': minute '61' is out of range (0-59)"
+    out = cli.invoke(app, ["cron", "add", "-m", "x", "--cron", "0 9 * *"])
+    assert "has 4 fields; a cron expression has 5" in refused(out)
+
+
+def test_cron_add_names_the_flag_of_each_invalid_value(cli: CliRunner) -> None:
+    out = cli.invoke(app, ["cron", "add", "-m", "x", "--every", "0"])
+    assert refused(out) == "nanofleet: --every: must be at least 1"
+    out = cli.invoke(app, ["cron", "add", "-m", "x", "--every", "60", "--missed-policy", "never"])
+    assert refused(out) == "nanofleet: --missed-policy: must be 'skip', 'run_once' or 'catch_up'"
+    both = cli.invoke(app, ["cron", "add", "-m", "", "--every", "0"])
+    assert both.exit_code == 2 and both.output.splitlines() == [
+        "nanofleet: --message: must not be empty", "nanofleet: --every: must be at least 1"]
+    assert "no cron jobs" in cli.invoke(app, ["cron", "list"]).output
+
+
+def test_cron_add_names_the_settings_a_channel_needs(cli: CliRunner) -> None:
+    out = cli.invoke(app, ["cron", "add", "-m", "x", "--every", "60", "--channel", "slack", "--chat-id", "C1"])
+    assert refused(out) == ("nanofleet: channel 'slack' is not configured here: set "
+                            "NANOFLEET_CHANNELS__SLACK__BOT_TOKEN, NANOFLEET_CHANNELS__SLACK__SIGNING_SECRET")
+
+
+def test_cron_add_refuses_an_api_chat_id_that_names_no_conversation(stack: Stack, cli: CliRunner) -> None:
+    out = cli.invoke(app, ["cron", "add", "-m", "x", "--every", "30", "--chat-id", "doesnotexist"])
+    line = refused(out)
+    assert "no conversation 'doesnotexist'" in line and "POST /api/v1/conversations" in line
+    assert "leave --chat-id out" in line
+    assert "no cron jobs" in cli.invoke(app, ["cron", "list"]).output
+    with db(stack) as s:  # what `nanofleet agent` makes: its session key is the chat id its cron tool sets
+        conv_id = conversations.get_or_create(s, session_key="cli:default", channel="cli", chat_id="cli:default").id
+    for chat in ([], ["--chat-id", conv_id], ["--chat-id", "cli:default"]):
+        added_id(cli.invoke(app, ["cron", "add", "-m", "x", "--every", "30", *chat]))
+
+
+def test_cron_disable_and_enable_follow_in_beat(stack: Stack, cli: CliRunner) -> None:
+    beat = BeatMirror(beat_app(stack.settings))
+    job_id = added_id(cli.invoke(app, ["cron", "add", "-m", "x", "--every", "3600"]))
+    assert beat.armed(job_id) is not None
+
+    off = cli.invoke(app, ["cron", "disable", job_id])
+    assert off.exit_code == 0 and off.output.strip() == f"disabled {job_id}", off.output
+    assert beat.armed(job_id) is None
+    [shown] = json.loads(cli.invoke(app, ["cron", "list", "--json"]).output)
+    assert (shown["enabled"], shown["nextRunAt"]) == (False, None)
+
+    on = cli.invoke(app, ["cron", "enable", job_id])
+    [shown] = json.loads(cli.invoke(app, ["cron", "list", "--json"]).output)
+    assert on.exit_code == 0 and on.output.strip() == f"enabled {job_id}: next run {shown['nextRunAt']}", on.output
+    assert shown["enabled"] is True and beat.is_armed_for(job_id, datetime.fromisoformat(shown["nextRunAt"]))
+
+    for command in ("enable", "disable"):
+        assert refused(cli.invoke(app, ["cron", command, "nosuchjob"]), code=1) == "nanofleet: no cron job nosuchjob"
+
+
+def test_agent_model_option_says_what_it_takes() -> None:
+    out = CliRunner().invoke(app, ["agent", "--help"])
+    assert "--model <str> the model for this turn: a profile name or a litellm model string" in " ".join(
+        out.output.split())

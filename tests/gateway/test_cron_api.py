@@ -10,6 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from fastapi.testclient import TestClient
 
+from shared.agent import conversations
 from shared.models import utcnow
 from shared.scheduling import jobs
 from shared.scheduling.beat import BeatMirror, beat_app
@@ -64,7 +65,8 @@ def test_invalid_jobs_are_refused_with_the_reason(stack: Stack, api: Any) -> Non
     cases = [
         ({"message": "x", "everySeconds": 5, "cronExpr": "* * * * *"}, "exactly one"),
         ({"message": "x"}, "exactly one"),
-        ({"message": "x", "cronExpr": "61 * * * *"}, "5-field"),
+        ({"message": "x", "cronExpr": "61 * * * *"}, "minute '61' is out of range (0-59)"),
+        ({"message": "x", "cronExpr": "0 9 * *"}, "has 4 fields; a cron expression has 5"),
         ({"message": "x", "cronExpr": "0 9 * * *", "tz": "Mars/Olympus"}, "unknown timezone"),
         ({"message": "x", "at": "2001-01-01T00:00:00Z"}, "in the past"),
         ({"message": "x", "everySeconds": 0}, "greater than or equal to 1"),
@@ -103,7 +105,7 @@ def test_results_must_have_somewhere_to_go(telegram_api: tuple[Stack, Any]) -> N
     _, api = telegram_api
     cases = [
         ({"channel": "nonexistent", "chatId": "1"}, "unknown channel 'nonexistent'"),
-        ({"channel": "slack", "chatId": "C1"}, "'slack' is not configured"),
+        ({"channel": "slack", "chatId": "C1"}, "'slack' is not configured here: set NANOFLEET_CHANNELS__SLACK__"),
         ({"channel": "telegram", "chatId": ""}, "needs a chat_id"),
         ({"channel": "telegram", "chatId": "  "}, "needs a chat_id"),
     ]
@@ -155,3 +157,42 @@ def test_tz_is_checked_and_refused_where_it_means_nothing(stack: Stack, api: Any
     naive = (utcnow() + timedelta(days=1)).replace(tzinfo=None, hour=9, minute=0, second=0, microsecond=0)
     moved = api.patch(f"/api/v1/cron/{at['id']}", json={"at": naive.isoformat(), "tz": "Asia/Tokyo"}).json()
     assert datetime.fromisoformat(moved["at"]).astimezone(ZoneInfo("Asia/Tokyo")).hour == 9
+
+
+def test_an_api_chat_id_must_name_a_conversation(stack: Stack, api: Any) -> None:
+    """A mistyped conversation id would have each firing's result reach nobody, without a word."""
+    typo = {"message": "x", "everySeconds": 60, "chatId": "doesnotexist"}
+    r = api.post("/api/v1/cron", json=typo)
+    assert r.status_code == 422, r.text
+    assert "no conversation 'doesnotexist'" in r.json()["detail"] and "POST /api/v1/conversations" in r.text
+    assert "leave chat_id out" in r.text
+    jid = api.post("/api/v1/cron", json={"message": "x", "everySeconds": 60}).json()["id"]  # no chat id: its session
+    r = api.patch(f"/api/v1/cron/{jid}", json={"chatId": "doesnotexist"})
+    assert r.status_code == 422 and "no conversation 'doesnotexist'" in r.text
+    assert api.get(f"/api/v1/cron/{jid}").json()["chatId"] == ""
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    with db(stack) as s:  # `nanofleet agent`: its cron tool sets the session key as the chat id
+        conversations.get_or_create(s, session_key="cli:default", channel="cli", chat_id="cli:default")
+    for chat_id in (cid, "cli:default", ""):
+        r = api.post("/api/v1/cron", json={**typo, "chatId": chat_id})
+        assert r.status_code == 201 and r.json()["chatId"] == chat_id, r.text
+        assert api.patch(f"/api/v1/cron/{jid}", json={"chatId": chat_id}).status_code == 200
+
+
+def test_unknown_keys_are_refused_by_name(stack: Stack, api: Any) -> None:
+    """A misspelt key left its field at the default: "chanel" made a job on api, not telegram."""
+    r = api.post("/api/v1/cron", json={"message": "x", "every_seconds": 60, "chanel": "telegram"})
+    assert r.status_code == 422, r.text
+    assert [(e["type"], e["loc"]) for e in r.json()["detail"]] == [("extra_forbidden", ["body", "chanel"])]
+    assert api.get("/api/v1/cron").json() == []
+    snake = api.post("/api/v1/cron", json={"message": "x", "every_seconds": 60, "missed_policy": "catch_up"})
+    camel = api.post("/api/v1/cron", json={"message": "x", "everySeconds": 60, "missedPolicy": "catch_up"})
+    assert snake.status_code == camel.status_code == 201, (snake.text, camel.text)
+    jid = camel.json()["id"]
+    r = api.patch(f"/api/v1/cron/{jid}", json={"enabeld": False})
+    assert r.status_code == 422 and [e["loc"] for e in r.json()["detail"]] == [["body", "enabeld"]], r.text
+    assert api.get(f"/api/v1/cron/{jid}").json()["enabled"] is True
+    for change, now in (({"every_seconds": 90, "missed_policy": "skip"}, (90, "skip")),
+                        ({"everySeconds": 120, "missedPolicy": "run_once"}, (120, "run_once"))):
+        r = api.patch(f"/api/v1/cron/{jid}", json=change)
+        assert r.status_code == 200 and (r.json()["everySeconds"], r.json()["missedPolicy"]) == now, r.text

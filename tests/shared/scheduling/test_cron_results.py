@@ -9,17 +9,18 @@ from datetime import timedelta
 
 from sqlmodel import col, select
 
+from gateway.local_agent import one_turn
 from shared.agent import conversations
 from shared.agent.local import drain
 from shared.agent.runtime import Next, Runtime
 from shared.constants import T_AGENT_STEP, T_CRON_RECONCILE
-from shared.models import Conversation, Message, Role, RunKind, RunStatus, ToolCall, utcnow
+from shared.models import Conversation, CronJob, Message, Role, RunKind, RunStatus, ToolCall, utcnow
 from shared.scheduling import cron
 from shared.scheduling.beat import BeatMirror
 from shared.scheduling.schedules import whole_second
 from shared.tools.base import ErrorCode, ToolContext
 from shared.tools.cron import CronArgs, CronTool
-from tests.support.scheduling import db, parent_call, runs
+from tests.support.scheduling import call, db, parent_call, runs
 from tests.support.stack import Stack
 
 Core = Callable[..., tuple[Stack, Runtime, BeatMirror]]
@@ -103,3 +104,14 @@ def test_a_replayed_remove_reports_the_job_removed(core: Core) -> None:
     assert mirror.armed(jid) is None
     other = asyncio.run(CronTool().run(CronArgs(action="remove", job_id="nosuchjob"), replace(ctx, call_id="call_1")))
     assert not other.ok and other.error == ErrorCode.NOT_FOUND  # a first try still says what is wrong
+
+
+def test_the_cron_tool_in_nanofleet_agent_still_schedules(core: Core) -> None:
+    """`nanofleet agent`'s chat id is its session key: it names a conversation, if not an API one, so
+    the job is accepted (its results stay in its own session)."""
+    stack, _, _ = core()
+    answer = one_turn(stack.settings, message=call("cron", action="add", message="x", every_seconds=3600),
+                      session="cli:default")
+    with db(stack) as s:
+        made = [(j.channel, j.chat_id) for j in s.exec(select(CronJob))]
+    assert answer.ok and made == [("api", "cli:default")], answer.text

@@ -66,6 +66,38 @@ def test_invalid_cron_and_timezone_are_refused() -> None:
         next_cron("0 9 * * *", "Mars/Olympus", utc(2024, 1, 1))
 
 
+def test_an_invalid_cron_line_is_refused_with_what_is_wrong() -> None:
+    cases = {
+        "61 * * * *": "minute '61' is out of range (0-59)",
+        "0 24 * * *": "hour '24' is out of range (0-23)",
+        "0 9 0 * *": "day of month '0' is out of range (1-31)",
+        "0 9 * 13 *": "month '13' is out of range (1-12 or jan-dec)",
+        "0 9 * * 1-9": "weekday '1-9' is out of range (0-7 or sun-sat)",
+        "0 nine * * *": "hour 'nine' is not valid",
+        "*/0 * * * *": "minute '*/0' is not valid",
+        "* * * *": "'* * * *' has 4 fields; a cron expression has 5: minute hour day month weekday",
+        "0 0 9 * * *": "has 6 fields",
+        "@daily": "has 1 field;",
+    }
+    for expr, reason in cases.items():
+        with pytest.raises(ScheduleError) as refused:
+            schedules.check_cron(expr)
+        assert reason in str(refused.value), (expr, str(refused.value))
+
+
+@given(field=st.integers(0, 4), value=st.integers(0, 999))
+def test_an_out_of_range_value_names_its_field(field: int, value: int) -> None:
+    name, span, low, high = [("minute", "0-59", 0, 59), ("hour", "0-23", 0, 23), ("day of month", "1-31", 1, 31),
+                             ("month", "1-12 or jan-dec", 1, 12), ("weekday", "0-7 or sun-sat", 0, 7)][field]
+    expr = " ".join(str(value) if i == field else "*" for i in range(5))
+    if low <= value <= high:
+        assert schedules.check_cron(expr) == expr
+    else:
+        with pytest.raises(ScheduleError) as refused:
+            schedules.check_cron(expr)
+        assert str(refused.value) == f"'{expr}': {name} '{value}' is out of range ({span})"
+
+
 # --------------------------------------------------------------------------- the property
 
 
