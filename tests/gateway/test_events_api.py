@@ -108,18 +108,25 @@ def _errors(log: str) -> list[str]:
     return bad + (["a traceback"] if "Traceback" in log else [])
 
 
-def test_a_gateway_stopping_ends_an_open_stream_quietly(make_stack) -> None:  # type: ignore[no-untyped-def]
-    """SIGTERM (`docker compose stop`, a rolling deploy) with a client reading a stream: the stream
-    ends properly (the client reads to its end, not into a body cut short), and the gateway exits
-    without an error in its log."""
-    s: Stack = make_stack()
+@contextlib.contextmanager
+def _reading(s: Stack) -> Iterator[tuple[Any, httpx.Client, str, Iterator[str]]]:
+    """A gateway process, its client, a new conversation and the lines of its live event stream."""
     with gateway_process(s) as (proc, client):
         cid = client.post("/api/v1/conversations").json()["conversationId"]
         with client.stream("GET", f"/api/v1/conversations/{cid}/events") as answer:
             lines = answer.iter_lines()
             _live_stream(s, cid, lines)
-            os.killpg(proc.pid, signal.SIGTERM)
-            list(lines)  # httpx.RemoteProtocolError on a body that never ended
+            yield proc, client, cid, lines
+
+
+def test_a_gateway_stopping_ends_an_open_stream_quietly(make_stack) -> None:  # type: ignore[no-untyped-def]
+    """SIGTERM (`docker compose stop`, a rolling deploy) with a client reading a stream: the stream
+    ends properly (the client reads to its end, not into a body cut short), and the gateway exits
+    without an error in its log."""
+    s: Stack = make_stack()
+    with _reading(s) as (proc, _, _, lines):
+        os.killpg(proc.pid, signal.SIGTERM)
+        list(lines)  # httpx.RemoteProtocolError on a body that never ended
         assert proc.popen.wait(30) in (0, -signal.SIGTERM), proc.log()
     assert _errors(proc.log()) == [], proc.log()
 
@@ -128,16 +135,12 @@ def test_a_stream_of_a_deleted_conversation_ends(make_stack) -> None:  # type: i
     """A reader of a conversation deleted meanwhile (the web chat in another tab) gets a last
     `conversation.deleted` event and the end of the stream, not pings for as long as it stays."""
     s: Stack = make_stack()
-    with gateway_process(s) as (_, client):
-        cid = client.post("/api/v1/conversations").json()["conversationId"]
-        with client.stream("GET", f"/api/v1/conversations/{cid}/events") as answer:
-            lines = answer.iter_lines()
-            _live_stream(s, cid, lines)
-            assert client.delete(f"/api/v1/conversations/{cid}").status_code == 204
-            deadline, rest = time.monotonic() + 20, []  # a ping comes every 15 s while the stream is open
-            for line in lines:
-                rest.append(line)
-                assert time.monotonic() < deadline, f"the stream went on after the deletion: {rest}"
+    with _reading(s) as (_, client, cid, lines):
+        assert client.delete(f"/api/v1/conversations/{cid}").status_code == 204
+        deadline, rest = time.monotonic() + 20, []  # a ping comes every 15 s while the stream is open
+        for line in lines:
+            rest.append(line)
+            assert time.monotonic() < deadline, f"the stream went on after the deletion: {rest}"
         assert "event: conversation.deleted" in rest, rest
         assert _open(client, f"/api/v1/conversations/{cid}/events")[0] == 404
 
