@@ -101,7 +101,7 @@ def test_allowed_entries_that_name_no_tool_are_warned_about_at_start(caplog: pyt
     """A typo in NANOFLEET_TOOLS__ALLOWED is named when the registry is built (gateway and worker
     start-up), not only when the model's call is refused later."""
     s = load_settings(tools={"allowed": ["tme", "read-file", "time", "web_*", "exec", "nothing_*"],
-                             "disabled_groups": ["shell"]}, api_keys=["k"])
+                             "disabled_groups": ["shell"]}, api_keys=["k"], llm={"api_key": "sk-0123456789"})
     with caplog.at_level(logging.WARNING):
         build_registry(s)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -113,7 +113,8 @@ def test_allowed_entries_that_name_no_tool_are_warned_about_at_start(caplog: pyt
 
 def test_a_correct_allow_list_starts_without_warnings(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
-        build_registry(load_settings(tools={"allowed": ["time", "read_file", "web_*", "*"]}, api_keys=["k"]))
+        build_registry(load_settings(tools={"allowed": ["time", "read_file", "web_*", "*"]}, api_keys=["k"],
+                                     llm={"api_key": "sk-0123456789"}))
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
