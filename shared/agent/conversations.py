@@ -29,9 +29,11 @@ from shared.models import (
 
 CONVERSATIONS, MESSAGES = table_of(Conversation), table_of(Message)
 # Every inbound message runs these: Core statements built once (no unit of work, no statement building)
-# FIND's key-share lock (what the message's foreign key takes anyway, only sooner) waits for a
-# deletion of the conversation going on, and then finds nothing: the message starts the chat afresh.
-FIND = select(CONVERSATIONS.c.id).where(CONVERSATIONS.c.session_key == bindparam("key")).with_for_update(key_share=True)
+FIND = select(CONVERSATIONS.c.id).where(CONVERSATIONS.c.session_key == bindparam("key"))
+# FOR KEY SHARE, what the foreign key of the message posted next takes anyway, only sooner: it waits
+# for a deletion of the conversation going on, and then finds nothing (the message starts the chat
+# afresh); it does not wait for turns taken or usage added (FOR NO KEY UPDATE).
+FIND_KEEPING = FIND.with_for_update(read=True, key_share=True)
 POST = insert(MESSAGES).values(
     conversation_id=bindparam("cid"), role=Role.USER, type=MessageType.NORMAL, content=bindparam("text"),
     pending=True, meta=bindparam("info"), created_at=bindparam("now"),
@@ -50,9 +52,11 @@ class Posted:
     run_id: str | None  # a new turn, or None when it waits for the active one
 
 
-def find(s: Session, session_key: str) -> str | None:
-    """The id of the conversation with this session key, if there is one (locked: it stays)."""
-    found: str | None = s.connection().execute(FIND, {"key": session_key}).scalar()
+def find(s: Session, session_key: str, *, keep: bool) -> str | None:
+    """The id of the conversation with this session key, if there is one; with `keep`, it stays
+    until the transaction ends. A command (/stop locks runs, and runs lock their conversation after)
+    must not keep it first: that order could deadlock with a step ending its run."""
+    found: str | None = s.connection().execute(FIND_KEEPING if keep else FIND, {"key": session_key}).scalar()
     return found
 
 

@@ -32,12 +32,17 @@ class Submitted:
     cancelled: list[Run] = field(default_factory=list)
 
 
+def command_of(content: str) -> str:
+    """The in-chat command a message is (`/stop`, any case), or ""."""
+    return content.strip().split(maxsplit=1)[0].lower() if content.strip().startswith("/") else ""
+
+
 def submit(
     rt: Runtime, s: Session, conversation_id: str, content: str, *, origin: dict[str, Any],
     model: str | None = None,
 ) -> Submitted:
     """Handle one user message inside the caller's transaction; enqueue `nexts` after commit."""
-    command = content.strip().split(maxsplit=1)[0].lower() if content.strip().startswith("/") else ""
+    command = command_of(content)
     if command == "/help":
         return Submitted(conversation_id, reply=HELP)
     if command == "/stop":

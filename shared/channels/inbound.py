@@ -14,7 +14,7 @@ from sqlmodel import Session
 
 from shared.agent import conversations
 from shared.agent.runtime import Next, Runtime
-from shared.agent.service import Submitted, after_commit, submit
+from shared.agent.service import Submitted, after_commit, command_of, submit
 from shared.channels.base import Channel
 from shared.contracts import InboundMessage
 from shared.db import table_of
@@ -73,7 +73,7 @@ def _one(rt: Runtime, s: Session, ch: Channel, msg: InboundMessage, out: Ingeste
         out.nexts += add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel,
                                chat_id=msg.chat_id, text=UNSUPPORTED.format(what=msg.unsupported), meta=msg.reply_meta)
         return
-    cid = conversations.find(s, msg.key()) or \
+    cid = conversations.find(s, msg.key(), keep=not command_of(msg.content)) or \
         conversations.get_or_create(s, session_key=msg.key(), channel=msg.channel, chat_id=msg.chat_id).id
     origin = {"channel": msg.channel, "chat_id": msg.chat_id, "sender_id": msg.sender_id,
               "event_id": msg.event_id, "reply_meta": msg.reply_meta,

@@ -100,7 +100,7 @@ def summarise(rt: Runtime, conversation_id: str, until: datetime) -> bool:
         raise Retryable(f"daily summary of {conversation_id}: {err}", delay=RETRY_DELAY,
                         max_retries=RETRIES) from err
     with rt.session() as s:  # a conversation deleted meanwhile takes its summary with it
-        gone = s.get(Conversation, conversation_id, with_for_update={"key_share": True}) is None
+        gone = s.get(Conversation, conversation_id, with_for_update={"read": True, "key_share": True}) is None
         if gone or _written(s, conversation_id, key):
             return False
         s.add(Message(conversation_id=conversation_id, role=Role.SYSTEM, type=MessageType.SUMMARY,

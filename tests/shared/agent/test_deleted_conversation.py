@@ -1,16 +1,22 @@
 """A conversation deleted while work of it is still under way, in-process on real Postgres: what
-comes back after the deletion finds nothing to write to, and ends quietly."""
+comes back after the deletion finds nothing to write to, and ends quietly; a message being posted
+holds the deletion off."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from psycopg.errors import LockNotAvailable
+from sqlalchemy import exc, text
+from sqlmodel import Session
+
 from shared.agent import conversations
 from shared.agent.finish import cancel_conversation
 from shared.agent.local import drain
 from shared.agent.runtime import Next, Runtime
 from shared.constants import T_AGENT_STEP
+from shared.db import get_engine, session_scope
 from shared.models import Conversation, ToolCall
 from tests.support.stack import Stack
 
@@ -37,3 +43,34 @@ def test_a_tool_that_finishes_after_its_conversation_was_deleted_ends_quietly(
     assert drain(rt, [Next(T_AGENT_STEP, (run_id, 0))]) == []
     with rt.session() as s:
         assert s.get(Conversation, cid) is None and s.query(ToolCall).count() == 0
+
+
+def test_a_messages_lookup_holds_off_a_deletion_only(make_stack: Callable[..., Stack]) -> None:
+    """While a webhook's transaction posts a message, the conversation it found cannot be deleted
+    (the message would have nowhere to go), but a step may still take a turn or add usage to it;
+    a command's lookup (/stop locks runs next, and a run ending locks its conversation after its
+    run) holds nothing."""
+    settings = make_stack().settings
+    with session_scope(settings.database_url) as s:
+        cid = conversations.get_or_create(s, session_key="t:lookup").id
+    engine = get_engine(settings.database_url)
+
+    def waits(statement: str) -> bool:
+        with engine.connect() as other:
+            other.execute(text("set lock_timeout = '1s'"))
+            try:
+                other.execute(text(statement), {"cid": cid})
+            except exc.OperationalError as err:
+                assert isinstance(err.orig, LockNotAvailable), err
+                return True
+            finally:
+                other.rollback()
+            return False
+
+    step = "update conversations set active_run_id = null, prompt_tokens = prompt_tokens + 1 where id = :cid"
+    deletion = "select id from conversations where id = :cid for update"
+    for keep, deletion_waits in ((True, True), (False, False)):
+        with Session(engine) as posting:
+            assert conversations.find(posting, "t:lookup", keep=keep) == cid
+            assert not waits(step)
+            assert waits(deletion) is deletion_waits
