@@ -84,6 +84,19 @@ class LLMError(Exception):
         self.user_message = user_message
 
 
+def missing_key(settings: LLMSettings) -> list[str]:
+    """The provider's key variables (any one will do) when the default model wants a key and has
+    none: not in the settings, nor an endpoint of one's own (a local server may need none), nor
+    the provider's own variable, which litellm reads. Empty when it cannot tell."""
+    if settings.api_key or settings.api_base:
+        return []
+    try:
+        wanted = litellm.validate_environment(model=settings.model).get("missing_keys") or []
+    except Exception:  # a model string litellm cannot place: the first call says what is wrong
+        return []
+    return [k for k in wanted if k.endswith("_API_KEY")]  # not cloud credentials (AWS_...) or bases
+
+
 def retry_after(err: Exception) -> float | None:
     """Seconds from a Retry-After header on the provider's answer, when there is one."""
     headers = getattr(err, "litellm_response_headers", None) or getattr(getattr(err, "response", None), "headers", {})

@@ -16,6 +16,7 @@ from shared.constants import (
     T_AGENT_STEP,
     T_COMPACT,
     T_CRON_RECONCILE,
+    T_DAILY_SUMMARY,
     T_HEARTBEAT,
     T_RETENTION,
     T_SUBAGENT_STEP,
@@ -93,7 +94,8 @@ def time_limits(settings: Settings) -> dict[str, dict[str, float]]:
         soft = max(SOFT_TIME_LIMIT, seconds + MARGIN)
         return {"soft_time_limit": soft, "time_limit": soft + HARD_TIME_LIMIT - SOFT_TIME_LIMIT}
 
-    return {T_TOOL_EXECUTE: above(tool), **{task: above(model) for task in (T_AGENT_STEP, T_SUBAGENT_STEP, T_COMPACT)}}
+    calls_the_model = (T_AGENT_STEP, T_SUBAGENT_STEP, T_COMPACT, T_HEARTBEAT, T_DAILY_SUMMARY)
+    return {T_TOOL_EXECUTE: above(tool), **{task: above(model) for task in calls_the_model}}
 
 
 def beat_schedule(settings: Settings) -> dict[str, Any]:

@@ -341,7 +341,8 @@ def load_settings(**overrides: object) -> Settings:
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as err:
-        raise SettingsError(describe_validation(err, os.environ, os.environ.get(CONFIG_FILE_ENV))) from None
+        file = os.environ.get(CONFIG_FILE_ENV)
+        raise SettingsError(describe_validation(err, environ=os.environ, config_file=file)) from None
     except SourceError as err:  # a value that should be JSON and is not
         raise SettingsError(describe_unparsable(Settings, os.environ, err)) from None
 

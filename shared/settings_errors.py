@@ -4,6 +4,7 @@ parse, a config file that is not TOML."""
 from __future__ import annotations
 
 import json
+import tomllib
 import types
 from collections.abc import Mapping, Sequence
 from itertools import takewhile
@@ -41,20 +42,37 @@ def file_key(loc: Sequence[int | str]) -> str:
     return "".join(f"[{p + 1}]" if isinstance(p, int) else f"{'.' if i else ''}{p}" for i, p in enumerate(loc))
 
 
-def _source(loc: Sequence[int | str], environ: Mapping[str, str], config_file: str | None) -> str:
-    """Where the refused value came from: the variable that sets it (or a group of settings above
-    it, as JSON), else the config file's key."""
+def _source(loc: Sequence[int | str], environ: Mapping[str, str], file: tuple[str, dict[str, Any]] | None) -> str:
+    """Where the refused value came from: the config file's key when the file holds it and no
+    variable sets it (or a group of settings above it, as JSON), else the variable."""
     names = [str(p) for p in takewhile(lambda p: isinstance(p, str), loc)]
     set_here = {k.upper() for k in environ}
-    if config_file and not any(f"{PREFIX}{DELIMITER.join(names[:n])}".upper() in set_here
-                               for n in range(1, len(names) + 1)):
-        return f"{file_key(loc)} in {config_file}"
+    if file and _holds(file[1], names) and not any(
+            f"{PREFIX}{DELIMITER.join(names[:n])}".upper() in set_here for n in range(1, len(names) + 1)):
+        return f"{file_key(loc)} in {file[0]}"
     return variable(loc)
 
 
-def describe_validation(err: ValidationError, environ: Mapping[str, str] | None = None,
+def _holds(table: dict[str, Any], names: list[str]) -> bool:
+    """Whether the file's tables hold the path (its top-level keys in any case, as they are read)."""
+    node: Any = {k.lower(): v for k, v in table.items()}
+    for name in names:
+        if not isinstance(node, dict) or name not in node:
+            return False
+        node = node[name]
+    return True
+
+
+def describe_validation(err: ValidationError, *, environ: Mapping[str, str] | None = None,
                         config_file: str | None = None) -> str:
-    lines = [f"{_source(e['loc'], environ or {}, config_file)}: {e['msg']}" for e in err.errors()]
+    file = None
+    if config_file:
+        try:
+            with open(config_file, "rb") as fh:
+                file = (config_file, tomllib.load(fh))
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+            file = None
+    lines = [f"{_source(e['loc'], environ or {}, file)}: {e['msg']}" for e in err.errors()]
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from shared.channels import REGISTRY
 from shared.channels.base import BaseChannel
+from shared.llm import missing_key
 from shared.settings import CONFIG_FILE_ENV, Settings
 from shared.tools.registry import is_allowed
 
@@ -31,9 +32,6 @@ NOT_SETTINGS = frozenset({
     "NANOFLEET_TEST_DATABASE_URL", "NANOFLEET_TEST_REDIS_URL",  # where the tests find their servers
     "NANOFLEET_FUZZ_EXAMPLES", "NANOFLEET_HYPOTHESIS_PROFILE",  # test knobs (Makefile)
 })
-# litellm providers that run locally or take their credentials from elsewhere (cloud roles)
-KEYLESS = frozenset({"ollama", "ollama_chat", "lm_studio", "llamafile", "vllm", "hosted_vllm", "bedrock",
-                     "bedrock_converse", "sagemaker", "vertex_ai", "vertex_ai_beta", "azure_ai", "watsonx"})
 CLOSE = 0.7  # difflib's similarity from which a setting's name is offered as the one meant
 
 
@@ -121,21 +119,23 @@ def unknown_variables(environ: Mapping[str, str]) -> dict[str, str | None]:
     return found
 
 
-def unknown_keys(table: Mapping[str, Any], annotation: Any = Settings, at: str = "") -> dict[str, str | None]:
+def unknown_keys(table: Mapping[str, Any], *, annotation: Any = Settings, at: str = "") -> dict[str, str | None]:
     """Keys of a config file's tables that name no setting (so nothing reads them), as dotted paths
-    -> the closest setting's path, or None. Unlike variables, file keys are matched exactly."""
+    -> the closest setting's path, or None. As the settings library reads them: the top-level keys
+    in any case (`[LLM]`), the keys below them exactly (`[tools] ALLOWED` is not read)."""
     found: dict[str, str | None] = {}
     annotation = _unwrap(annotation)
     is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
     for key, value in table.items():
-        if is_model and key not in annotation.model_fields:
+        name = key.lower() if annotation is Settings else key
+        if is_model and name not in annotation.model_fields:
             fitted = _fit(annotation, [key.lower()])
             found[at + key] = at + fitted[0] if fitted else None
             continue
-        below = annotation.model_fields[key].annotation if is_model else (
+        below = annotation.model_fields[name].annotation if is_model else (
             get_args(annotation)[1] if get_origin(annotation) is dict else None)
         if isinstance(value, dict) and below is not None:
-            found |= unknown_keys(value, below, f"{at}{key}.")
+            found |= unknown_keys(value, annotation=below, at=f"{at}{key}.")
     return found
 
 
@@ -151,17 +151,6 @@ def _file_keys() -> dict[str, str | None]:
         return {}
 
 
-def missing_model_key(settings: Settings, environ: Mapping[str, str]) -> str | None:
-    """The default model's provider when it is one that wants a key and none is set: not in the
-    settings, no endpoint of one's own (a local server may need none), and not the provider's own
-    variable (OPENAI_API_KEY), which litellm reads."""
-    llm = settings.llm
-    provider = llm.model.split("/", 1)[0] if "/" in llm.model else "openai"
-    if llm.api_key or llm.api_base or provider in KEYLESS or f"{provider.upper()}_API_KEY" in environ:
-        return None
-    return provider
-
-
 def warn(settings: Settings, tool_names: Iterable[str]) -> None:
     """Log a WARNING for each likely mistake (the process starts anyway)."""
     # Settings read the environment; what they ignored is only found there (names are logged, never values).
@@ -175,11 +164,11 @@ def warn(settings: Settings, tool_names: Iterable[str]) -> None:
     if not settings.api_keys:
         log.warning("no API key is configured, so the REST API (/api/v1) refuses every request: set "
                     "NANOFLEET_API_KEYS to a JSON list of keys, e.g. '[\"a-long-random-key\"]'")
-    if provider := missing_model_key(settings, os.environ):
+    if wanted := missing_key(settings.llm):
         log.warning("no key is set for the model %s: its provider refuses every call without one, and each turn "
-                    "ends with a reply saying so; set NANOFLEET_LLM__API_KEY (or %s_API_KEY), or "
+                    "ends with a reply saying so; set NANOFLEET_LLM__API_KEY (or %s), or "
                     "NANOFLEET_LLM__API_BASE for a server of your own that needs none",
-                    settings.llm.model, provider.upper())
+                    settings.llm.model, " or ".join(wanted))
     known = sorted(set(tool_names))
     if unknown := unknown_allowed(settings, known):
         log.warning("NANOFLEET_TOOLS__ALLOWED: %s match no known tool, so nothing they name can run; known tools: %s",

@@ -86,7 +86,8 @@ def test_a_misspelt_variable_is_named_with_the_setting_meant(caplog: pytest.LogC
 
 def test_a_misspelt_key_in_the_config_file_is_named_with_the_setting_meant(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """File keys are read exactly as written: `[LLM]` is ignored as `[lm]` is."""
+    """As the settings library reads them: top-level keys in any case (`[LLM]` is read, `[lm]` is
+    not), the keys below exactly (`[LLM] MODEL` is not read)."""
     path = tmp_path / "nanofleet.toml"
     path.write_text('[lm]\nmodel = "openai/gpt-4.1"\n[LLM]\nMODEL = "x"\n[tools]\nalowed = ["time"]\n'
                     '[tools.mcp_servers.gh]\nurl = "https://mcp.example.com"\ntiemout = 5\n'
@@ -94,7 +95,7 @@ def test_a_misspelt_key_in_the_config_file_is_named_with_the_setting_meant(
     monkeypatch.setenv("NANOFLEET_CONFIG_FILE", str(path))
     warnings = [w.removeprefix(f"{path}: ") for w in warnings_at_gateway_start(caplog) if w.startswith(str(path))]
     assert sorted(warnings) == [
-        "LLM is not a nanofleet setting, so it is ignored: did you mean llm?",
+        "LLM.MODEL is not a nanofleet setting, so it is ignored: did you mean LLM.model?",
         "lm is not a nanofleet setting, so it is ignored: did you mean llm?",
         "memory.shoe_size is not a nanofleet setting, so it is ignored: see .env.example for every setting "
         "(as TOML tables)",
@@ -118,8 +119,12 @@ def test_a_hosted_model_without_a_key_is_said_at_start(caplog: pytest.LogCapture
     assert "NANOFLEET_LLM__API_KEY (or ANTHROPIC_API_KEY)" in line and "NANOFLEET_LLM__API_BASE" in line
     caplog.clear()
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-0123456789")  # litellm reads the provider's own variable
-    for llm in ({"model": "anthropic/claude-sonnet-4"}, {"model": "openai/qwen3", "api_base": "http://127.0.0.1:8001/v1"},
-                {"model": "ollama/llama3"}, {"model": "openai/gpt-4.1", "api_key": "sk-0123456789"}):
+    monkeypatch.setenv("TOGETHERAI_API_KEY", "tg-0123456789")
+    for llm in ({"model": "anthropic/claude-sonnet-4"}, {"model": "claude-3-5-sonnet-latest"},
+                {"model": "together_ai/meta-llama/Llama-3-8b"},
+                {"model": "openai/qwen3", "api_base": "http://127.0.0.1:8001/v1"}, {"model": "ollama/llama3"},
+                {"model": "bedrock/anthropic.claude-v2"},  # cloud credentials may come from the machine's role
+                {"model": "openai/gpt-4.1", "api_key": "sk-0123456789"}):
         assert not [w for w in warnings_at_gateway_start(caplog, llm=llm) if "no key is set" in w], llm
 
 
