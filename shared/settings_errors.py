@@ -42,20 +42,35 @@ def file_key(loc: Sequence[int | str]) -> str:
     return "".join(f"[{p + 1}]" if isinstance(p, int) else f"{'.' if i else ''}{p}" for i, p in enumerate(loc))
 
 
-def _source(loc: Sequence[int | str], environ: Mapping[str, str], file: tuple[str, dict[str, Any]] | None) -> str:
+def config_table(path: str | None) -> dict[str, Any]:
+    """The config file's tables; empty without one, or for one that cannot be read (Settings
+    refuses such a file, naming it)."""
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return {}
+
+
+def _source(loc: Sequence[int | str], environ: Mapping[str, str], config_file: str | None,
+            table: dict[str, Any]) -> str:
     """Where the refused value came from: the config file's key when the file holds it and no
     variable sets it (or a group of settings above it, as JSON), else the variable."""
     names = [str(p) for p in takewhile(lambda p: isinstance(p, str), loc)]
     set_here = {k.upper() for k in environ}
-    if file and _holds(file[1], names) and not any(
+    if _holds(table, names) and not any(
             f"{PREFIX}{DELIMITER.join(names[:n])}".upper() in set_here for n in range(1, len(names) + 1)):
-        return f"{file_key(loc)} in {file[0]}"
+        return f"{file_key(loc)} in {config_file}"
     return variable(loc)
 
 
 def _holds(table: dict[str, Any], names: list[str]) -> bool:
     """Whether the file's tables hold the path (its top-level keys in any case, as they are read)."""
     node: Any = {k.lower(): v for k, v in table.items()}
+    if not node:
+        return False
     for name in names:
         if not isinstance(node, dict) or name not in node:
             return False
@@ -65,14 +80,8 @@ def _holds(table: dict[str, Any], names: list[str]) -> bool:
 
 def describe_validation(err: ValidationError, *, environ: Mapping[str, str] | None = None,
                         config_file: str | None = None) -> str:
-    file = None
-    if config_file:
-        try:
-            with open(config_file, "rb") as fh:
-                file = (config_file, tomllib.load(fh))
-        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-            file = None
-    lines = [f"{_source(e['loc'], environ or {}, file)}: {e['msg']}" for e in err.errors()]
+    table = config_table(config_file)
+    lines = [f"{_source(e['loc'], environ or {}, config_file, table)}: {e['msg']}" for e in err.errors()]
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 

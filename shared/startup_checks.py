@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tomllib
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -20,6 +19,7 @@ from shared.channels import REGISTRY
 from shared.channels.base import BaseChannel
 from shared.llm import missing_key
 from shared.settings import CONFIG_FILE_ENV, Settings
+from shared.settings_errors import config_table
 from shared.tools.registry import is_allowed
 
 log = logging.getLogger(__name__)
@@ -139,25 +139,13 @@ def unknown_keys(table: Mapping[str, Any], *, annotation: Any = Settings, at: st
     return found
 
 
-def _file_keys() -> dict[str, str | None]:
-    """unknown_keys of the config file, when there is one (Settings read it already: it parses)."""
-    path = os.environ.get(CONFIG_FILE_ENV)
-    if not path:
-        return {}
-    try:
-        with open(path, "rb") as fh:
-            return unknown_keys(tomllib.load(fh))
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-        return {}
-
-
 def warn(settings: Settings, tool_names: Iterable[str]) -> None:
     """Log a WARNING for each likely mistake (the process starts anyway)."""
     # Settings read the environment; what they ignored is only found there (names are logged, never values).
     for var, meant in sorted(unknown_variables(os.environ).items()):
         hint = f"did you mean {meant}?" if meant else "see .env.example for every setting"
         log.warning("%s is not a nanofleet setting, so it is ignored: %s", var, hint)
-    for key, meant in sorted(_file_keys().items()):
+    for key, meant in sorted(unknown_keys(config_table(os.environ.get(CONFIG_FILE_ENV))).items()):
         hint = f"did you mean {meant}?" if meant else "see .env.example for every setting (as TOML tables)"
         log.warning("%s: %s is not a nanofleet setting, so it is ignored: %s",
                     os.environ.get(CONFIG_FILE_ENV), key, hint)

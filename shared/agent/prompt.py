@@ -14,13 +14,12 @@ from sqlmodel import Session, col, select
 from shared.models import Message, MessageType, Role, Run, RunKind
 from shared.settings import Settings
 from shared.skills import skills_section
-from shared.tools.workspace import OutsideWorkspace, read_start
+from shared.tools.workspace import OutsideWorkspace, read_text_start
 
 log = logging.getLogger(__name__)
 
 BOOTSTRAP_FILES = ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md", "MEMORY.md")
-MAX_FILE_BYTES = 64 * 1024  # read no more of a file: every LLM step reads them all
-MAX_FILE_CHARS = 20_000  # and put no more of one in the prompt
+MAX_FILE_CHARS = 20_000  # of each file in the prompt (every LLM step reads them all: no more is read)
 CUT = "[{name} is cut here: the prompt carries at most {limit} characters of each workspace file]"
 
 # Extra system-prompt sections (the skills index registers one); each returns text or "".
@@ -51,7 +50,7 @@ def _workspace_file(workspace: Path, name: str) -> str:
     missing or cannot be read, which is a warning in the log, never a failed step."""
     path = workspace / name
     try:
-        data, more = read_start(workspace, name, MAX_FILE_BYTES)
+        text, cut = read_text_start(workspace, name, MAX_FILE_CHARS)
     except FileNotFoundError:
         _skipped.pop(path, None)
         return ""
@@ -62,9 +61,8 @@ def _workspace_file(workspace: Path, name: str) -> str:
             log.warning("system prompt: %s skipped: %s", path, reason)
         return ""
     _skipped.pop(path, None)
-    text = data.decode(errors="replace")
-    body = text[:MAX_FILE_CHARS].strip()
-    if body and (more or len(text) > MAX_FILE_CHARS):
+    body = text.strip()
+    if body and cut:
         body += "\n\n" + CUT.format(name=name, limit=MAX_FILE_CHARS)
     return body
 

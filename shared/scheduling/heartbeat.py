@@ -29,7 +29,7 @@ from shared.errors import Retryable
 from shared.llm import LLMError
 from shared.models import Conversation, CronReceipt, Message, Role, Run, RunKind, utcnow
 from shared.scheduling.cron import receipt
-from shared.tools.workspace import OutsideWorkspace, read_start
+from shared.tools.workspace import OutsideWorkspace, read_text_start
 
 log = logging.getLogger(__name__)
 FILE = "HEARTBEAT.md"
@@ -37,7 +37,6 @@ SESSION = "heartbeat"
 RECEIPT_JOB = "system:heartbeat"
 KEEP_MESSAGES = 20
 MAX_CHARS = 8000
-MAX_BYTES = 4 * MAX_CHARS  # enough for MAX_CHARS characters of UTF-8
 QUIET = "HEARTBEAT_OK"
 DECIDE_RETRIES = 3  # then this heartbeat is given up; the next interval brings another
 KEYED_BY_ID = datetime(1970, 1, 1, tzinfo=UTC)  # a heartbeat's receipt is unique by its job id alone
@@ -64,16 +63,15 @@ def read(rt: Runtime) -> str:
     workspace, a FIFO or a device is refused); "" when it is missing or cannot be read."""
     workspace = rt.settings.workspace
     try:
-        data, more = read_start(workspace, FILE, MAX_BYTES)
+        text, cut = read_text_start(workspace, FILE, MAX_CHARS)
     except FileNotFoundError:
         return ""
     except (OutsideWorkspace, OSError) as err:
         log.warning("heartbeat: cannot read %s: %s", workspace / FILE, err)
         return ""
-    text = data.decode(errors="replace")
-    if more or len(text) > MAX_CHARS:
+    if cut:
         log.warning("heartbeat: %s is longer than %d characters; only its start is read", FILE, MAX_CHARS)
-    return tasks(text[:MAX_CHARS])
+    return tasks(text)
 
 
 def decide(rt: Runtime, todo: str, now: datetime) -> str | None:

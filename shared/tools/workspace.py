@@ -105,6 +105,14 @@ def read_start(workspace: Path, path: str, limit: int) -> tuple[bytes, bool]:
     return data[:limit], len(data) > limit
 
 
+def read_text_start(workspace: Path, path: str, chars: int) -> tuple[str, bool]:
+    """read_start for text: the first `chars` characters (read as UTF-8, undecodable bytes
+    replaced) and whether the file has more. Raises as read_start."""
+    data, more = read_start(workspace, path, 4 * chars)  # a character is at most 4 bytes of UTF-8
+    text = data.decode(errors="replace")
+    return text[:chars], more or len(text) > chars
+
+
 def open_folder(workspace: Path, target: Path) -> int:
     """An fd on the folder `target` (a path `resolve` answered), reached as `open_file` reaches
     files; the caller closes it. Raises OutsideWorkspace or the OSError of the open."""
