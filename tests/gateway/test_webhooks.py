@@ -183,7 +183,9 @@ def test_a_whatsapp_reply_reported_failed_later_becomes_a_dead_letter_that_can_b
                                                          status="failed"))).status_code == 200
     assert channels.api.post(f"/api/v1/outbox/{row['id']}/retry").status_code == 202
     wait_until(lambda: len(d.replies(chat)) == 2, timeout=30, message="the reply sent again")
-    assert channels.scalar("select status from outbox where chat_id = :c", c=chat) == "delivered"
+    # the worker records the send once the platform has answered it: a moment after the fake got it
+    wait_until(lambda: channels.scalar("select status from outbox where chat_id = :c", c=chat) == "delivered",
+               timeout=30, message="the resend recorded as delivered")
     assert channels.scalar("select platform_message_id from outbox where chat_id = :c", c=chat) != wamid
 
 
