@@ -25,7 +25,7 @@ from shared.constants import (
     TASK_ROUTES,
 )
 from shared.logs import request_id_var
-from shared.settings import Settings
+from shared.settings import Settings, SettingsError
 
 VISIBILITY_TIMEOUT = 3600  # seconds; every task finishes far sooner (see the time limits)
 # Celery's time limits, which only a prefork pool enforces (compose's tools worker): a backstop for
@@ -86,8 +86,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 def time_limits(settings: Settings) -> dict[str, dict[str, float]]:
     """Time limits of the tasks that may run longer than the default ones, by task name."""
+    from shared.tools import plugin_classes  # the tools import this module
+
     tools = settings.tools
-    tool = max(tools.default_timeout, tools.exec.max_timeout, *(m.timeout for m in tools.mcp_servers.values()))
+    try:
+        plugins = [cls.timeout or 0.0 for cls in plugin_classes(settings)]
+    except SettingsError:
+        plugins = []  # said when the registry is built, at every process's start
+    tool = max(tools.default_timeout, tools.exec.max_timeout, *(m.timeout for m in tools.mcp_servers.values()),
+               *plugins)
     model = settings.llm.longest()
 
     def above(seconds: float) -> dict[str, float]:

@@ -41,18 +41,23 @@ def builtin_tools(settings: Settings) -> list[Tool]:
     ]
 
 
-def plugin_tools(settings: Settings) -> list[Tool]:
-    """Tools named in NANOFLEET_TOOLS__PLUGINS as "module:Class" (default-denied like any other)."""
-    tools = []
+def plugin_classes(settings: Settings) -> list[type[Tool]]:
+    """The classes named in NANOFLEET_TOOLS__PLUGINS as "module:Class"."""
+    classes = []
     for spec in settings.tools.plugins:
         module, _, attr = spec.partition(":")
         if not attr:
             raise SettingsError(f"NANOFLEET_TOOLS__PLUGINS: '{spec}' must look like 'package.module:ToolClass'")
         try:
-            tools.append(getattr(importlib.import_module(module), attr)())
+            classes.append(getattr(importlib.import_module(module), attr))
         except (ImportError, AttributeError) as err:
             raise SettingsError(f"NANOFLEET_TOOLS__PLUGINS: cannot load '{spec}': {err}") from err
-    return tools
+    return classes
+
+
+def plugin_tools(settings: Settings) -> list[Tool]:
+    """Tools named in NANOFLEET_TOOLS__PLUGINS (default-denied like any other)."""
+    return [cls() for cls in plugin_classes(settings)]
 
 
 def _named_apart(settings: Settings, builtins: list[Tool], plugins: list[Tool]) -> None:

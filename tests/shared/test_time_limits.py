@@ -6,7 +6,15 @@ from __future__ import annotations
 from shared.constants import T_AGENT_STEP, T_HEARTBEAT, T_OUTBOUND_DELIVER, T_TOOL_EXECUTE
 from shared.queueing import HARD_TIME_LIMIT, SOFT_TIME_LIMIT, make_celery
 from shared.settings import Settings
+from tests.support.tools import SleepTool
 from workers.app import TASK_MODULES
+
+
+class LongTool(SleepTool):
+    """A plugin that declares its own timeout, longer than any setting's."""
+
+    name = "long_sleep"
+    timeout = 2000.0
 
 
 def limits(settings: Settings) -> dict[str, tuple[float | None, float | None]]:
@@ -39,3 +47,10 @@ def test_with_short_timeouts_the_defaults_stay() -> None:
     settings = Settings.model_validate({"tools": {"exec": {"max_timeout": 30}},
                                         "llm": {"timeout": 10, "max_retries": 0}})
     assert set(limits(settings).values()) == {(SOFT_TIME_LIMIT, HARD_TIME_LIMIT)}
+
+
+def test_a_plugin_tools_own_timeout_counts() -> None:
+    settings = Settings.model_validate({"tools": {"plugins": [f"{__name__}:LongTool"]}})
+    soft, hard = limits(settings)[T_TOOL_EXECUTE]
+    assert soft is not None and hard is not None
+    assert 2000 < soft < hard
