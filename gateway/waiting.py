@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 
 import redis
@@ -22,6 +23,21 @@ class NoAnswer(NanofleetError):
     message waits for the conversation's current run to end)."""
 
     status_code = 504
+
+
+class Stopping(NoAnswer):
+    """The gateway is shutting down before the answer came; the run goes on."""
+
+    status_code = 503
+
+
+def server_stopping() -> bool:
+    """Whether the uvicorn server running this app has begun to shut down (SIGTERM, Ctrl-C). It
+    then waits for open requests, so a waiter answers now instead of being cut off at the end of
+    the grace period. Uvicorn's signal handler is a method of its server (sse-starlette finds it
+    so too); under anything else this is False."""
+    server = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
+    return bool(getattr(server, "should_exit", False))
 
 
 async def last_event_id(state: AppState, conversation_id: str) -> str:
@@ -53,7 +69,9 @@ async def wait_for_run(
                     return run
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise _no_answer(conversation_id, run_id, timeout)
+            raise _no_answer(conversation_id, run_id, f"no answer within {timeout:g}s")
+        if server_stopping():
+            raise _no_answer(conversation_id, run_id, "this gateway is shutting down", Stopping)
         try:
             batch = await events.read(state.aredis, conversation_id, since, int(min(remaining, 1.0) * 1000) or 1)
         except redis.ConnectionError:  # Redis down or every connection in use: Postgres alone still tells the end
@@ -65,10 +83,10 @@ async def wait_for_run(
             check = check or fields.get("event") in events.FINAL
 
 
-def _no_answer(conversation_id: str, run_id: str | None, timeout: float) -> NoAnswer:
+def _no_answer(conversation_id: str, run_id: str | None, why: str, kind: type[NoAnswer] = NoAnswer) -> NoAnswer:
     if run_id is None:
         where = (f"the message waits for the conversation's current run to end: "
                  f"poll GET /api/v1/conversations/{conversation_id}/messages")
     else:
         where = f"the run goes on: poll GET /api/v1/runs/{run_id} for its status and result"
-    return NoAnswer(f"no answer within {timeout:g}s; {where}", conversationId=conversation_id, runId=run_id)
+    return kind(f"{why}; {where}", conversationId=conversation_id, runId=run_id)

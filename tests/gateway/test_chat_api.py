@@ -1,13 +1,17 @@
-"""/chat when the answer is slow: a 504 that says which run to follow, and a wait that does not
-depend on Redis to notice the end; a message posted while the broker is down is kept and answered;
-following a conversation's messages with `after`."""
+"""/chat when the answer is slow: a 504 that says which run to follow (a 503 when the gateway
+shuts down meanwhile), and a wait that does not depend on Redis to notice the end; a message
+posted while the broker is down is kept and answered; following a conversation's messages with
+`after`."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import functools
+import os
+import signal
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gateway.state import async_redis
@@ -16,7 +20,7 @@ from shared.models import TERMINAL, Run, RunStatus
 from shared.queueing import Producer, make_celery
 from tests.fakes.llm import FakeLLM
 from tests.support.processes import wait_until
-from tests.support.stack import Stack, api_client
+from tests.support.stack import Stack, api_client, gateway_process
 
 
 def test_a_chat_that_times_out_names_the_run_to_follow(stack: Stack) -> None:
@@ -31,6 +35,24 @@ def test_a_chat_that_times_out_names_the_run_to_follow(stack: Stack) -> None:
         assert f"GET /api/v1/runs/{body['runId']}" in body["detail"]
         run = wait_until(functools.partial(_finished, api, body["runId"]), timeout=30, message="the run to end")
         assert run["result"] == "echo: sleep:3"  # type: ignore[index]
+
+
+def test_a_chat_waiting_when_the_gateway_stops_names_the_run_to_follow(make_stack: Callable[..., Stack]) -> None:
+    """SIGTERM (a deploy) while /chat waits: the gateway answers the waiter at once with the run to
+    follow, instead of holding it until it is killed at the end of its grace period."""
+    s = make_stack()  # no worker: the run waits in the queue
+    with gateway_process(s) as (proc, client), ThreadPoolExecutor(1) as pool:
+        cid = client.post("/api/v1/conversations").json()["conversationId"]
+        waiting = pool.submit(client.post, f"/api/v1/conversations/{cid}/chat", json={"message": "hi"})
+        wait_until(lambda: client.get(f"/api/v1/conversations/{cid}/messages").json(), timeout=30,
+                   message="the message to be stored")
+        os.killpg(proc.pid, signal.SIGTERM)
+        answer = waiting.result(timeout=20)  # the chat timeout is 120 s
+        assert answer.status_code == 503, answer.text
+        body = answer.json()
+        assert body["conversationId"] == cid and body["runId"], body
+        assert "shutting down" in body["detail"] and f"GET /api/v1/runs/{body['runId']}" in body["detail"]
+        assert proc.popen.wait(30) in (0, -signal.SIGTERM), proc.log()
 
 
 def _finished(api: Any, run_id: str) -> dict[str, Any] | None:
