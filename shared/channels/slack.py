@@ -1,5 +1,9 @@
-"""Slack: Events API in (v0 signature, url_verification, event_id dedupe; DMs and mentions),
-mrkdwn replies out in the thread of the message, one session per thread."""
+"""Slack: Events API in (v0 signature, url_verification; DMs and mentions), mrkdwn replies out in
+the thread of the message, one session per thread.
+
+The ledger key of a message is its channel and `ts`, not the event's id: Slack sends one message
+more than once under new event ids (an edit of a mention comes again as `app_mention`; a mention in
+a DM comes as `message.im` and `app_mention`), and its retries keep the `ts` as well."""
 
 from __future__ import annotations
 
@@ -63,12 +67,13 @@ class SlackChannel(BaseChannel):
         subtype = event.get("subtype")
         if event.get("bot_id") or (subtype is not None and subtype not in USER_SUBTYPES):
             return None  # bots' posts (ours too: no loops), edits, deletions, joins
-        dm = event.get("type") == "message" and event.get("channel_type") == "im"
-        if not (dm or event.get("type") == "app_mention"):
+        mention = event.get("type") == "app_mention"
+        if not (mention or (event.get("type") == "message" and event.get("channel_type") == "im")):
             return None  # channel messages also arrive as app_mention when they concern us
         text, channel, user, ts = event.get("text"), event.get("channel"), event.get("user"), event.get("ts")
         if not (isinstance(text, str) and isinstance(channel, str) and isinstance(user, str) and isinstance(ts, str)):
             raise WebhookError(400, "message event without text, channel, user or ts")
+        dm, event_id = channel.startswith("D"), f"{channel}:{ts}"  # a DM's channel id starts with D
         if not text.strip():  # a file shared without a word: in a DM, say it cannot be read
             return InboundMessage(channel=self.name, chat_id=channel, sender_id=user, content="", event_id=event_id,
                                   unsupported="a file") if dm and subtype == "file_share" else None
@@ -78,7 +83,7 @@ class SlackChannel(BaseChannel):
         else:  # a mention starts (or continues) a thread; each thread is its own session
             root = str(thread or ts)
             session_key, reply_meta = f"slack:{channel}:{root}", {"thread_ts": root}
-        return InboundMessage(channel=self.name, chat_id=channel, sender_id=user, content=_strip(text, bot_user),
+        return InboundMessage(channel=self.name, chat_id=channel, sender_id=user, content=plain(_strip(text, bot_user)),
                               event_id=event_id, session_key=session_key, reply_meta=reply_meta, group=not dm)
 
     # ------------------------------------------------------------------ outbound
@@ -120,3 +125,26 @@ def _strip(text: str, bot_user: str | None) -> str:
     """Drop the mention of the bot (the one at the start when we don't know our own id)."""
     pattern = rf"<@{re.escape(bot_user)}(\|[^>]*)?>\s*" if bot_user else r"^\s*<@[A-Z0-9]+(\|[^>]*)?>\s*"
     return re.sub(pattern, "", text).strip() or text
+
+
+# Slack's markup in the text it sends: <@U1|name>, <#C1|general>, <!here>, <!subteam^S1|@team>, <url|label>
+_MARKUP = re.compile(r"<([@#!]?)([^<>|]*)(?:\|([^<>]*))?>")
+_SPECIAL = {"here", "channel", "everyone"}
+
+
+def _readable(match: re.Match[str]) -> str:
+    sigil, target, label = match.group(1), match.group(2), match.group(3)
+    if sigil in ("@", "#"):
+        return f"{sigil}{label or target}"
+    if sigil == "!":
+        return label or (f"@{target}" if target in _SPECIAL else target)
+    if label is None:
+        return target.removeprefix("mailto:")
+    return label if label == re.sub(r"^(https?://|mailto:)", "", target) else f"{label} ({target})"
+
+
+def plain(text: str) -> str:
+    """A message's text as its sender wrote it: Slack escapes &, < and > and wraps links and mentions
+    in <...>, which the model would otherwise read (and echo) as they are."""
+    text = _MARKUP.sub(_readable, text)
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")

@@ -80,7 +80,19 @@ def test_slack_dms_mentions_threads_and_what_is_ignored() -> None:
     [msg] = ch.parse({}, body(mention)).messages
     root = mention["event"]["ts"]
     assert (msg.key(), msg.reply_meta, msg.group) == (f"slack:C1:{root}", {"thread_ts": root}, True)
-    assert msg.content == "summarise <@U2>'s idea"
+    assert msg.content == "summarise @U2's idea"
+    assert msg.event_id == f"C1:{root}"  # the ledger's key: the message, whatever the event's id
+    edited = sl.event(channel="C1", user="U1", text="<@UBOT0001> summarise it", event_id="Ev9", ts=root,
+                      edited={"user": "U1", "ts": "9.9"})
+    assert ch.parse({}, body(edited)).messages[0].event_id == msg.event_id  # Slack sends an edit again
+    in_dm = sl.event(channel="D1", user="U1", text="<@UBOT0001> hi", event_id="Ev8")  # also as message.im
+    [msg] = ch.parse({}, body(in_dm)).messages
+    assert (msg.key(), msg.reply_meta, msg.content, msg.group) == ("slack:D1", {}, "hi", False)
+    escaped = sl.event(channel="D1", user="U1", kind="message", event_id="Ev7",
+                       text="is a &lt; b &amp;&amp; b &gt; c? see <https://x.io/a|the doc>, <http://y.io|y.io>, "
+                            "<@U2|bob>, <#C1|general>, <!here>")
+    assert ch.parse({}, body(escaped)).messages[0].content == \
+        "is a < b && b > c? see the doc (https://x.io/a), y.io, @bob, #general, @here"
     threaded = sl.event(channel="C1", user="U1", text="<@UBOT0001> more", event_id="Ev3", thread_ts="1.5")
     assert ch.parse({}, body(threaded)).messages[0].key() == "slack:C1:1.5"
     for ignored in (sl.event(channel="C1", user="U1", text="x", event_id="E", bot_id="B"),
