@@ -10,7 +10,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Dialect, Engine, Table, Update, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlmodel import Session, SQLModel, select
 
@@ -49,6 +50,13 @@ def _ping_if_idle(dialect: Dialect, dbapi: Any, record: ConnectionPoolEntry, _pr
         dialect.do_ping(dbapi)
     except Exception as err:
         raise DisconnectionError(f"stale connection: {err}") from err  # the pool tries a fresh one
+
+
+def unavailable(err: BaseException) -> bool:
+    """Whether `err` says the database could not be reached, or had no connection free (another
+    try may well succeed), rather than that the statement was wrong."""
+    return isinstance(err, (OperationalError, InterfaceError, PoolTimeout)) or (
+        isinstance(err, DBAPIError) and err.connection_invalidated)
 
 
 def table_of(model: type[SQLModel]) -> Table:

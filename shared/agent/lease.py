@@ -1,9 +1,15 @@
-"""Run leases: a step holds its run's lease while it works; one thread per process renews them all."""
+"""Run leases: a step holds its run's lease while it works; one thread per process renews them all.
+
+A tools phase has no owner (its calls run side by side); the sweeper marks one whose lease ran out
+while a call was running STALLED and gives it one more lease: a live worker late to renew (it
+claimed the call as the lease ran out, or the database paused) renews it and clears the mark, and
+only a call whose worker stayed silent that long too is taken for dead."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +22,7 @@ from shared.models import ACTIVE, Phase, Run, RunStatus
 
 log = logging.getLogger(__name__)
 RENEWED = "now() + make_interval(secs => cast(:s as double precision))"
+STALLED = "stalled"  # lease_owner of a tools phase found expired with a call running
 
 
 def _until(seconds: float) -> object:
@@ -58,8 +65,12 @@ class LeaseKeeper:
         self._thread: threading.Thread | None = None
 
     @contextmanager
-    def hold(self, run_id: str, owner: str | None = None) -> Iterator[None]:
+    def hold(self, run_id: str, owner: str | None = None, taken: float | None = None) -> Iterator[None]:
+        """Renew the lease while the block runs. `taken`: when (time.monotonic) the caller took the
+        lease; if the work since took a third of it, it is renewed at once, not at the next round."""
         key = (run_id, owner)
+        if taken is not None and time.monotonic() - taken > self.seconds / 3:
+            self.renew([key])
         with self._lock:
             self._held[key] += 1
             self._start()
@@ -89,7 +100,8 @@ class LeaseKeeper:
     def renew(self, held: list[tuple[str, str | None]]) -> None:
         owned = [(rid, owner) for rid, owner in held if owner is not None]
         shared_ = [rid for rid, owner in held if owner is None]
-        with get_engine(self.database_url).begin() as conn:
+        # A connection of its own: a process whose steps use every pooled one must still renew.
+        with get_engine(self.database_url, pool_size=1).begin() as conn:
             if owned:
                 conn.execute(
                     text(
@@ -100,8 +112,8 @@ class LeaseKeeper:
                 )
             if shared_:
                 conn.execute(
-                    text(f"update runs set lease_until = {RENEWED} where id = any(cast(:ids as varchar[])) "
-                         "and phase = 'tools'"),
+                    text(f"update runs set lease_until = {RENEWED}, lease_owner = null "
+                         "where id = any(cast(:ids as varchar[])) and phase = 'tools'"),
                     {"s": self.seconds, "ids": shared_},
                 )
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 from sqlalchemy import func, update
 from sqlmodel import Session, col, select
 
-from shared.agent import conversations, memory, steps
+from shared.agent import conversations, lease, memory, steps
 from shared.agent.finish import finish, publish_final
 from shared.agent.runtime import Next, Runtime
 from shared.constants import T_AGENT_STEP, T_COMPACT, T_TOOL_EXECUTE
@@ -88,6 +88,15 @@ def _recover(rt: Runtime, s: Session, run: Run, ready: list[tuple[str, int]], fa
                        error=f"step {run.step_seq}: its worker died {run.recoveries} times")
         failed.append(run)  # once it has ended: its end is published after the pass
         return ended
+    calls = [] if run.phase == Phase.LLM else \
+        s.exec(select(ToolCall).where(ToolCall.run_id == run.id, ToolCall.step_seq == run.step_seq)).all()
+    if run.lease_owner != lease.STALLED and any(c.status == ToolStatus.RUNNING for c in calls):
+        log.info("run %s: lease expired in tools step %d with a call running; one more lease before the "
+                 "call is taken for dead (shared.agent.lease)", run.id, run.step_seq)
+        run.lease_owner = lease.STALLED
+        run.lease_until = utcnow() + timedelta(seconds=rt.settings.runtime.lease_seconds)
+        s.add(run)
+        return [Next(T_TOOL_EXECUTE, (c.id,)) for c in calls if c.status == ToolStatus.PENDING]
     log.info("run %s: lease expired in %s step %d; re-enqueueing", run.id, run.phase, run.step_seq)
     run.lease_owner = None
     # A backlog can hold the re-enqueued task for a while: don't pile up more copies meanwhile.
@@ -97,7 +106,6 @@ def _recover(rt: Runtime, s: Session, run: Run, ready: list[tuple[str, int]], fa
     if run.phase == Phase.LLM:
         return [Next(steps.step_task(run), (run.id, run.step_seq))]
     nexts: list[Next] = []
-    calls = s.exec(select(ToolCall).where(ToolCall.run_id == run.id, ToolCall.step_seq == run.step_seq)).all()
     for call in calls:
         if call.status == ToolStatus.RUNNING:
             _interrupted(rt, s, call)

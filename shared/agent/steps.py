@@ -11,15 +11,16 @@ from typing import Any
 
 import redis
 from kombu.exceptions import OperationalError as BrokerError
-from sqlalchemy import exc, func, insert, update
+from sqlalchemy import func, insert, update
 from sqlmodel import Session, col, select
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from shared.agent import conversations, events, lease, memory, prompt
 from shared.agent.finish import NOT_RUN, finish, publish_final, recorded, tool_message
 from shared.agent.runtime import Next, Runtime
 from shared.aio import run_sync
 from shared.constants import T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EXECUTE
-from shared.db import table_of, update_returning
+from shared.db import table_of, unavailable, update_returning
 from shared.errors import Retryable
 from shared.llm import LLMError, LLMResponse
 from shared.models import (
@@ -40,6 +41,7 @@ from shared.outbox import typing_loop
 from shared.tools.base import ErrorCode, ToolContext, ToolResult
 
 log = logging.getLogger(__name__)
+RESULT_WRITE_BUDGET = 25.0  # seconds; the tool task's time limit leaves 30 after the longest tool timeout
 SUBAGENT_EXCLUDED = ("message", "spawn", "cron")
 DONE = (ToolStatus.SUCCESS, ToolStatus.REJECTED, ToolStatus.FAILED)
 # A chat turn whose model answered nothing (and sent nothing with the message tool) still gets a reply
@@ -49,8 +51,7 @@ FAILED_STEP = ("Sorry, I had to stop: something went wrong on my side each time 
 # Errors another try may well not meet (the database or the broker was unreachable or busy): the task
 # base or the sweeper tries the step again, as often as it takes; they never count as its failures.
 TRANSIENT: tuple[type[BaseException], ...] = (
-    Retryable, exc.OperationalError, exc.InterfaceError, exc.TimeoutError, BrokerError,
-    redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError,
+    Retryable, BrokerError, redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError,
 )
 
 
@@ -83,7 +84,7 @@ def llm_step(rt: Runtime, run_id: str, seq: int) -> list[Next]:
 
 def transient(err: BaseException) -> bool:
     """Whether `err` is one another try may well not meet: it never counts as a failure of the step."""
-    return isinstance(err, TRANSIENT) or (isinstance(err, exc.DBAPIError) and err.connection_invalidated)
+    return isinstance(err, TRANSIENT) or unavailable(err)
 
 
 def count_failure(run: Run) -> int:
@@ -131,6 +132,7 @@ def _give_up(rt: Runtime, s: Session, run: Run, error: str) -> list[Next]:
 
 
 def _llm_step(rt: Runtime, run_id: str, seq: int, owner: str) -> list[Next]:
+    acquired = time.monotonic()
     with rt.session() as s:
         run = lease.acquire(s, run_id=run_id, seq=seq, phase=Phase.LLM, owner=owner,
                             seconds=rt.settings.runtime.lease_seconds)
@@ -149,7 +151,7 @@ def _llm_step(rt: Runtime, run_id: str, seq: int, owner: str) -> list[Next]:
         return bounded
     if seq == 0 and run.kind == RunKind.TURN and run.recoveries == 0:  # a recovered step's loop still runs
         rt.send_now(typing_loop(rt.settings, run.origin or {}, run.id))
-    with lease.keeper(rt.settings.database_url, rt.settings.runtime.lease_seconds).hold(run_id, owner):
+    with lease.keeper(rt.settings.database_url, rt.settings.runtime.lease_seconds).hold(run_id, owner, taken=acquired):
         return _call(rt, run, seq, messages, tools, kept)
 
 
@@ -273,22 +275,44 @@ def tool_step(rt: Runtime, tool_call_id: str) -> list[Next]:
     if not claimed:
         return advance(rt, run.id, call.step_seq) if call.status in DONE else []
     ctx = _context(rt, run, call)
-    result = _execute(rt, run, call, ctx) if run.status in ACTIVE else ToolResult.fail(ErrorCode.FAILED, NOT_RUN)
+    # The lease is held until the result is written: the sweeper leaves a call alone while it renews.
+    with lease.keeper(rt.settings.database_url, rt.settings.runtime.lease_seconds).hold(run.id):
+        result = _execute(rt, run, call, ctx) if run.status in ACTIVE else ToolResult.fail(ErrorCode.FAILED, NOT_RUN)
+        nexts = _journal(rt, call, result)
+    if nexts is None:  # its conversation was deleted meanwhile (a cancelled run's tool went on)
+        return ctx.followups
+    rt.events.publish(run.conversation_id, events.TOOL_FINISHED, {
+        "run_id": run.id, "call_id": call.call_id, "tool": call.name, "status": result.status,
+        "elapsed_ms": result.elapsed_ms})
+    return [*ctx.followups, *nexts]
+
+
+def _journal(rt: Runtime, call: ToolCall, result: ToolResult) -> list[Next] | None:
+    """Write the call's result and move its run on; None when the run is gone. Tried again in place
+    while the database is unreachable: the call has run, and a later try of the task would find it
+    running and leave it to the sweeper, which could only report it as maybe done."""
+    def retrying(state: RetryCallState) -> None:
+        log.warning("run %s: tool call %s ran; writing its result failed, trying again: %s", call.run_id, call.id,
+                    state.outcome.exception() if state.outcome else None)
+
+    return Retrying(retry=retry_if_exception(unavailable), stop=stop_after_delay(RESULT_WRITE_BUDGET),
+                    wait=wait_exponential(0.1, max=2.0), before_sleep=retrying, reraise=True)(
+        _write_result, rt, call, result)
+
+
+def _write_result(rt: Runtime, call: ToolCall, result: ToolResult) -> list[Next] | None:
+    calls = table_of(ToolCall)
     with rt.session() as s:  # the run first, as the sweeper and cancellation lock: never a deadlock
-        locked = s.get(Run, run.id, with_for_update=True)
-        if locked is None:  # its conversation was deleted meanwhile (a cancelled run's tool went on)
-            return ctx.followups
+        locked = s.get(Run, call.run_id, with_for_update=True)
+        if locked is None:
+            return None
         s.execute(
             update(calls)
             .where(calls.c.id == call.id, calls.c.status == ToolStatus.RUNNING.value)
             .values(status=result.status, result=result.model_dump(mode="json"), elapsed_ms=result.elapsed_ms,
                     finished_at=func.now())
         )
-        nexts = _advance(rt, s, locked, call.step_seq)
-    rt.events.publish(run.conversation_id, events.TOOL_FINISHED, {
-        "run_id": run.id, "call_id": call.call_id, "tool": call.name, "status": result.status,
-        "elapsed_ms": result.elapsed_ms})
-    return [*ctx.followups, *nexts]
+        return _advance(rt, s, locked, call.step_seq)
 
 
 def _context(rt: Runtime, run: Run, call: ToolCall) -> ToolContext:
@@ -310,8 +334,7 @@ def _execute(rt: Runtime, run: Run, call: ToolCall, ctx: ToolContext) -> ToolRes
         args = str(call.arguments["_invalid_json"])
     if run.kind == RunKind.SUBAGENT and call.name in SUBAGENT_EXCLUDED:
         return ToolResult.fail(ErrorCode.NOT_ALLOWED, f"subagents cannot use '{call.name}'")
-    with lease.keeper(rt.settings.database_url, rt.settings.runtime.lease_seconds).hold(run.id):
-        return run_sync(rt.tools.execute(call.name, args, ctx))
+    return run_sync(rt.tools.execute(call.name, args, ctx))
 
 
 def advance(rt: Runtime, run_id: str, step_seq: int) -> list[Next]:

@@ -26,9 +26,8 @@ from typing import Any
 from redis import RedisError
 from sqlalchemy import func, text, type_coerce, update
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, col, select
-from tenacity import Retrying, retry_if_exception_type, stop_before_delay, wait_exponential
+from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential
 
 from shared.agent.runtime import Next, Runtime
 from shared.channels import REGISTRY
@@ -36,6 +35,7 @@ from shared.channels.base import Channel, RateLimited, Rejected, SendResult
 from shared.channels.clients import redis_client
 from shared.channels.ratelimit import Limiter
 from shared.constants import KEY_SENT, KEY_UNDELIVERED, T_OUTBOUND_DELIVER, T_OUTBOUND_TYPING
+from shared.db import unavailable
 from shared.errors import Retryable
 from shared.models import TERMINAL, Outbox, OutboxStatus, Run
 from shared.settings import Settings
@@ -216,7 +216,7 @@ def _delivered(rt: Runtime, row: Outbox, result: SendResult, claimed_at: float) 
     resend: retry while this worker still holds the claim, then leave the fact in Redis."""
     budget = claimed_at + rt.settings.channels.delivery.claim_seconds - CLAIM_MARGIN - time.monotonic()
     try:
-        for attempt in Retrying(retry=retry_if_exception_type(OperationalError), reraise=True,
+        for attempt in Retrying(retry=retry_if_exception(unavailable), reraise=True,
                                 stop=stop_before_delay(max(budget, 0.0)), wait=wait_exponential(0.1, max=2.0),
                                 before_sleep=lambda state: log.warning(
                                     "outbox %s: sent; marking it delivered failed, retrying: %s",
@@ -225,7 +225,9 @@ def _delivered(rt: Runtime, row: Outbox, result: SendResult, claimed_at: float) 
                 s.execute(update(Outbox).where(col(Outbox.id) == row.id, col(Outbox.status) == OutboxStatus.PENDING)
                           .values(status=OutboxStatus.DELIVERED, platform_message_id=result.platform_message_id,
                                   delivered_at=func.now(), next_attempt_at=None, last_error=None))
-    except OperationalError:
+    except Exception as err:
+        if not unavailable(err):
+            raise
         log.error("outbox %s: sent, but the database could not be told; the next claim will not resend", row.id)
         redis_client(rt.settings.redis_url).set(
             KEY_SENT + row.id, json.dumps({"platform_message_id": result.platform_message_id}), ex=SENT_TTL)
@@ -304,7 +306,9 @@ def _reported_early(rt: Runtime, row: Outbox, result: SendResult) -> None:
         if why:
             text = why.decode(errors="replace") if isinstance(why, bytes) else str(why)
             undelivered(rt, row.channel, {result.platform_message_id: text})
-    except (RedisError, OperationalError) as err:
+    except Exception as err:
+        if not (isinstance(err, RedisError) or unavailable(err)):
+            raise
         log.warning("outbox %s: could not check for an early failure report: %s", row.id, err)
 
 

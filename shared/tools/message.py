@@ -74,6 +74,7 @@ class MessageTool(Tool):
     group = "messaging"
     max_input_bytes = 200_000
     timeout = 30.0
+    idempotent = True  # a replayed send finds the outbox rows it wrote (their key derives from this tool call)
 
     async def run(self, args: MessageArgs, ctx: ToolContext) -> ToolResult:
         target = _target(args, ctx)

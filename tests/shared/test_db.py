@@ -1,9 +1,12 @@
-"""The connection pool: a connection the server dropped while it sat idle is replaced unseen."""
+"""The connection pool: a connection the server dropped while it sat idle is replaced unseen; which
+errors say the database is unavailable, rather than that a statement was wrong."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, exc, text
 from sqlalchemy.engine import make_url
 
 from shared import db
@@ -22,3 +25,19 @@ def test_a_connection_dropped_while_idle_is_replaced_before_use(database_url: st
     with engine.connect() as conn:
         assert conn.execute(text("select pg_backend_pid()")).scalar_one() != first
     engine.dispose()
+
+
+def test_what_counts_as_the_database_being_unavailable(database_url: str) -> None:
+    """Another try may succeed: the server unreachable, or no pooled connection free in time (a
+    worker's threads hold them all). Not: a statement the server refused."""
+    def error_of(engine: Any, sql: str = "select 1") -> BaseException:
+        with pytest.raises(exc.SQLAlchemyError) as err, engine.connect() as conn:
+            conn.execute(text(sql))
+        return err.value
+
+    busy = create_engine(database_url, pool_size=1, max_overflow=0, pool_timeout=0.1)
+    with busy.connect():
+        assert db.unavailable(error_of(busy))  # sqlalchemy.exc.TimeoutError
+    assert db.unavailable(error_of(create_engine(make_url(database_url).set(port=1))))  # refused
+    assert not db.unavailable(error_of(busy, "select no_such_column"))
+    busy.dispose()
