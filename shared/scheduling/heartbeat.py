@@ -3,11 +3,12 @@ whether to act now, and a `heartbeat` run does them and tells the most recently 
 
 An empty or missing file costs nothing (no LLM call). Each heartbeat that beat sends is handled
 once: its receipt is keyed by the id of its Celery message, which a redelivery (a worker died) and
-a retry keep and every send has its own. Neither Celery nor redbeat tells the task the time beat
-meant it for, and a slot of the worker's clock would let a delayed heartbeat take the place of the
-next one. The receipt is written with the outcome of the decision, in one transaction: a decision
-that fails (it is retried) or dies loses nothing. The heartbeat session keeps only its last
-messages, so it never grows without bound.
+a retry keep. Neither Celery nor redbeat tells the task the time beat meant it for, and a beat that
+lost its lock (paused past it while another took over) sends a due heartbeat again under a new id:
+so a heartbeat is not decided within half an interval of the last one decided. The receipt is
+written with the outcome of the decision, in one transaction: a decision that fails (it is
+retried) or dies loses nothing. The heartbeat session keeps only its last messages, so it never
+grows without bound.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete
@@ -112,6 +113,14 @@ def _handled(s: Session, key: str) -> bool:
     return s.exec(select(CronReceipt.id).where(CronReceipt.job_id == key)).first() is not None
 
 
+def _recent(rt: Runtime, s: Session, but: str | None = None) -> bool:
+    """Whether a heartbeat (other than `but`) was decided less than half an interval ago."""
+    since = utcnow() - timedelta(seconds=rt.settings.heartbeat.interval / 2)
+    query = select(CronReceipt.id).where(col(CronReceipt.job_id).startswith(f"{RECEIPT_JOB}:"),
+                                         col(CronReceipt.created_at) > since, CronReceipt.job_id != but)
+    return s.exec(query.limit(1)).first() is not None
+
+
 def beat(rt: Runtime, now: datetime | None = None, *, delivery: str | None = None) -> list[Next]:
     """One heartbeat; returns the first step of the run it started, if any. `delivery`: what makes
     this heartbeat one (the Celery message's id; without it, every call is its own); a second call
@@ -124,14 +133,14 @@ def beat(rt: Runtime, now: datetime | None = None, *, delivery: str | None = Non
         return []
     with rt.session() as s:
         conv = conversations.get_or_create(s, session_key=SESSION, channel=INTERNAL, chat_id=SESSION)
-        if conv.active_run_id is not None or _handled(s, key):
-            return []  # still busy with the last one, or this heartbeat was handled already
+        if conv.active_run_id is not None or _handled(s, key) or _recent(rt, s):
+            return []  # still busy with the last one, or this heartbeat (or a copy) was handled already
     try:
         todo_now = decide(rt, todo, now)
     except LLMError as err:
         raise Retryable(f"heartbeat: the decision call failed: {err}", max_retries=DECIDE_RETRIES) from err
     with rt.session() as s:
-        if receipt(s, key, KEYED_BY_ID) is None:
+        if receipt(s, key, KEYED_BY_ID) is None or _recent(rt, s, but=key):
             return []  # a copy of this heartbeat decided meanwhile
         if todo_now is None:
             log.info("heartbeat: nothing to do now")
