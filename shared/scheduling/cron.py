@@ -53,12 +53,11 @@ def receipt(s: Session, job_id: str, scheduled_for: datetime) -> CronReceipt | N
     return s.get(CronReceipt, new_id) if new_id is not None else None
 
 
-def session_of(s: Session, job_id: str) -> Conversation | None:
-    return s.exec(select(Conversation).where(Conversation.session_key == SESSION_PREFIX + job_id)).first()
-
-
 def _busy(s: Session, job: CronJob) -> bool:
-    conv = session_of(s, job.id)
+    """Whether the job's session has a turn running; if not, none can start there (a subagent's
+    report, a waiting message) before this transaction ends: its row is locked."""
+    conv = s.exec(select(Conversation).where(Conversation.session_key == SESSION_PREFIX + job.id)
+                  .with_for_update()).first()
     return conv is not None and conv.active_run_id is not None
 
 

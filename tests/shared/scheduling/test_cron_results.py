@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import timedelta
 
-from sqlmodel import col, select
+from sqlalchemy import text
+from sqlmodel import Session, col, select
 
 from gateway.local_agent import one_turn
 from shared.agent import conversations
 from shared.agent.local import drain
 from shared.agent.runtime import Next, Runtime
-from shared.constants import T_AGENT_STEP, T_CRON_RECONCILE
+from shared.constants import INTERNAL, T_AGENT_STEP, T_CRON_RECONCILE
+from shared.db import get_engine
 from shared.models import Conversation, CronJob, Message, Role, RunKind, RunStatus, ToolCall, utcnow
 from shared.scheduling import cron
 from shared.scheduling.beat import BeatMirror
 from shared.scheduling.schedules import whole_second
 from shared.tools.base import ErrorCode, ToolContext
 from shared.tools.cron import CronArgs, CronTool
+from tests.support.processes import wait_until
 from tests.support.scheduling import call, db, parent_call, runs
 from tests.support.stack import Stack
 
@@ -115,3 +119,40 @@ def test_the_cron_tool_in_nanofleet_agent_still_schedules(core: Core) -> None:
     with db(stack) as s:
         made = [(j.channel, j.chat_id) for j in s.exec(select(CronJob))]
     assert answer.ok and made == [("api", "cli:default")], answer.text
+
+
+def test_a_firing_that_meets_a_turn_starting_in_its_session_waits_for_it(core: Core) -> None:
+    """A subagent's report (or a waiting message) took the job's session just after the firing saw it
+    idle: the firing was recorded and its run never started, so it was lost (helper's review). Now
+    the firing waits for that turn and fires once it has ended."""
+    stack, rt, mirror = core()
+    ctx = parent_call(stack, "cron")
+    at = utcnow() + timedelta(seconds=30)
+    added = asyncio.run(CronTool().run(CronArgs(action="add", message="remind me: water", at=at), ctx))
+    jid = added.output["job_id"]
+    with db(stack) as s:
+        session = conversations.get_or_create(s, session_key=cron.SESSION_PREFIX + jid, channel=INTERNAL,
+                                              chat_id=jid).id
+    reporter = Session(get_engine(stack.settings.database_url))
+    reporter.exec(select(Conversation).where(Conversation.id == session).with_for_update()).one()
+    with ThreadPoolExecutor(1) as pool:
+        firing = pool.submit(cron.fire, rt, mirror, jid, whole_second(at))
+        wait_until(lambda: waiting_on_locks(stack) > 0, timeout=10, message="the firing to meet the session's lock")
+        report = conversations.try_start_turn(reporter, session, origin={}, lease_seconds=2)
+        assert report is not None
+        reporter.commit()
+        reporter.close()
+        firing.result(timeout=10)
+    with db(stack) as s:
+        assert s.get(CronJob, jid) is not None  # not fired: its session was busy
+    assert runs(stack, kind=RunKind.CRON) == []
+    set_turn(stack, session, None)  # the report's turn ended
+    drain(rt, cron.fire(rt, mirror, jid, whole_second(at)))
+    [run] = runs(stack, kind=RunKind.CRON)
+    assert run.status == RunStatus.SUCCEEDED
+
+
+def waiting_on_locks(stack: Stack) -> int:
+    with db(stack) as s:
+        return int(s.execute(text("select count(*) from pg_stat_activity where datname = current_database() "
+                                  "and wait_event_type = 'Lock'")).scalar_one())
