@@ -12,7 +12,7 @@ QUEUES = (Q_AGENT, Q_TOOLS, Q_SUBAGENTS, Q_OUTBOUND, Q_SCHEDULER)
 
 INTERNAL = "internal"  # the channel of sessions nobody chats in (cron jobs, subagents, the heartbeat)
 
-# Task names. Each prefix maps to one task module under workers/tasks and to one queue.
+# Task names. Each prefix maps to one task module under workers/tasks and (but for two) to one queue.
 T_PING = "nanofleet.scheduler.ping"
 T_AGENT_STEP = "nanofleet.agent.step"
 T_SUBAGENT_STEP = "nanofleet.subagents.step"
@@ -28,6 +28,10 @@ T_CRON_RECONCILE = "nanofleet.scheduler.cron_reconcile"
 T_RETENTION = "nanofleet.scheduler.retention"
 
 TASK_ROUTES = {
+    # Beat starts these, but they wait on the model: on the scheduler queue they would hold up the
+    # sweeper, cron and (in compose, where one worker takes both queues) reply delivery.
+    T_HEARTBEAT: {"queue": Q_AGENT},
+    T_DAILY_SUMMARY: {"queue": Q_AGENT},
     "nanofleet.agent.*": {"queue": Q_AGENT},
     "nanofleet.tools.*": {"queue": Q_TOOLS},
     "nanofleet.subagents.*": {"queue": Q_SUBAGENTS},
