@@ -151,12 +151,17 @@ def beat() -> None:
 @app.command()
 def migrate() -> None:
     """Create the database if needed and apply migrations (safe to run again)."""
+    from gateway.status import masked
     from shared.migrate import MigrationBlocked, UnknownRevision, current, upgrade
 
     settings = database_or_exit(settings_or_exit(), may_create=True)
     try:
         upgrade(settings.database_url)
-    except (UnknownRevision, MigrationBlocked) as err:
+    except UnknownRevision as err:  # not a failure: compose starts nothing after a failed migrate
+        typer.echo(f"nanofleet: the database at {masked(err.url)} is at revision {err.revision}, which a newer "
+                   "nanofleet migrated: left as it is (this version serves it, as in a rollback)", err=True)
+        return
+    except MigrationBlocked as err:
         _not_migrated(err)
     typer.echo(f"database at revision {current(settings.database_url)}")
 

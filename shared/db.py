@@ -12,7 +12,7 @@ from sqlalchemy import Dialect, Engine, Table, Update, create_engine, event, tex
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
-from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 from sqlmodel import Session, SQLModel, select
 
 M = TypeVar("M", bound=SQLModel)
@@ -52,6 +52,11 @@ def _ping_if_idle(dialect: Dialect, dbapi: Any, record: ConnectionPoolEntry, _pr
         raise DisconnectionError(f"stale connection: {err}") from err  # the pool tries a fresh one
 
 
+def _missing(err: OperationalError, database: str | None) -> bool:
+    """Whether connecting failed because the database does not exist (SQLSTATE 3D000)."""
+    return getattr(err.orig, "sqlstate", None) == "3D000" or f'database "{database}" does not exist' in str(err)
+
+
 def unavailable(err: BaseException) -> bool:
     """Whether `err` says the database could not be reached, or had no connection free (another
     try may well succeed), rather than that the statement was wrong."""
@@ -87,8 +92,19 @@ def session_scope(url: str) -> Iterator[Session]:
 
 
 def ensure_database(url: str) -> bool:
-    """Create the database named in url if it does not exist; True when created."""
+    """Create the database named in url if it does not exist; True when created. A database that
+    answers is not looked up in the `postgres` one: a managed server's role, or a pooler, may not
+    be let into that."""
     target = make_url(url)
+    probe = create_engine(target, poolclass=NullPool)
+    try:
+        with probe.connect():
+            return False
+    except OperationalError as err:
+        if not _missing(err, target.database):
+            raise
+    finally:
+        probe.dispose()
     admin = create_engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:

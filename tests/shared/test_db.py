@@ -3,6 +3,7 @@ errors say the database is unavailable, rather than that a statement was wrong."
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -41,3 +42,28 @@ def test_what_counts_as_the_database_being_unavailable(database_url: str) -> Non
     assert db.unavailable(error_of(create_engine(make_url(database_url).set(port=1))))  # refused
     assert not db.unavailable(error_of(busy, "select no_such_column"))
     busy.dispose()
+
+
+def test_a_database_that_answers_is_not_looked_up_in_the_postgres_one(
+        database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A managed server's role, or a pooler, may not be let into the `postgres` database: `migrate`
+    failed there with "permission denied for database postgres" (operator's review)."""
+    opened: list[str | None] = []
+    real = db.create_engine
+
+    def recording(url: Any, **kw: Any) -> Any:
+        opened.append(make_url(url).database)
+        return real(url, **kw)
+
+    monkeypatch.setattr(db, "create_engine", recording)
+    assert db.ensure_database(database_url) is False
+    assert "postgres" not in opened
+    missing = make_url(database_url).set(database=f"nanofleet_new_{uuid.uuid4().hex[:8]}")
+    try:
+        assert db.ensure_database(missing.render_as_string(hide_password=False)) is True
+        assert "postgres" in opened  # created from there
+    finally:
+        admin = real(make_url(database_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'drop database if exists "{missing.database}"'))
+        admin.dispose()
