@@ -18,9 +18,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
-from shared.constants import QUEUES
+from shared.constants import BEAT_LOCK, QUEUES
 from shared.settings import Settings
 
+NOT_TAKEN = "  NO WORKER TAKES IT (start one with --queues naming it)"
+NO_BEAT = "runs stuck by a dead worker are not recovered, cron does not fire (start `nanofleet beat`, exactly one)"
 CONNECT_TIMEOUT = 3  # seconds: a server that has not answered by then is reported, not waited for
 DB_SETTING, REDIS_SETTING = "NANOFLEET_DATABASE_URL", "NANOFLEET_REDIS_URL"
 _NO_DATABASE = re.compile(r'database ".*" does not exist')
@@ -164,12 +166,15 @@ def report(settings: Settings, echo: Callable[[str], None]) -> bool:
         echo(f"redis      DOWN: {masked(settings.redis_url)}: {problem} (check {REDIS_SETTING})")
         return False
     echo("redis      ok")
-    replies = make_celery(settings).control.ping(timeout=1.0) or []
+    control = make_celery(settings).control
+    replies = control.ping(timeout=1.0) or []
     names = sorted(name for reply in replies for name in reply)
     echo(f"workers    {len(names)} alive" + (f": {', '.join(names)}" if names else ""))
-    ok = ok and bool(names)
+    taken = {q["name"] for qs in (control.inspect(timeout=1.0).active_queues() or {}).values() for q in qs}
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=2)
     for queue in QUEUES:
-        echo(f"queue      {queue:<10} {client.llen(queue)} waiting")
+        echo(f"queue      {queue:<10} {client.llen(queue)} waiting" + ("" if queue in taken else NOT_TAKEN))
+    beat = bool(client.exists(BEAT_LOCK))
     client.close()
-    return ok
+    echo("beat       ok" if beat else f"beat       NOT RUNNING: nobody holds {BEAT_LOCK}: {NO_BEAT}")
+    return ok and bool(names) and taken.issuperset(QUEUES) and beat

@@ -48,6 +48,7 @@ KEY_CACHE = KEY_PREFIX + "cache:"  # + name: small shared caches (platform acces
 KEY_UNDELIVERED = KEY_PREFIX + "undelivered:"  # + channel:message id: reported failed before the send was marked
 KEY_SENT = KEY_PREFIX + "sent:"  # + outbox id: sent, but the database could not be told (see delivery)
 REDBEAT_PREFIX = KEY_PREFIX + "redbeat:"
+BEAT_LOCK = REDBEAT_PREFIX + ":lock"  # redbeat's lock: held (and renewed) while a beat runs
 
 # Header that carries the request id from the gateway into Celery tasks and logs.
 REQUEST_ID_HEADER = "request_id"

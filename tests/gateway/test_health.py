@@ -1,15 +1,21 @@
-"""/healthz and /readyz against real Redis, Postgres and a real worker."""
+"""/healthz, /readyz and `nanofleet status` against real Redis, Postgres and real workers."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import pytest
 
+from gateway.status import NOT_TAKEN
+from shared.constants import BEAT_LOCK
 from tests.support.databases import database_in, reason
+from tests.support.processes import wait_until
 from tests.support.stack import Stack, answers, api_client, gateway_process
 
 
@@ -84,3 +90,30 @@ def test_a_flood_of_readiness_checks_leaves_the_gateway_answering(make_stack: Ca
         assert answers(client), "the gateway stopped answering"
         assert client.post("/api/v1/conversations").status_code == 200
         assert 200 in statuses and statuses <= {200, 503}, statuses  # 503: the first count still awaited
+
+
+def _status_once(s: Stack, done: Callable[[subprocess.CompletedProcess[str]], bool]) -> Callable[[], Any]:
+    """A poll for wait_until: `nanofleet status`'s run once `done` holds of it."""
+    def poll() -> subprocess.CompletedProcess[str] | None:
+        run = subprocess.run([sys.executable, "-m", "gateway.cli", "status"], env=s.env, capture_output=True,
+                             text=True, timeout=60)
+        return run if done(run) else None
+    return poll
+
+
+def test_status_names_a_queue_no_worker_takes_and_a_beat_that_is_not_running(
+        make_stack: Callable[..., Stack]) -> None:
+    """With beat stopped, or a queue no worker took, `status` said all was well (operator's review)."""
+    s = make_stack()
+    s.worker(queues="scheduler", concurrency=1)
+    done = wait_until(_status_once(s, lambda run: "1 alive" in run.stdout), timeout=60,
+                      message="the worker to answer")
+    assert done.returncode == 1, done.stdout
+    assert f"queue      agent      0 waiting{NOT_TAKEN}" in done.stdout
+    assert "queue      scheduler  0 waiting\n" in done.stdout
+    assert f"beat       NOT RUNNING: nobody holds {BEAT_LOCK}" in done.stdout
+    s.worker(queues="agent,tools,subagents,outbound", concurrency=2)
+    s.beat()
+    done = wait_until(_status_once(s, lambda run: run.returncode == 0), timeout=60,
+                      message="status to find every queue taken and beat running")
+    assert "beat       ok" in done.stdout and "NO WORKER" not in done.stdout
