@@ -19,13 +19,13 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 from shared.constants import BEAT_LOCK, QUEUES
+from shared.db import NO_DATABASE
 from shared.settings import Settings
 
 NOT_TAKEN = "  NO WORKER TAKES IT (start one with --queues naming it)"
 NO_BEAT = "runs stuck by a dead worker are not recovered, cron does not fire (start `nanofleet beat`, exactly one)"
 CONNECT_TIMEOUT = 3  # seconds: a server that has not answered by then is reported, not waited for
 DB_SETTING, REDIS_SETTING = "NANOFLEET_DATABASE_URL", "NANOFLEET_REDIS_URL"
-_NO_DATABASE = re.compile(r'database ".*" does not exist')
 _REDIS_PREFIX = re.compile(r"^Error -?\d+ connecting to \S+\. ")  # "Error 111 connecting to h:p. Connection refused."
 
 
@@ -76,7 +76,7 @@ def database_problem(url: str, *, may_create: bool = False) -> str | None:
         reason = _pg_reason(err)
     finally:
         engine.dispose()
-    if _NO_DATABASE.fullmatch(reason):
+    if NO_DATABASE.fullmatch(reason):
         if may_create:
             return database_problem(make_url(url).set(database="postgres").render_as_string(hide_password=False))
         return f"{reason}; `nanofleet migrate` creates it"
@@ -95,7 +95,7 @@ def migration_problem(url: str) -> str | None:
         with engine.connect() as conn:
             problem = revision_problem(revision_at(conn), serving=True)
     except DBAPIError as err:
-        if not _NO_DATABASE.fullmatch(_pg_reason(err)):
+        if not NO_DATABASE.fullmatch(_pg_reason(err)):
             return None
         problem = "does not exist: run `nanofleet migrate`"
     finally:

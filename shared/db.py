@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,9 +53,7 @@ def _ping_if_idle(dialect: Dialect, dbapi: Any, record: ConnectionPoolEntry, _pr
         raise DisconnectionError(f"stale connection: {err}") from err  # the pool tries a fresh one
 
 
-def _missing(err: OperationalError, database: str | None) -> bool:
-    """Whether connecting failed because the database does not exist (SQLSTATE 3D000)."""
-    return getattr(err.orig, "sqlstate", None) == "3D000" or f'database "{database}" does not exist' in str(err)
+NO_DATABASE = re.compile(r'database ".*" does not exist')  # libpq's reason when connecting to one that is not there
 
 
 def unavailable(err: BaseException) -> bool:
@@ -101,7 +100,7 @@ def ensure_database(url: str) -> bool:
         with probe.connect():
             return False
     except OperationalError as err:
-        if not _missing(err, target.database):
+        if not NO_DATABASE.search(str(err.orig)):
             raise
     finally:
         probe.dispose()
