@@ -41,20 +41,21 @@ def test_readyz_names_a_database_not_at_this_codes_revision(state: str, make_sta
         s = make_stack(DATABASE_URL=url)
         for client in api_client(s.settings):
             ready = client.get("/readyz")
-    assert ready.status_code == 503
     if state == "ahead":  # a newer nanofleet migrated it: this one goes on serving through the upgrade
-        assert ready.json()["checks"]["database"] == "ok" and ready.json()["failing"] == ["workers"]
+        assert ready.status_code == 200 and ready.json()["checks"]["database"] == "ok"
     else:
-        assert "database" in ready.json()["failing"]
+        assert ready.status_code == 503 and "database" in ready.json()["failing"]
         assert ready.json()["checks"]["database"] == reason(state)
 
 
-def test_readyz_names_workers_when_none_runs(make_stack: Callable[..., Stack]) -> None:
+def test_readyz_shows_workers_and_stays_ready_when_none_runs(make_stack: Callable[..., Stack]) -> None:
+    """The gateway still takes messages in while every worker restarts (a deploy); a load balancer
+    that took it out then made platforms' webhooks fail, and Discord does not send them again."""
     s = make_stack()
     for client in api_client(s.settings):
         ready = client.get("/readyz")
-        assert ready.status_code == 503
-        assert ready.json()["failing"] == ["workers"]
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["checks"]["workers"] == "none answering" and ready.json()["failing"] == []
 
 
 def test_api_needs_a_bearer_key(stack: Stack) -> None:
