@@ -1,9 +1,10 @@
 """Retention: deletes the operational records older than `retention.days`, so that a deployment
 that runs for years keeps tables of the same size. What goes: the inbound ledger (kept at least
 LEDGER_DAYS: platforms retry for hours, WhatsApp for up to a week), delivered and dead-lettered
-outbox rows, cron receipts (a job's cursor is past them), and finished runs with their steps and
-tool calls. What stays: the conversations, their messages (the memory) and their usage totals, and
-every unfinished record.
+outbox rows, cron receipts (a job's cursor is past them), finished runs with their steps and tool
+calls, and the sessions nobody will use again: a subagent's, and a removed cron job's, idle that
+long. What stays: every other conversation, its messages (the memory) and usage totals, and every
+unfinished record.
 
 Each batch is one short transaction, so a pass never holds locks for long, and two passes at once
 (a redelivered task) skip each other's rows."""
@@ -15,13 +16,18 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Select, delete
+from sqlalchemy import Select, delete, func
 from sqlalchemy.orm import Mapped, QueryableAttribute
 from sqlmodel import Session, col, select
 
+from shared.agent import conversations
 from shared.agent.runtime import Runtime
+from shared.constants import INTERNAL
+from shared.errors import NotFound
 from shared.models import (
     TERMINAL,
+    Conversation,
+    CronJob,
     CronReceipt,
     InboundEvent,
     Outbox,
@@ -31,6 +37,7 @@ from shared.models import (
     ToolCall,
     utcnow,
 )
+from shared.scheduling import cron, subagents
 
 log = logging.getLogger(__name__)
 BATCH = 2000
@@ -95,6 +102,25 @@ def _runs(s: Session, cutoff: datetime, limit: int) -> int:
     return _delete(s, key, ids)
 
 
+def _sessions(s: Session, cutoff: datetime, limit: int) -> int:
+    """Subagents' sessions, and sessions of cron jobs since removed, idle since `cutoff`, with what
+    they hold (conversations.delete_conversation); one whose run is still going is left for later."""
+    key, session = col(Conversation.id), col(Conversation.session_key)
+    removed_job = session.startswith(cron.SESSION_PREFIX) & ~select(CronJob.id).where(
+        col(CronJob.id) == col(Conversation.chat_id)).exists()
+    idle = select(key).where(col(Conversation.channel) == INTERNAL, col(Conversation.active_run_id).is_(None),
+                             func.coalesce(col(Conversation.last_active_at), col(Conversation.created_at)) < cutoff,
+                             session.startswith(subagents.SESSION_PREFIX) | removed_job)
+    deleted = 0
+    for cid in _ids(s, idle, limit):
+        try:
+            with s.begin_nested():
+                deleted += len(conversations.delete_conversation(s, cid))
+        except (conversations.Busy, NotFound):  # a run of it still going, or gone with its parent's
+            continue
+    return deleted
+
+
 def _ids(s: Session, query: Select[Any], limit: int) -> list[Any]:
     """Up to `limit` keys of the query's rows, locked (rows another pass holds are skipped)."""
     return list(s.execute(query.limit(limit).with_for_update(skip_locked=True)).scalars())
@@ -113,4 +139,5 @@ BATCHES: dict[str, tuple[Batch, int]] = {
     "outbox": (_outbox, 0),
     "cron_receipts": (_receipts, 0),
     "runs": (_runs, 0),
+    "conversations": (_sessions, 0),
 }

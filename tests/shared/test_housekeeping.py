@@ -13,9 +13,11 @@ from sqlmodel import Session, func, select
 from shared import housekeeping
 from shared.agent.events import STREAM_TTL, RedisEvents, stream_key
 from shared.agent.runtime import Runtime
+from shared.constants import INTERNAL
 from shared.db import get_engine
 from shared.models import (
     Conversation,
+    CronJob,
     CronReceipt,
     InboundEvent,
     Message,
@@ -54,7 +56,7 @@ def _fill(s: Session) -> dict[str, str]:
     conv = Conversation(session_key="api:keep", prompt_tokens=1234, cost=0.5)
     s.add(conv)
     s.flush()
-    ids = {"old_done": _run(s, conv, RunStatus.SUCCEEDED, OLD).id,
+    ids = {"conversation": conv.id, "old_done": _run(s, conv, RunStatus.SUCCEEDED, OLD).id,
            "old_failed": _run(s, conv, RunStatus.FAILED, OLD).id,
            "old_running": _run(s, conv, RunStatus.RUNNING, OLD).id,  # a stuck run is the sweeper's, not ours
            "new_done": _run(s, conv, RunStatus.SUCCEEDED, NEW).id}
@@ -66,6 +68,15 @@ def _fill(s: Session) -> dict[str, str]:
         s.add(Outbox(key=key, channel="telegram", chat_id="1", content="hi", status=status, created_at=when))
     s.add(CronReceipt(job_id="j", scheduled_for=OLD, created_at=OLD))
     s.add(CronReceipt(job_id="j", scheduled_for=NEW, created_at=NEW))
+    s.add(CronJob(id="live", message="every day", every_seconds=86400))
+    for key in ("subagent:old", "subagent:new", "subagent:busy", "cron:removed", "cron:live"):
+        session = Conversation(session_key=key, channel=INTERNAL, chat_id=key.partition(":")[2],
+                               last_active_at=NEW if key == "subagent:new" else OLD)
+        s.add(session)
+        s.flush()
+        s.add(Message(conversation_id=session.id, role=Role.USER, content=f"the task of {key}"))
+        if key == "subagent:busy":
+            session.active_run_id = _run(s, session, RunStatus.RUNNING, OLD).id
     s.commit()
     return ids
 
@@ -77,17 +88,20 @@ def test_a_pass_deletes_old_finished_records_and_keeps_memory_and_unfinished_wor
     with Session(get_engine(stack.settings.database_url)) as s:
         ids = _fill(s)
     counts = housekeeping.prune(rt, batch=2)
-    assert counts == {"inbound_events": 5, "outbox": 2, "cron_receipts": 1, "runs": 2}
+    assert counts == {"inbound_events": 5, "outbox": 2, "cron_receipts": 1, "runs": 2, "conversations": 2}
     with Session(get_engine(stack.settings.database_url)) as s:
-        assert set(s.exec(select(Run.id)).all()) == {ids["old_running"], ids["new_done"]}
-        assert set(s.exec(select(RunStep.run_id)).all()) == {ids["old_running"], ids["new_done"]}
-        assert set(s.exec(select(ToolCall.run_id)).all()) == {ids["old_running"], ids["new_done"]}
+        assert set(s.exec(select(Run.id).where(Run.conversation_id == ids["conversation"])).all()) == \
+            {ids["old_running"], ids["new_done"]}
+        assert _count(s, RunStep) == _count(s, ToolCall) == 3  # of those two, and the busy subagent's run
         assert s.exec(select(InboundEvent.event_id)).all() == ["new"]
         assert set(s.exec(select(Outbox.key)).all()) == {"o3", "o4"}
         assert s.exec(select(CronReceipt.created_at)).one() > OLD
-        assert _count(s, Message) == 4  # the transcript is memory: every message stays
-        conv = s.exec(select(Conversation)).one()
+        assert _count(s, Message) == 4 + 4  # the transcript is memory: every message stays...
+        conv = s.get_one(Conversation, ids["conversation"])
         assert (conv.prompt_tokens, conv.cost) == (1234, 0.5)
+        # ...but the sessions nobody will use again go: a subagent's, a removed cron job's
+        assert set(s.exec(select(Conversation.session_key)).all()) == {
+            "api:keep", "subagent:new", "subagent:busy", "cron:live"}
     assert set(housekeeping.prune(rt).values()) == {0}  # a second pass finds nothing
 
 
@@ -121,7 +135,7 @@ def test_zero_days_keeps_everything(make_stack: Callable[..., Stack]) -> None:
         _fill(s)
     assert housekeeping.prune(Runtime.build(stack.settings)) == {}
     with Session(get_engine(stack.settings.database_url)) as s:
-        assert (_count(s, Run), _count(s, InboundEvent), _count(s, Outbox)) == (4, 6, 4)
+        assert (_count(s, Run), _count(s, InboundEvent), _count(s, Outbox), _count(s, Conversation)) == (5, 6, 4, 6)
 
 
 def test_beat_and_a_worker_run_the_retention_pass(make_stack: Callable[..., Stack]) -> None:
@@ -133,7 +147,7 @@ def test_beat_and_a_worker_run_the_retention_pass(make_stack: Callable[..., Stac
 
     def pruned() -> bool:
         with Session(get_engine(stack.settings.database_url)) as s:
-            return _count(s, InboundEvent) == 1 and _count(s, Run) == 2
+            return _count(s, InboundEvent) == 1 and _count(s, Run) == 3 and _count(s, Conversation) == 4
 
     wait_until(pruned, timeout=60, message="the retention pass to delete the old records")
 
