@@ -50,7 +50,7 @@ class TelegramSettings(ChannelBase):
     api_base: str = "https://api.telegram.org"
     token: SecretStr | None = None
     webhook_secret: SecretStr | None = None
-    bot_username: str | None = None  # set: in groups, answer only mentions of it and replies to the bot
+    bot_username: str | None = None  # in groups, only mentions of it and replies to it are answered (unset: getMe)
 
     @field_validator("webhook_secret")
     @classmethod

@@ -35,6 +35,8 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"description": "malformed body"},
     404: {"description": "the platform is not configured"},
     413: {"description": "body over 1 MB"},
+    503: {"description": "the platform must be asked something first and did not answer (Telegram's getMe); "
+                         "nothing was stored: the platform sends the event again"},
 }
 
 

@@ -15,7 +15,8 @@ from shared.settings import Settings
 
 
 class WebhookError(Exception):
-    """A webhook the gateway must refuse: 401 for a bad signature, 400 for a malformed body."""
+    """A webhook the gateway must refuse: 401 for a bad signature, 400 for a malformed body, 503
+    when the platform must be asked something first and did not answer (it sends the event again)."""
 
     def __init__(self, status_code: int, message: str) -> None:
         super().__init__(message)
@@ -140,8 +141,13 @@ class BaseChannel:
         """Markdown as the platform renders it (plain text unless a platform says otherwise)."""
         return plain_text(markdown)
 
+    def measure(self, text: str) -> int:
+        """The length of `text` as the platform counts it against max_chars (characters unless a
+        platform says otherwise)."""
+        return len(text)
+
     def chunks(self, text: str) -> list[str]:
-        return format_chunks(text, self.max_chars, self.format)
+        return format_chunks(text, self.max_chars, self.format, measure=self.measure)
 
     def rate_limits(self, chat_id: str) -> list[Bucket]:
         return []

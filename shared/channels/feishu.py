@@ -113,10 +113,7 @@ class FeishuChannel(BaseChannel):
         chat_id, text = msg.get("chat_id"), _text(msg.get("content"))
         if not (isinstance(open_id, str) and isinstance(chat_id, str)) or text is None:
             raise WebhookError(400, "message without sender open_id, chat_id or text content")
-        for mention in mentions if isinstance(mentions, list) else []:
-            if isinstance(mention, dict) and isinstance(mention.get("key"), str):
-                text = text.replace(mention["key"], "")
-        return InboundMessage(channel=self.name, chat_id=chat_id, sender_id=open_id, content=text.strip(),
+        return InboundMessage(channel=self.name, chat_id=chat_id, sender_id=open_id, content=_named(text, mentions),
                               event_id=event_id, reply_meta={"message_id": msg.get("message_id")},
                               group=msg.get("chat_type") == "group")
 
@@ -166,6 +163,20 @@ class FeishuChannel(BaseChannel):
             raise PlatformError(f"feishu tenant_access_token: {data.get('code')} {data.get('msg')}")
         cache.set(key, token, ex=max(60, int(data.get("expire", 7200)) - TOKEN_MARGIN))
         return token
+
+
+def _named(text: str, mentions: object) -> str:
+    """The text with its mention placeholders (@_user_1) as the names they stand for; the one it
+    starts with, the bot addressed, goes."""
+    text = text.strip()
+    for mention in mentions if isinstance(mentions, list) else []:
+        if not (isinstance(mention, dict) and isinstance(key := mention.get("key"), str) and key):
+            continue
+        if text.startswith(key):
+            text = text.removeprefix(key).lstrip()
+        else:
+            text = text.replace(key, f"@{mention.get('name') or 'someone'}")
+    return text
 
 
 def _text(content: object) -> str | None:

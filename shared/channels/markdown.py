@@ -178,7 +178,7 @@ def _slack_emphasis(text: str) -> str:
     text = _BULLET.sub(r"\1• ", _escape(text))
     text = _ITALIC.sub(lambda m: f"_{_either(m)}_", text)
     text = _BOLD.sub(lambda m: f"*{_either(m)}*", text)
-    text = _HEADING.sub(r"*\1*", text)
+    text = _HEADING.sub(lambda m: f"*{m.group(1).replace('*', '')}*", text)  # bold inside: Slack nests none
     return _STRIKE.sub(r"~\1~", text)
 
 

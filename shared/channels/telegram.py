@@ -1,19 +1,37 @@
-"""Telegram: Bot API webhook in (secret-token header, update_id dedupe), HTML messages out,
-"typing..." while a turn runs, and setWebhook for the CLI."""
+"""Telegram: Bot API webhook in (secret-token header, update_id dedupe; in groups only what is
+addressed to the bot, whose username is configured or asked of getMe), HTML messages out (their
+length counted in UTF-16 code units, as Telegram counts), "typing..." while a turn runs, and
+setWebhook for the CLI."""
 
 from __future__ import annotations
 
 import html
+import logging
 import re
+import time
 from typing import Any, ClassVar
 
-from shared.channels.base import BaseChannel, Bucket, Parsed, Rejected, SendResult, WebhookError, json_object
+import httpx
+
+from shared.channels.base import (
+    BaseChannel,
+    Bucket,
+    Parsed,
+    RateLimited,
+    Rejected,
+    SendResult,
+    WebhookError,
+    json_object,
+)
 from shared.channels.clients import PlatformError, body, check, http
 from shared.channels.markdown import telegram_html
 from shared.channels.signing import same
 from shared.contracts import InboundMessage
 from shared.settings import Settings
 
+log = logging.getLogger(__name__)
+GETME_TIMEOUT = 3.0  # seconds
+GETME_PAUSE = 10.0  # seconds after a failed getMe before the next
 SECRET_HEADER = "x-telegram-bot-api-secret-token"
 GROUPS = ("group", "supergroup")
 # Messages without text a person sends in a private chat (service messages are not answered)
@@ -28,13 +46,15 @@ class TelegramChannel(BaseChannel):
     """A Telegram bot."""
 
     name: ClassVar[str] = "telegram"
-    max_chars: ClassVar[int] = 4096
+    max_chars: ClassVar[int] = 4096  # UTF-16 code units (see measure)
     required: ClassVar[tuple[str, ...]] = ("token", "webhook_secret")
     typing_indicator: ClassVar[bool] = True
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self.cfg = settings.channels.telegram
+        self._learned = ""  # the username getMe gave, when none is configured
+        self._ask_again_at = 0.0  # time.monotonic() before which a failed getMe is not tried again
 
     # ------------------------------------------------------------------ inbound
 
@@ -59,6 +79,8 @@ class TelegramChannel(BaseChannel):
         chat, sender = msg.get("chat"), msg.get("from")
         if not (isinstance(chat, dict) and isinstance(sender, dict) and "id" in chat and "id" in sender):
             raise WebhookError(400, "message without chat or sender")
+        if sender.get("is_bot") and "sender_chat" not in msg:  # (an anonymous admin posts as a bot, for a chat)
+            return None  # another bot (groups can deliver them): answering, two bots would talk forever
         text = msg.get("text") or msg.get("caption")
         group = chat.get("type") in GROUPS
         if not isinstance(text, str):
@@ -67,7 +89,8 @@ class TelegramChannel(BaseChannel):
                 return None  # in groups nothing without text is addressed to the bot
             return InboundMessage(channel=self.name, chat_id=str(chat["id"]), sender_id=str(sender["id"]),
                                   content="", event_id=update_id, unsupported=kind)
-        if group and not self._addressed(msg, text):
+        username = self.username(ask=group)
+        if group and not _addressed(msg, text, username):
             return None
         reply_meta: dict[str, Any] = {"reply_to_message_id": msg.get("message_id")} if group else {}
         session_key = ""
@@ -76,33 +99,42 @@ class TelegramChannel(BaseChannel):
             session_key = f"telegram:{chat['id']}:{msg['message_thread_id']}"
         return InboundMessage(
             channel=self.name, chat_id=str(chat["id"]), sender_id=str(sender["id"]),
-            content=_with_quote(msg, self._strip_mention(text)), event_id=update_id, session_key=session_key,
+            content=_with_quote(msg, _strip_mention(text, username)), event_id=update_id, session_key=session_key,
             reply_meta=reply_meta, sender_name=sender.get("username") or sender.get("first_name"), group=group,
         )
 
-    def _addressed(self, msg: dict[str, Any], text: str) -> bool:
-        """In groups: a mention of the bot, a reply to it, or a command for it (`/cmd`, or
-        `/cmd@<our username>`: `/start@otherbot` is another bot's and would cost a turn). With no
-        bot_username set, Telegram's privacy mode already sends the bot only those."""
-        username = (self.cfg.bot_username or "").lstrip("@").lower()
-        if not username:
-            return True
-        replied = ((msg.get("reply_to_message") or {}).get("from") or {}).get("username") or ""
-        command = COMMAND.match(text)
-        ours = command is not None and (command.group(1) or username).lower() == username
-        mentioned = re.search(rf"@{re.escape(username)}\b", text, flags=re.IGNORECASE) is not None
-        return mentioned or replied.lower() == username or ours
-
-    def _strip_mention(self, text: str) -> str:
-        username = (self.cfg.bot_username or "").lstrip("@")
-        if not username:
-            return text
-        return re.sub(rf"@{re.escape(username)}\b", "", text, flags=re.IGNORECASE).strip() or text
+    def username(self, *, ask: bool = True) -> str:
+        """The bot's username, lower case: configured, else asked of getMe once and remembered (with
+        ask=False, "" until then). A bot that is a group admin, or has privacy mode off, gets every
+        group message, so groups cannot do without it: when getMe fails the update is refused (503)
+        for Telegram to send again, rather than dropped or answered."""
+        configured = (self.cfg.bot_username or "").lstrip("@").lower()
+        if configured or self._learned or not ask:
+            return configured or self._learned
+        unknown = WebhookError(503, "could not learn the bot's username from Telegram (getMe); try again")
+        if time.monotonic() < self._ask_again_at:  # the call blocks the gateway's event loop: not on every update
+            raise unknown
+        try:
+            me = self.call("getMe", {}, timeout=GETME_TIMEOUT).get("result")
+        except (httpx.HTTPError, PlatformError, RateLimited, Rejected) as err:
+            self._ask_again_at = time.monotonic() + GETME_PAUSE
+            log.warning("telegram: getMe failed (set NANOFLEET_CHANNELS__TELEGRAM__BOT_USERNAME to do without it): "
+                        "%s: %s", type(err).__name__, err)
+            raise unknown from None
+        username = me.get("username") if isinstance(me, dict) else None
+        if not isinstance(username, str) or not username:
+            raise WebhookError(503, "Telegram's getMe gave no username")
+        self._learned = username.lower()
+        return self._learned
 
     # ------------------------------------------------------------------ outbound
 
     def format(self, markdown: str) -> str:
         return telegram_html(markdown)
+
+    def measure(self, text: str) -> int:
+        """Telegram counts UTF-16 code units: an emoji outside the BMP is two."""
+        return len(text.encode("utf-16-le")) // 2
 
     def rate_limits(self, chat_id: str) -> list[Bucket]:
         """About one message per second per chat (20 a minute in groups), 30 per second per bot."""
@@ -141,16 +173,32 @@ class TelegramChannel(BaseChannel):
                                         "allowed_updates": ["message"], "drop_pending_updates": drop_pending})
         return str(data.get("description", "ok"))
 
-    def call(self, method: str, payload: dict[str, Any]) -> dict[str, Any]:
+    def call(self, method: str, payload: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         """One Bot API call; the token goes in the URL path, as the Bot API wants."""
         url = f"{self.cfg.api_base.rstrip('/')}/bot{self.secret('token')}/{method}"
-        response = http(self.settings.channels.delivery.send_timeout).post(url, json=payload)
+        response = http(timeout or self.settings.channels.delivery.send_timeout).post(url, json=payload)
         data = body(response)
         wait = (data.get("parameters") or {}).get("retry_after")
         check(response, what=f"telegram {method}", wait=float(wait) if isinstance(wait, int | float) else None)
         if data.get("ok") is not True:
             raise PlatformError(f"telegram {method}: {data.get('description', 'not ok')}")
         return data
+
+
+def _addressed(msg: dict[str, Any], text: str, username: str) -> bool:
+    """In groups: a mention of the bot, a reply to it, or a command for it (`/cmd`, or
+    `/cmd@<our username>`: `/start@otherbot` is another bot's and would cost a turn)."""
+    replied = ((msg.get("reply_to_message") or {}).get("from") or {}).get("username") or ""
+    command = COMMAND.match(text)
+    ours = command is not None and (command.group(1) or username).lower() == username
+    mentioned = re.search(rf"@{re.escape(username)}\b", text, flags=re.IGNORECASE) is not None
+    return mentioned or replied.lower() == username or ours
+
+
+def _strip_mention(text: str, username: str) -> str:
+    if not username:
+        return text
+    return re.sub(rf"@{re.escape(username)}\b", "", text, flags=re.IGNORECASE).strip() or text
 
 
 def _with_quote(msg: dict[str, Any], text: str) -> str:

@@ -1,7 +1,8 @@
 """Chunking shared by the platform modules: split markdown under a limit at paragraph, line,
 sentence boundaries, closing and reopening a code block cut in two. Fences follow CommonMark:
 ``` or ~~~ (three or more), closed only by the same character, at least as long, with no info
-string. Conversion to each platform's markup lives in shared/channels/markdown.py."""
+string. Lengths are measured in the platform's own unit (`measure`: characters by default, UTF-16
+code units for Telegram). Conversion to each platform's markup lives in shared/channels/markdown.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 Formatter = Callable[[str], str]
+Measure = Callable[[str], int]  # a text's length as the platform counts it: at least 1, at most 2 per character
 
 FENCE = "```"
 MIN_LIMIT = 16
@@ -82,19 +84,20 @@ class Piece:
         return self.reopen + self.body + self.close
 
 
-def split_text(text: str, limit: int) -> list[Piece]:
-    """Pieces of at most `limit` characters whose bodies rejoin to `text`, fences balanced in each."""
+def split_text(text: str, limit: int, *, measure: Measure = len) -> list[Piece]:
+    """Pieces of at most `limit` (as `measure` counts) whose bodies rejoin to `text`, fences balanced in each."""
     if limit < MIN_LIMIT:
         raise ValueError(f"limit must be at least {MIN_LIMIT}")
     pieces: list[Piece] = []
     pos, opener = 0, None
     while pos < len(text):
-        reopen = _reopen(opener, limit)
+        reopen = _reopen(opener, limit, measure)
         rest = text[pos:]
-        room = limit - len(reopen)
-        closing = _closing_room(opener, rest[:room])
-        fits = len(rest) <= room - closing or (len(rest) <= room and open_fence(reopen + rest) is None)
-        body = rest if fits else rest[: _cut(rest[: room - closing], opener)]
+        room = limit - measure(reopen)
+        closing = _closing_room(opener, rest[:room])  # fences are ASCII: one unit a character
+        size = measure(rest[: room + 1])  # measure counts a character at least once: enough to compare
+        fits = size <= room - closing or (size <= room and open_fence(reopen + rest) is None)
+        body = rest if fits else rest[: _cut(rest[: _prefix(rest, room - closing, measure)], opener)]
         opener = open_fence(reopen + body)
         close = ("" if body.endswith("\n") else "\n") + opener.marker if opener is not None else ""
         pieces.append(Piece(body, reopen, close))
@@ -102,10 +105,19 @@ def split_text(text: str, limit: int) -> list[Piece]:
     return pieces
 
 
-def _reopen(opener: Fence | None, limit: int) -> str:
+def _prefix(text: str, units: int, measure: Measure) -> int:
+    """The length of the longest start of `text` that measures at most `units`."""
+    low, high = 0, min(len(text), units)
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if measure(text[:mid]) <= units else (low, mid - 1)
+    return low
+
+
+def _reopen(opener: Fence | None, limit: int, measure: Measure) -> str:
     if opener is None:
         return ""
-    return opener.line + "\n" if len(opener.line) < limit // 4 else opener.marker + "\n"
+    return opener.line + "\n" if measure(opener.line) < limit // 4 else opener.marker + "\n"
 
 
 def _closing_room(opener: Fence | None, window: str) -> int:
@@ -148,26 +160,36 @@ def _before_fence_line(window: str, cut: int) -> int:
     return start if 0 < start < cut and is_fence(line) else cut
 
 
-def format_chunks(text: str, limit: int, fmt: Formatter) -> list[str]:
-    """`text` split under `limit` and formatted; a piece whose formatting outgrows the limit is
-    split again, smaller. Pieces with nothing visible are dropped. Formatting stays valid for limits
-    of 200 and more (every platform's is at least 2000)."""
+def format_chunks(text: str, limit: int, fmt: Formatter, *, measure: Measure = len) -> list[str]:
+    """`text` split under `limit` (as `measure` counts) and formatted; a piece whose formatting
+    outgrows the limit is split again, smaller. Pieces with nothing visible are dropped. Formatting
+    stays valid for limits of 200 and more (every platform's is at least 2000)."""
     out: list[str] = []
-    for piece in split_text(text, limit):
-        out += _fit(str(piece), limit, limit, fmt)
+    for piece in split_text(text, limit, measure=measure):
+        out += _fit(str(piece), limit=limit, split_at=limit, fmt=fmt, measure=measure)
     return out
 
 
-def _fit(markdown: str, limit: int, split_at: int, fmt: Formatter) -> list[str]:
+def _fit(markdown: str, *, limit: int, split_at: int, fmt: Formatter, measure: Measure) -> list[str]:
     if not _visible(markdown):
         return []
     formatted = fmt(markdown)
-    if len(formatted) <= limit:
+    if measure(formatted) <= limit:
         return [formatted] if formatted.strip() else []
     smaller = split_at // 2
     if smaller < MIN_LIMIT:  # unreachable for real limits; keeps the guarantee anyway
-        return [formatted[i : i + limit] for i in range(0, len(formatted), limit)]
-    return [c for p in split_text(markdown, smaller) for c in _fit(str(p), limit, smaller, fmt)]
+        return _hard_split(formatted, limit, measure)
+    return [c for p in split_text(markdown, smaller, measure=measure)
+            for c in _fit(str(p), limit=limit, split_at=smaller, fmt=fmt, measure=measure)]
+
+
+def _hard_split(text: str, limit: int, measure: Measure) -> list[str]:
+    out = []
+    while text:
+        cut = _prefix(text, limit, measure)
+        out.append(text[:cut])
+        text = text[cut:]
+    return out
 
 
 def _visible(markdown: str) -> bool:

@@ -61,10 +61,17 @@ class WhatsAppChannel(BaseChannel):
         for entry in _objects(payload, "entry"):
             for change in _objects(entry, "changes"):
                 value = change.get("value")
-                if isinstance(value, dict):
+                if isinstance(value, dict) and self._ours(value):
                     parsed.messages += self._messages(value)
                     parsed.undelivered.update(_failed(value))
         return parsed
+
+    def _ours(self, value: dict[str, Any]) -> bool:
+        """Sent to (or, for statuses, from) our number: an app subscribed for several numbers of a
+        business gets their webhooks too, and those are for whoever serves those numbers."""
+        metadata = value.get("metadata")
+        number = metadata.get("phone_number_id") if isinstance(metadata, dict) else None
+        return number is not None and str(number) == self.cfg.phone_number_id
 
     def _messages(self, value: dict[str, Any]) -> list[InboundMessage]:
         names = {c.get("wa_id"): _name(c) for c in _objects(value, "contacts")}

@@ -1,6 +1,6 @@
-"""A fake Telegram Bot API: the bot token in the URL path, sendMessage (HTML parse mode checked:
-only Telegram's tags, properly nested, at most 4096 characters of text), sendChatAction,
-setWebhook; and signed webhook updates as Telegram sends them."""
+"""A fake Telegram Bot API: the bot token in the URL path, getMe, sendMessage (HTML parse mode
+checked: only Telegram's tags, properly nested, at most 4096 UTF-16 code units of text, as Telegram
+counts), sendChatAction, setWebhook; and signed webhook updates as Telegram sends them."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from tests.fakes.platform import Call, FakePlatform
 
+MAX_TEXT = 4096  # UTF-16 code units of the text after entity parsing
 TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "a", "code", "pre", "tg-spoiler",
         "span", "blockquote"}
 
@@ -58,15 +59,15 @@ def parse_entities(text: str) -> tuple[str, str | None]:
 class FakeTelegram(FakePlatform):
     message_ops = ("sendMessage",)
 
-    def __init__(self, token: str, secret: str) -> None:
-        self.token, self.secret = token, secret
+    def __init__(self, token: str, secret: str, username: str = "nanofleet_bot") -> None:
+        self.token, self.secret, self.username = token, secret, username
         self.ids = itertools.count(1)
         self.update_ids = itertools.count(10_000)
         self.webhook: dict[str, Any] = {}
         super().__init__()
 
     def routes(self) -> list[Route]:
-        return [Route("/bot{token}/{method}", self._method, methods=["POST"])]
+        return [Route("/bot{token}/{method}", self._method, methods=["GET", "POST"])]
 
     def chat_of(self, call: Call) -> str:
         return str(call.body.get("chat_id"))
@@ -79,7 +80,8 @@ class FakeTelegram(FakePlatform):
         if request.path_params["token"] != self.token:
             self.refuse(f"wrong bot token in the path for {method}")
             return await self.answer(method, request, lambda b, r: (401, _error(401, "Unauthorized")))
-        handler = {"sendMessage": self._send, "sendChatAction": self._action, "setWebhook": self._set_webhook}
+        handler = {"getMe": self._get_me, "sendMessage": self._send, "sendChatAction": self._action,
+                   "setWebhook": self._set_webhook}
         if method not in handler:
             return await self.answer(method, request, lambda b, r: (404, _error(404, "Not Found")))
         return await self.answer(method, request, handler[method])
@@ -93,11 +95,19 @@ class FakeTelegram(FakePlatform):
         if error:
             self.refuse(f"can't parse entities: {error}")
             return 400, _error(400, f"Bad Request: can't parse entities: {error}")
-        if not visible.strip() or len(visible) > 4096:
-            self.refuse(f"message text of {len(visible)} characters")
+        units = len(visible.encode("utf-16-le")) // 2
+        if not visible.strip() or units > MAX_TEXT:
+            self.refuse(f"message text of {units} UTF-16 code units")
             return 400, _error(400, "Bad Request: message is too long" if visible.strip() else "text is empty")
         return 200, {"ok": True, "result": {"message_id": next(self.ids), "chat": {"id": body["chat_id"]},
                                             "text": visible}}
+
+    def _get_me(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+        bot_id = self.token.split(":", 1)[0]  # a bot token starts with the bot's id
+        return 200, {"ok": True, "result": {"id": int(bot_id) if bot_id.isdigit() else 1, "is_bot": True,
+                                            "first_name": "Nanofleet", "username": self.username,
+                                            "can_join_groups": True, "can_read_all_group_messages": False,
+                                            "supports_inline_queries": False}}
 
     def _action(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
         return 200, {"ok": True, "result": True}

@@ -23,7 +23,7 @@ from tests.fakes.whatsapp import FakeWhatsApp
 S = Settings(channels={
     "telegram": {"bot_username": "nanofleet_bot", "allow_from": ["1"]},
     "feishu": {"encrypt_key": "k", "allow_from": ["*"]},
-    "whatsapp": {"verify_token": "vt"},
+    "whatsapp": {"verify_token": "vt", "phone_number_id": "P1"},
 })
 
 
@@ -63,6 +63,19 @@ def test_telegram_text_captions_replies_groups_and_topics() -> None:
     assert malformed(ch.parse, {"update_id": 1, "message": {"text": "no chat"}}) == 400
     assert malformed(ch.parse, {"message": {}}) == 400
     assert malformed(ch.parse, [1, 2]) == 400
+
+
+def test_telegram_ignores_messages_from_bots() -> None:
+    """Telegram delivers other bots' messages in groups: answering them, two bots would talk forever."""
+    tg, ch = FakeTelegram("1:t", "s"), TelegramChannel(S)
+    for chat, kind in ((5, "private"), (-7, "supergroup")):
+        update = tg.update(chat=chat, sender=99, text="@nanofleet_bot /help", chat_type=kind)
+        update["message"]["from"]["is_bot"] = True
+        assert ch.parse({}, body(update)).messages == [], kind
+    anonymous = tg.update(chat=-7, sender=1087968824, text="@nanofleet_bot status?", chat_type="supergroup",
+                          sender_chat={"id": -7, "type": "supergroup"})  # an admin posting as the group
+    anonymous["message"]["from"].update(is_bot=True, username="GroupAnonymousBot")
+    assert [m.content for m in ch.parse({}, body(anonymous)).messages] == ["status?"]
 
 
 def test_telegram_allow_from_is_by_user_id() -> None:
@@ -126,6 +139,19 @@ def test_whatsapp_messages_captions_statuses_and_handshake() -> None:
     assert ch.handshake({"hub.mode": "subscribe", "hub.verify_token": "no", "hub.challenge": "42"}) is None
 
 
+def test_whatsapp_ignores_what_was_sent_to_another_number_of_the_business() -> None:
+    """One app can be subscribed for several numbers: what reaches the others is not ours to answer."""
+    ch = WhatsAppChannel(S)
+    other = FakeWhatsApp("t", "s", "P2")
+    assert ch.parse({}, body(other.event(sender="155501", text="hola", wamid="wamid.9"))).messages == []
+    failed = other.status(recipient="155501", wamid="wamid.out9", status="failed")
+    assert ch.parse({}, body(failed)).undelivered == {}
+    ours = FakeWhatsApp("t", "s", "P1").event(sender="155501", text="hola", wamid="wamid.10")
+    ours["entry"][0]["changes"].insert(0, other.event(sender="155502", text="x", wamid="wamid.11")["entry"][0]
+                                       ["changes"][0])
+    assert [m.event_id for m in ch.parse({}, body(ours)).messages] == ["wamid.10"]
+
+
 def test_a_whatsapp_message_older_than_its_retry_window_is_a_replay_and_ignored() -> None:
     """WhatsApp signs no timestamp, and the ledger forgets ids after its retention: a signed request
     captured once must not start a turn again weeks later."""
@@ -151,6 +177,9 @@ def test_feishu_decrypts_and_keeps_only_text_addressed_to_the_bot() -> None:
                                      content=json.dumps({"text": "@_user_1 do it"}))
     [addressed] = ch.parse({}, fs.signed(group)[0]).messages
     assert addressed.content == "do it" and addressed.group
+    group["event"]["message"].update(mentions=[{"key": "@_user_1", "name": "bot"}, {"key": "@_user_2", "name": "Bob"}],
+                                     content=json.dumps({"text": "@_user_1 ask @_user_2 about it"}))
+    assert ch.parse({}, fs.signed(group)[0]).messages[0].content == "ask @Bob about it"  # not "ask  about it"
     image = fs.event(chat="oc_1", sender="ou_1", text="x", event_id="ev3")
     image["event"]["message"]["message_type"] = "image"
     assert ch.parse({}, fs.signed(image)[0]).messages == []

@@ -1,10 +1,12 @@
 """Chunking and markdown conversion: property tests (pieces rejoin to the original text, each under
-the limit, fences balanced in every piece; Telegram HTML always parses) and examples."""
+the limit in the platform's own unit, fences balanced in every piece; Telegram HTML always parses)
+and examples."""
 
 from __future__ import annotations
 
 import html
 import re
+from collections.abc import Callable
 
 import pytest
 from hypothesis import example, given, settings
@@ -29,17 +31,26 @@ markdown = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=40)),
 FORMATS = {"telegram": telegram_html, "slack": slack_mrkdwn, "plain": plain_text, "identity": identity}
 
 
+def utf16(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+MEASURES: dict[str, Callable[[str], int]] = {"len": len, "utf16": utf16}
+
+
 def balanced(chunk: str) -> bool:
     return open_fence(chunk) is None
 
 
 @settings(max_examples=400, deadline=None)
-@given(text=markdown, limit=st.integers(16, 300))
-def test_pieces_rejoin_fit_and_keep_fences_balanced(text: str, limit: int) -> None:
-    pieces = split_text(text, limit)
+@given(text=markdown, limit=st.integers(16, 300), unit=st.sampled_from(sorted(MEASURES)))
+@example(text="😀" * 40, limit=16, unit="utf16")
+def test_pieces_rejoin_fit_and_keep_fences_balanced(text: str, limit: int, unit: str) -> None:
+    measure = MEASURES[unit]
+    pieces = split_text(text, limit, measure=measure)
     assert "".join(p.body for p in pieces) == text
     for p in pieces:
-        assert p.body and len(str(p)) <= limit
+        assert p.body and measure(str(p)) <= limit
         assert balanced(str(p))
         assert p.reopen == "" or (is_fence(p.reopen) and p.reopen.endswith("\n") and p.reopen.count("\n") == 1)
         closer = fence_of(p.close.lstrip("\n"))
@@ -47,13 +58,15 @@ def test_pieces_rejoin_fit_and_keep_fences_balanced(text: str, limit: int) -> No
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=markdown, limit=st.integers(200, 600), fmt=st.sampled_from(sorted(FORMATS)))
-@example(text="#  ", limit=200, fmt="plain")  # a heading of spaces used to give a blank chunk
-@example(text="# ```python\n**```**\n[```](https://x.y)", limit=200, fmt="plain")  # markup hid a fence
-@example(text="**```**\n", limit=200, fmt="slack")
-def test_formatted_chunks_fit_and_stay_valid(text: str, limit: int, fmt: str) -> None:
-    for chunk in format_chunks(text, limit, FORMATS[fmt]):
-        assert 0 < len(chunk) <= limit and chunk.strip()
+@given(text=markdown, limit=st.integers(200, 600), fmt=st.sampled_from(sorted(FORMATS)),
+       unit=st.sampled_from(sorted(MEASURES)))
+@example(text="#  ", limit=200, fmt="plain", unit="len")  # a heading of spaces used to give a blank chunk
+@example(text="# ```python\n**```**\n[```](https://x.y)", limit=200, fmt="plain", unit="len")  # markup hid a fence
+@example(text="**```**\n", limit=200, fmt="slack", unit="len")
+@example(text="**😀**" * 300, limit=200, fmt="telegram", unit="utf16")
+def test_formatted_chunks_fit_and_stay_valid(text: str, limit: int, fmt: str, unit: str) -> None:
+    for chunk in format_chunks(text, limit, FORMATS[fmt], measure=MEASURES[unit]):
+        assert 0 < MEASURES[unit](chunk) <= limit and chunk.strip()
         if fmt == "telegram":
             assert parse_entities(chunk)[1] is None, chunk
         else:
@@ -71,13 +84,25 @@ def test_telegram_html_always_parses(text: str) -> None:
 def test_each_platform_chunks_under_its_limit(channel: type[TelegramChannel]) -> None:
     code = "\n".join(f"line_{i} = {i} & {i} < {i + 1}" for i in range(3000))
     text = ("Intro **bold** & <b>. " * 200) + "\n\n```python\n" + code + "\n```\n\n" + "Outro. " * 300
-    chunks = channel(Settings()).chunks(text)
+    ch = channel(Settings())
+    chunks = ch.chunks(text)
     assert len(chunks) >= 2
-    assert all(len(c) <= channel.max_chars for c in chunks)
+    assert all(ch.measure(c) <= channel.max_chars for c in chunks)
     if channel is TelegramChannel:
         assert all(parse_entities(c)[1] is None for c in chunks)
     else:
         assert all(balanced(c) for c in chunks)
+
+
+def test_telegram_chunks_fit_its_limit_in_utf16_code_units() -> None:
+    """Telegram counts 4096 in UTF-16 code units: an emoji is two. A chunk of 4096 characters of
+    emoji is twice too long, and Telegram refuses it for good."""
+    text = ("Party time 🎉🎉🎉 " + "😀" * 40 + "\n") * 150 + "```\n" + "🚀 " * 3000 + "\n```"
+    chunks = TelegramChannel(Settings()).chunks(text)
+    assert chunks and all(utf16(c) <= TelegramChannel.max_chars for c in chunks)
+    assert all(parse_entities(c)[1] is None for c in chunks)
+    slack = SlackChannel(Settings()).chunks(text)  # other platforms still count characters
+    assert SlackChannel.max_chars // 2 < max(len(c) for c in slack) <= SlackChannel.max_chars
 
 
 def test_cuts_prefer_paragraphs_then_lines_then_sentences() -> None:
@@ -113,6 +138,7 @@ def test_slack_mrkdwn_and_plain_text() -> None:
     md = "**bold** *it* ~~gone~~ [site](https://x.io) a<b & c\n```js\nlet a = 1 < 2\n```"
     assert slack_mrkdwn(md) == "*bold* _it_ ~gone~ <https://x.io|site> a&lt;b &amp; c\n```\nlet a = 1 &lt; 2\n```"
     assert plain_text(md) == "bold it gone site (https://x.io) a<b & c\n```\nlet a = 1 < 2\n```"
+    assert slack_mrkdwn("# **Title**\n## A **bold** word") == "*Title*\n*A bold word*"  # Slack nests no bold
 
 
 def test_whitespace_only_pieces_are_dropped() -> None:
