@@ -9,17 +9,64 @@ visibility timeout or their runs are re-enqueued by the sweeper.
 
 And one saving: kombu builds a new Redis client for every short command (each task's receipt and
 ack, each of its monitoring events), about 0.1 ms each, five times a task. A client is thread-safe
-and borrows a connection from the channel's pool per command, so the channel keeps one."""
+and borrows a connection from the channel's pool per command, so the channel keeps one.
+
+Also here: the Celery settings that point the broker, the result backend and redbeat at one
+NANOFLEET_REDIS_URL (redis_config), since each of the three reads a URL its own way."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from kombu.transport import redis as kombu_redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-TRANSPORT = "shared.broker:Transport"
-SCHEMES = ("redis", "rediss")  # other schemes (sentinel, socket) keep kombu's own transport
+from shared.redis_urls import REDIS_TLS_PARAMS, cert_reqs
+
+TRANSPORT = "shared.broker:Transport"  # for redis:// and rediss://; unix:// keeps kombu's own (see redis_config)
+
+
+def tls_options(params: dict[str, str]) -> dict[str, Any]:
+    """TLS options from a rediss:// URL's parameters (REDIS_TLS_PARAMS): the server's certificate is
+    verified unless they say otherwise. They are taken off the URL and given to the broker, the result
+    backend and redbeat as options: Celery's result backend refuses a rediss:// URL without
+    ssl_cert_reqs, and nanofleet's transport (unlike kombu's own for rediss://) only uses TLS when told."""
+    options: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    for name, value in params.items():
+        if name == "ssl_cert_reqs":
+            if (mode := cert_reqs(value)) is None:  # redis-py would read a None as "no verification"
+                raise ValueError(f"ssl_cert_reqs={value}: must be required, optional or none")
+            options[name] = mode
+        elif name == "ssl_check_hostname":
+            options[name] = value.strip().upper() not in ("0", "F", "FALSE", "N", "NO")  # as redis-py reads it
+        else:
+            options[name] = value
+    return options
+
+
+def redis_config(url: str) -> dict[str, Any]:
+    """The Celery settings that reach Redis at `url` (redis://, rediss:// or unix://, as the settings
+    accept it) for the broker, the result backend and redbeat."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if parts.scheme == "unix":
+        # kombu and Celery's backend name a socket redis+socket://[:password@]/path?virtual_host=N; redbeat
+        # (redis-py) reads unix:// itself. This runs on kombu's own transport, without the fixes above.
+        auth, _, _ = parts.netloc.rpartition("@")
+        db = [("virtual_host", value) for name, value in query if name == "db"]
+        socket_url = f"redis+socket://{auth}@{parts.path}" if auth else f"redis+socket://{parts.path}"
+        socket_url += f"?{urlencode(db)}" if db else ""
+        return {"broker_url": socket_url, "broker_transport": None, "result_backend": socket_url,
+                "redbeat_redis_url": url}
+    plain = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query if k not in REDIS_TLS_PARAMS])))
+    config: dict[str, Any] = {"broker_url": plain, "broker_transport": TRANSPORT, "result_backend": plain,
+                              "redbeat_redis_url": plain}
+    if parts.scheme == "rediss":
+        tls = tls_options({k: v for k, v in query if k in REDIS_TLS_PARAMS})
+        config |= {"broker_use_ssl": tls, "redis_backend_use_ssl": tls, "redbeat_redis_use_ssl": tls}
+    return config
 
 
 class Channel(kombu_redis.Channel):

@@ -39,11 +39,8 @@ MARGIN = 30
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Everything the app needs: explicit queues, routes, acks late, redbeat."""
     exchange = Exchange("nanofleet", type="direct")
-    scheme = settings.redis_url.split("://", 1)[0]
     return {
-        "broker_url": settings.redis_url,
-        "broker_transport": broker.TRANSPORT if scheme in broker.SCHEMES else None,
-        "result_backend": settings.redis_url,
+        **broker.redis_config(settings.redis_url),  # broker, result backend and redbeat: URLs and TLS
         "task_ignore_result": True,
         "result_expires": 600,
         "task_queues": [Queue(q, exchange, routing_key=q) for q in QUEUES],
@@ -74,7 +71,6 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_send_sent_event": False,
         "worker_hijack_root_logger": False,
         "beat_scheduler": "redbeat.RedBeatScheduler",
-        "redbeat_redis_url": settings.redis_url,
         "redbeat_key_prefix": REDBEAT_PREFIX,
         "redbeat_lock_timeout": settings.scheduler.beat_lock_timeout,
         "beat_max_loop_interval": 1,

@@ -21,12 +21,25 @@ from pydantic_settings import (
 )
 from pydantic_settings import SettingsError as SourceError
 
-from shared.channel_settings import ChannelsSettings, not_placeholder
+from shared.channel_settings import PLACEHOLDERS, ChannelsSettings, not_placeholder
+from shared.redis_urls import redis_url_problem
 from shared.settings_errors import SettingsError as SettingsError  # raised here; callers import it from here
 from shared.settings_errors import describe_unparsable, describe_validation
 
 CONFIG_FILE_ENV = "NANOFLEET_CONFIG_FILE"
 POSTGRES_SCHEMES = ("postgresql+psycopg", "postgresql", "postgres")  # hosted Postgres URLs often say postgres://
+# Passwords anyone can read in an example: nanofleet's compose file and .env.example shipped "nanofleet"
+# (a word in every log line, where redaction masked it: "Task ***.agent.step[...] received").
+SHIPPED_PASSWORDS = frozenset({"nanofleet", *PLACEHOLDERS})
+
+
+def shipped_password(url: str, *, compose_variable: str) -> None:
+    """Refuse a URL whose password is an example's, as placeholder secrets are refused."""
+    password = urlsplit(url).password
+    if password is not None and unquote(password).strip().lower() in SHIPPED_PASSWORDS:
+        raise ValueError(f"its password is an example anyone can read ({unquote(password)!r}); set one of your own "
+                         f"(under docker compose: {compose_variable} in .env), and change it on the server first "
+                         "if the server uses it: docs/operations.md, 'Rotating secrets'")
 
 
 class Permission(StrEnum):
@@ -225,7 +238,7 @@ class SchedulerSettings(BaseModel):
 
 
 class RetentionSettings(BaseModel):
-    """How long operational records are kept (see shared/housekeeping.py); messages are kept."""
+    """How long operational records are kept (see shared/housekeeping.py); chats' messages are kept."""
 
     days: int = Field(default=30, ge=0)  # 0 keeps everything
     interval: float = Field(default=3600.0, gt=0)  # seconds between retention passes
@@ -272,13 +285,15 @@ class Settings(BaseSettings):
         if not sep or scheme not in POSTGRES_SCHEMES:
             raise ValueError("must be a PostgreSQL URL: postgresql+psycopg://, postgresql:// or postgres:// "
                              "(the last two are read as postgresql+psycopg://)")
+        shipped_password(v, compose_variable="POSTGRES_PASSWORD")
         return f"postgresql+psycopg://{rest}"
 
     @field_validator("redis_url")
     @classmethod
     def _check_redis(cls, v: str) -> str:
-        if not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        if problem := redis_url_problem(v):
+            raise ValueError(problem)
+        shipped_password(v, compose_variable="REDIS_PASSWORD")
         return v
 
     @field_validator("api_keys")

@@ -49,7 +49,10 @@ BACKING = {"redis", "postgres"}
 # Variables docker/compose.yml (not nanofleet) reads, and the config file pointer.
 NOT_SETTINGS = {"NANOFLEET_PORT", CONFIG_FILE_ENV}
 # Interpolated by compose: unset them so the rendering shows the defaults.
-_COMPOSE_VARS = re.compile(r"^(POSTGRES_|FLOWER_|NANOFLEET_|COMPOSE_)")
+_COMPOSE_VARS = re.compile(r"^(POSTGRES_|REDIS_|FLOWER_|NANOFLEET_|COMPOSE_)")
+# The two variables compose requires (no default password: anyone can read the file); the renderings
+# set them, as .env does.
+REQUIRED = {"POSTGRES_PASSWORD": "pg-test-password", "REDIS_PASSWORD": "redis-test-password"}
 
 
 # --------------------------------------------------------------------------- rendering compose
@@ -99,11 +102,11 @@ def _walk(node: Any, env: dict[str, str]) -> Any:
     return node
 
 
-def _render_python() -> dict[str, Any]:
+def _render_python(env: dict[str, str] = REQUIRED) -> dict[str, Any]:
     raw = yaml.safe_load(
         COMPOSE.read_text()
     )  # SafeLoader resolves anchors and << merge keys
-    rendered = _walk(raw, env={})
+    rendered = _walk(raw, env=env)
     return {k: v for k, v in rendered.items() if not k.startswith("x-")}
 
 
@@ -130,7 +133,7 @@ def _render_docker() -> dict[str, Any]:
     reason = _docker_compose_unavailable()
     if reason:
         pytest.skip(reason)
-    env = {k: v for k, v in os.environ.items() if not _COMPOSE_VARS.match(k)}
+    env = {k: v for k, v in os.environ.items() if not _COMPOSE_VARS.match(k)} | REQUIRED
     out = subprocess.run(
         ["docker", "compose", "-f", str(COMPOSE), "config", "--format", "json"],
         capture_output=True,
@@ -212,6 +215,27 @@ def test_redis_is_durable_and_never_evicts(compose: dict[str, Any]) -> None:
     command = _cmd(compose["services"]["redis"])
     assert "--appendonly yes" in command
     assert "noeviction" in command
+    assert "--maxmemory 1gb" in command  # at the cap it refuses writes instead of growing until killed
+
+
+def test_every_service_rotates_its_logs(compose: dict[str, Any]) -> None:
+    """Docker's json-file driver keeps a container's whole log unless told a size."""
+    for name, service in compose["services"].items():
+        logging = service.get("logging") or {}
+        assert logging.get("driver") == "json-file", name
+        assert logging.get("options") == {"max-size": "50m", "max-file": "5"}, name
+
+
+@pytest.mark.parametrize("missing", sorted(REQUIRED))
+def test_the_passwords_have_no_default(missing: str) -> None:
+    """Compose stops and names the password .env lacks: a default would be readable by anyone (and the
+    old one, "nanofleet", masked in the logs, made every line read "Task ***.agent.step")."""
+    env = {k: v for k, v in REQUIRED.items() if k != missing}
+    with pytest.raises(ValueError, match=f"required variable {missing} is missing a value: set {missing} in .env"):
+        _render_python(env)
+    with pytest.raises(ValueError, match=missing):
+        _render_python({**env, missing: ""})  # .env.example's empty line
+    assert re.search(rf"^{missing}=$", ENV_EXAMPLE.read_text(), re.MULTILINE)
 
 
 def test_migrate_runs_once(compose: dict[str, Any]) -> None:
@@ -295,9 +319,9 @@ def test_app_services_reach_backends_by_service_name(compose: dict[str, Any]) ->
     for name, service in _app_services(compose).items():
         env = service["environment"]
         assert env["NANOFLEET_DATABASE_URL"] == (
-            "postgresql+psycopg://nanofleet:nanofleet@postgres:5432/nanofleet"
+            "postgresql+psycopg://nanofleet:pg-test-password@postgres:5432/nanofleet"
         ), name
-        assert env["NANOFLEET_REDIS_URL"] == "redis://:nanofleet@redis:6379/0", name
+        assert env["NANOFLEET_REDIS_URL"] == "redis://:redis-test-password@redis:6379/0", name
         assert "/data/workspace" in json.dumps(service["volumes"]), name
     flower = compose["services"]["flower"]
     assert flower["environment"]["FLOWER_BASIC_AUTH"]

@@ -198,3 +198,46 @@ def test_passwords_in_the_database_and_redis_urls_are_secrets(monkeypatch: pytes
     monkeypatch.setenv("NANOFLEET_DATABASE_URL", "postgresql+psycopg://app:db%40secret@db:5432/nanofleet")
     monkeypatch.setenv("NANOFLEET_REDIS_URL", "redis://:redis-secret@redis:6379/0")
     assert {"db%40secret", "db@secret", "redis-secret"} <= set(load_settings().secrets())
+
+
+@pytest.mark.parametrize("url", [
+    "rediss://cache.example.com:6380/0",  # TLS, the certificate verified (shared.broker)
+    "rediss://:secret@cache.example.com:6380/0?ssl_cert_reqs=none",
+    "rediss://cache.example.com/0?ssl_cert_reqs=required&ssl_ca_certs=/etc/ssl/redis-ca.pem",
+    "unix:///run/redis/redis.sock",
+    "unix://:secret@/run/redis/redis.sock?db=2",
+])
+def test_redis_urls_the_workers_can_use(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    monkeypatch.setenv("NANOFLEET_REDIS_URL", url)
+    assert load_settings().redis_url == url
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("rediss://cache.example.com/0?ssl_cert_reqs=maybe", "ssl_cert_reqs must be required"),
+    ("rediss://cache.example.com/0?ssl_cert_reqs=CERT_NONE", "ssl_cert_reqs must be required"),  # Celery's word
+    ("redis://cache.example.com/0?ssl_cert_reqs=none", "rediss:// URL only"),
+    ("unix:///run/redis.sock?ssl_ca_certs=/ca.pem", "rediss:// URL only"),
+    ("unix://", "names the socket's path"),
+    ("redis+socket:///run/redis.sock", "unix:///path/to/redis.sock"),
+])
+def test_redis_urls_the_workers_cannot_use_are_refused(monkeypatch: pytest.MonkeyPatch, url: str, says: str) -> None:
+    """Refused at start with the form to use, instead of a worker that dies later (or runs without TLS)."""
+    monkeypatch.setenv("NANOFLEET_REDIS_URL", url)
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert "NANOFLEET_REDIS_URL" in str(err.value) and says in str(err.value)
+
+
+@pytest.mark.parametrize(("var", "url"), [
+    ("NANOFLEET_DATABASE_URL", "postgresql+psycopg://nanofleet:nanofleet@postgres:5432/nanofleet"),
+    ("NANOFLEET_REDIS_URL", "redis://:nanofleet@redis:6379/0"),
+    ("NANOFLEET_REDIS_URL", "redis://:ChangeMe@redis:6379/0"),
+])
+def test_a_password_from_an_example_is_refused(monkeypatch: pytest.MonkeyPatch, var: str, url: str) -> None:
+    """The compose file's old default: anyone can read it (the exec tool's commands share Redis's network),
+    and masked in the logs it turned every line into "Task ***.agent.step[...] received"."""
+    monkeypatch.setenv(var, url)
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert f"{var}: " in str(err.value) and "an example anyone can read" in str(err.value)
+    assert ("POSTGRES_PASSWORD" if "DATABASE" in var else "REDIS_PASSWORD") in str(err.value)
