@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any, NamedTuple
 
 from sqlalchemy import bindparam, func, text, update
 from sqlmodel import Session
@@ -25,7 +26,16 @@ RENEWED = "now() + make_interval(secs => cast(:s as double precision))"
 STALLED = "stalled"  # lease_owner of a tools phase found expired with a call running
 
 
-def _until(seconds: float) -> object:
+class Held(NamedTuple):
+    """A lease a step holds: an LLM step's (`owner`), or a tools step's (`step`, no owner)."""
+
+    run_id: str
+    owner: str | None
+    step: int | None
+
+
+def until(seconds: float) -> Any:
+    """`seconds` from now on Postgres's clock, which the sweeper compares leases with."""
     return func.now() + func.make_interval(0, 0, 0, 0, 0, 0, seconds)
 
 
@@ -43,7 +53,7 @@ def acquire(s: Session, *, run_id: str, seq: int, phase: Phase, owner: str, seco
         )
         .values(
             lease_owner=owner,
-            lease_until=_until(seconds),
+            lease_until=until(seconds),
             status=RunStatus.RUNNING.value,
             started_at=func.coalesce(runs.c.started_at, func.now()),
         )
@@ -57,20 +67,25 @@ class LeaseKeeper:
     def __init__(self, database_url: str, seconds: float) -> None:
         self.database_url = database_url
         self.seconds = seconds
-        # (run id, owner) -> how many steps hold it: tool calls of one run may run side by side.
-        # Owner None: tool work, whoever owns the run.
-        self._held: Counter[tuple[str, str | None]] = Counter()
+        # What is held -> by how many steps: tool calls of one run may run side by side.
+        self._held: Counter[Held] = Counter()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     @contextmanager
-    def hold(self, run_id: str, owner: str | None = None, taken: float | None = None) -> Iterator[None]:
-        """Renew the lease while the block runs. `taken`: when (time.monotonic) the caller took the
-        lease; if the work since took a third of it, it is renewed at once, not at the next round."""
-        key = (run_id, owner)
+    def hold(self, run_id: str, *, owner: str | None = None, step: int | None = None,
+             taken: float | None = None) -> Iterator[None]:
+        """Renew the lease while the block runs: the one `owner` took (an LLM step), or the run's
+        while it is in tools step `step` (a tool call; whoever owns the run). `taken`: when
+        (time.monotonic) the caller took the lease; if the work since took a third of it, it is
+        renewed at once, not at the next round."""
+        key = Held(run_id, owner, step)
         if taken is not None and time.monotonic() - taken > self.seconds / 3:
-            self.renew([key])
+            try:
+                self.renew([key])
+            except Exception as err:  # the next round tries again; the sweeper takes over if they fail
+                log.warning("lease renewal failed: %s", err)
         with self._lock:
             self._held[key] += 1
             self._start()
@@ -97,9 +112,9 @@ class LeaseKeeper:
                 except Exception as err:  # the sweeper takes over if renewals keep failing
                     log.warning("lease renewal failed: %s", err)
 
-    def renew(self, held: list[tuple[str, str | None]]) -> None:
-        owned = [(rid, owner) for rid, owner in held if owner is not None]
-        shared_ = [rid for rid, owner in held if owner is None]
+    def renew(self, held: list[Held]) -> None:
+        owned = [h for h in held if h.owner is not None]
+        tools = [h for h in held if h.owner is None]
         # A connection of its own: a process whose steps use every pooled one must still renew.
         with get_engine(self.database_url, pool_size=1).begin() as conn:
             if owned:
@@ -108,13 +123,14 @@ class LeaseKeeper:
                         f"update runs set lease_until = {RENEWED} where (id, lease_owner) in "
                         "(select * from unnest(cast(:ids as varchar[]), cast(:owners as varchar[])))"
                     ).bindparams(bindparam("ids"), bindparam("owners")),
-                    {"s": self.seconds, "ids": [r for r, _ in owned], "owners": [o for _, o in owned]},
+                    {"s": self.seconds, "ids": [h.run_id for h in owned], "owners": [h.owner for h in owned]},
                 )
-            if shared_:
+            if tools:  # clears STALLED: the run's calls are alive (a late worker's call from an earlier step does not)
                 conn.execute(
-                    text(f"update runs set lease_until = {RENEWED}, lease_owner = null "
-                         "where id = any(cast(:ids as varchar[])) and phase = 'tools'"),
-                    {"s": self.seconds, "ids": shared_},
+                    text(f"update runs set lease_until = {RENEWED}, lease_owner = null where (id, step_seq) in "
+                         "(select * from unnest(cast(:ids as varchar[]), cast(:steps as integer[]))) "
+                         "and phase = 'tools'"),
+                    {"s": self.seconds, "ids": [h.run_id for h in tools], "steps": [h.step for h in tools]},
                 )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, update
 from sqlmodel import Session, col, select
@@ -35,10 +35,11 @@ def sweep(rt: Runtime, conversation_id: str | None = None) -> list[Next]:
     ready: list[tuple[str, int]] = []  # tools phases whose calls all have results
     failed: list[Run] = []  # runs given up on: their step kept killing workers
     with rt.session() as s:
+        now = s.execute(select(func.now())).scalar_one()  # Postgres's clock, as leases and calls are stamped
         for run in _expired(s, conversation_id):
             try:
                 with s.begin_nested():
-                    nexts += _recover(rt, s, run, ready, failed)
+                    nexts += _recover(rt, s, run, now, ready, failed)
             except Exception:
                 log.exception("run %s: the sweep could not recover it; a later one tries again", run.id)
                 _later(rt, s, run.id)
@@ -68,8 +69,14 @@ def _isolated(what: str, part: Callable[..., list[Next]], *args: object) -> list
 def _later(rt: Runtime, s: Session, run_id: str) -> None:
     """Leave a run the sweep could not recover alone for `requeue_grace`, so its error is logged
     once per grace, not on every pass."""
-    s.execute(update(Run).where(col(Run.id) == run_id).values(
-        lease_until=func.now() + timedelta(seconds=rt.settings.runtime.requeue_grace)))
+    _extend(s, run_id, rt.settings.runtime.requeue_grace)
+
+
+def _extend(s: Session, run_id: str, seconds: float, **values: object) -> None:
+    """Push the run's lease `seconds` ahead on Postgres's clock (the one leases are compared on),
+    setting `values` too."""
+    s.execute(update(Run).where(col(Run.id) == run_id).values(lease_until=lease.until(seconds), **values)
+              .execution_options(synchronize_session=False))
 
 
 def _expired(s: Session, conversation_id: str | None) -> list[Run]:
@@ -80,7 +87,8 @@ def _expired(s: Session, conversation_id: str | None) -> list[Run]:
     return list(s.exec(query.order_by(col(Run.lease_until)).limit(BATCH).with_for_update(skip_locked=True)))
 
 
-def _recover(rt: Runtime, s: Session, run: Run, ready: list[tuple[str, int]], failed: list[Run]) -> list[Next]:
+def _recover(rt: Runtime, s: Session, run: Run, now: datetime, ready: list[tuple[str, int]],
+             failed: list[Run]) -> list[Next]:
     lost = run.phase == Phase.LLM and run.lease_owner is not None  # its worker died in the step
     if lost and steps.count_failure(run) >= rt.settings.runtime.max_recoveries:
         log.error("run %s: step %d was lost %d times; failing the run", run.id, run.step_seq, run.recoveries)
@@ -90,19 +98,15 @@ def _recover(rt: Runtime, s: Session, run: Run, ready: list[tuple[str, int]], fa
         return ended
     calls = [] if run.phase == Phase.LLM else \
         s.exec(select(ToolCall).where(ToolCall.run_id == run.id, ToolCall.step_seq == run.step_seq)).all()
-    if run.lease_owner != lease.STALLED and any(c.status == ToolStatus.RUNNING for c in calls):
+    running = [c for c in calls if c.status == ToolStatus.RUNNING]
+    if running and (run.lease_owner != lease.STALLED or any(_young(rt, c, now) for c in running)):
         log.info("run %s: lease expired in tools step %d with a call running; one more lease before the "
                  "call is taken for dead (shared.agent.lease)", run.id, run.step_seq)
-        run.lease_owner = lease.STALLED
-        run.lease_until = utcnow() + timedelta(seconds=rt.settings.runtime.lease_seconds)
-        s.add(run)
+        _extend(s, run.id, rt.settings.runtime.lease_seconds, lease_owner=lease.STALLED)
         return [Next(T_TOOL_EXECUTE, (c.id,)) for c in calls if c.status == ToolStatus.PENDING]
     log.info("run %s: lease expired in %s step %d; re-enqueueing", run.id, run.phase, run.step_seq)
-    run.lease_owner = None
     # A backlog can hold the re-enqueued task for a while: don't pile up more copies meanwhile.
-    grace = max(rt.settings.runtime.lease_seconds, rt.settings.runtime.requeue_grace)
-    run.lease_until = utcnow() + timedelta(seconds=grace)
-    s.add(run)
+    _extend(s, run.id, max(rt.settings.runtime.lease_seconds, rt.settings.runtime.requeue_grace), lease_owner=None)
     if run.phase == Phase.LLM:
         return [Next(steps.step_task(run), (run.id, run.step_seq))]
     nexts: list[Next] = []
@@ -114,6 +118,11 @@ def _recover(rt: Runtime, s: Session, run: Run, ready: list[tuple[str, int]], fa
     if all(c.status in steps.DONE for c in calls):
         ready.append((run.id, run.step_seq))
     return nexts
+
+
+def _young(rt: Runtime, call: ToolCall, now: datetime) -> bool:
+    """Started within the last lease: its worker may be alive and not have renewed yet."""
+    return call.started_at is not None and call.started_at > now - timedelta(seconds=rt.settings.runtime.lease_seconds)
 
 
 def _interrupted(rt: Runtime, s: Session, call: ToolCall) -> None:

@@ -151,7 +151,8 @@ def _llm_step(rt: Runtime, run_id: str, seq: int, owner: str) -> list[Next]:
         return bounded
     if seq == 0 and run.kind == RunKind.TURN and run.recoveries == 0:  # a recovered step's loop still runs
         rt.send_now(typing_loop(rt.settings, run.origin or {}, run.id))
-    with lease.keeper(rt.settings.database_url, rt.settings.runtime.lease_seconds).hold(run_id, owner, taken=acquired):
+    keeper = lease.keeper(rt.settings.database_url, rt.settings.runtime.lease_seconds)
+    with keeper.hold(run_id, owner=owner, taken=acquired):
         return _call(rt, run, seq, messages, tools, kept)
 
 
@@ -276,7 +277,7 @@ def tool_step(rt: Runtime, tool_call_id: str) -> list[Next]:
         return advance(rt, run.id, call.step_seq) if call.status in DONE else []
     ctx = _context(rt, run, call)
     # The lease is held until the result is written: the sweeper leaves a call alone while it renews.
-    with lease.keeper(rt.settings.database_url, rt.settings.runtime.lease_seconds).hold(run.id):
+    with lease.keeper(rt.settings.database_url, rt.settings.runtime.lease_seconds).hold(run.id, step=call.step_seq):
         result = _execute(rt, run, call, ctx) if run.status in ACTIVE else ToolResult.fail(ErrorCode.FAILED, NOT_RUN)
         nexts = _journal(rt, call, result)
     if nexts is None:  # its conversation was deleted meanwhile (a cancelled run's tool went on)

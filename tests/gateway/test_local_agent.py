@@ -6,12 +6,14 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+from sqlalchemy import text
 from sqlmodel import select
 
 from gateway.local_agent import one_turn
-from shared.agent import conversations
+from shared.agent import conversations, steps
 from shared.agent.runtime import Runtime
 from shared.agent.service import submit
+from shared.constants import T_TOOL_EXECUTE
 from shared.models import Message, MessageType, Run, RunKind, RunStatus, utcnow
 from shared.settings import Settings, load_settings
 from tests.fakes.llm import FakeLLM, Reply, default_handler
@@ -40,6 +42,28 @@ def test_a_turn_left_by_a_crashed_call_is_finished_first(database_url: str, fake
     assert one_turn(settings, message="second", session="cli:t").text == "echo: second"
     with rt.session() as s:
         assert s.get_one(Run, stale.run_id).final_text == "echo: first"
+
+
+def test_a_turn_whose_call_died_in_a_tool_is_finished_first(database_url: str, fake_llm: FakeLLM,
+                                                             tmp_path: Path) -> None:
+    """The sweep gives a tool call one more lease before it takes it for dead: a single sweep left
+    the turn going and the new message queued behind it (helper's review)."""
+    clean_db(database_url)
+    fake_llm.reset()
+    settings = _settings(database_url, fake_llm, tmp_path)
+    rt = Runtime.build(settings)
+    with rt.session() as s:
+        conv = conversations.get_or_create(s, session_key="cli:k", channel="cli", chat_id="cli:k")
+        stale = submit(rt, s, conv.id, "call:time {}", origin={"channel": "api", "chat_id": "cli:k"})
+    [tool] = steps.llm_step(rt, stale.run_id, 0)  # the earlier call asked for the tool...
+    with rt.session() as s:  # ...claimed it, and died in it
+        s.execute(text("update tool_calls set status = 'RUNNING', started_at = now() - interval '1 minute'"))
+        s.execute(text("update runs set lease_until = now() - interval '1 second' where id = :r"), {"r": stale.run_id})
+    assert tool.task == T_TOOL_EXECUTE
+    answer = one_turn(settings, message="second", session="cli:k")
+    assert (answer.ok, answer.text) == (True, "echo: second")
+    with rt.session() as s:
+        assert s.get_one(Run, stale.run_id).status == RunStatus.SUCCEEDED  # told the tool may not have run
 
 
 def test_a_subagent_reports_before_the_call_returns(database_url: str, fake_llm: FakeLLM, tmp_path: Path) -> None:

@@ -23,16 +23,16 @@ from tests.support.stack import Stack
 LEASE = 30.0  # long: the keeper renews every 10 s, so only the test moves the lease
 
 
-def _tools_phase(rt: Runtime, key: str) -> tuple[str, str]:
-    """A turn whose first step asked for one `record` call: (run id, tool call row id)."""
+def _tools_phase(rt: Runtime, key: str, calls: int = 1) -> tuple[str, str]:
+    """A turn whose first step asked for `calls` `record` calls: (run id, the first call's row id)."""
     with rt.session() as s:
         cid = conversations.get_or_create(s, session_key=key).id
         run_id = conversations.post_message(s, cid, "hi", origin={}, lease_seconds=LEASE).run_id
         assert run_id is not None
     with rt.session() as s:
         assert lease.acquire(s, run_id=run_id, seq=0, phase=Phase.LLM, owner="w", seconds=LEASE)
-    call = LLMToolCall(id="c1", name="record", arguments='{"tag": "once", "seconds": 1.5}')
-    [nxt] = steps._record(rt, run_id, 0, LLMResponse(content="", tool_calls=[call]), 1.0)
+    asked = [LLMToolCall(id=f"c{i}", name="record", arguments='{"tag": "once", "seconds": 1.5}') for i in range(calls)]
+    nxt, *_ = steps._record(rt, run_id, 0, LLMResponse(content="", tool_calls=asked), 1.0)
     return run_id, str(nxt.args[0])
 
 
@@ -123,7 +123,42 @@ def test_a_step_that_took_long_to_start_renews_its_lease_at_once(make_stack: Cal
         s.execute(text("update runs set lease_owner = 'w', lease_until = now() + interval '1 second' "
                        "where id = :id"), {"id": run_id})
     keeper = lease.keeper(st.settings.database_url, LEASE)
-    with keeper.hold(run_id, "w", taken=time.monotonic() - LEASE / 2), rt.session() as s:
+    with keeper.hold(run_id, owner="w", taken=time.monotonic() - LEASE / 2), rt.session() as s:
         left = s.execute(text("select extract(epoch from lease_until - now()) from runs where id = :id"),
                          {"id": run_id}).scalar_one()
     assert left > LEASE - 5
+
+
+def _claimed(rt: Runtime, run_id: str, position: int, seconds_ago: int) -> None:
+    with rt.session() as s:
+        s.execute(text("update tool_calls set status = 'RUNNING', attempts = 1, "
+                       "started_at = now() - make_interval(secs => :ago) where run_id = :r and position = :p"),
+                  {"r": run_id, "p": position, "ago": seconds_ago})
+
+
+def test_a_call_claimed_after_the_run_was_marked_stalled_gets_its_own_lease(make_stack: Callable[..., Stack]) -> None:
+    """One call's worker died, so the run was marked STALLED; another call, taken from the backlog
+    just before the second look, was taken for dead with it, its result lost (helper's review)."""
+    st = make_stack(RUNTIME__LEASE_SECONDS=str(LEASE))
+    rt = Runtime.build(st.settings)
+    run_id, _ = _tools_phase(rt, "t:two", calls=2)
+    _claimed(rt, run_id, 0, seconds_ago=600)  # its worker died long ago
+    _expire(rt, run_id)
+    recovery.sweep(rt)
+    keeper = lease.keeper(st.settings.database_url, LEASE)
+    keeper.renew([lease.Held(run_id, None, 99)])  # a late worker of another step does not vouch for this one
+    _claimed(rt, run_id, 1, seconds_ago=0)  # just taken from the backlog
+    _expire(rt, run_id)
+    recovery.sweep(rt)
+    with rt.session() as s:
+        statuses = s.execute(text("select status from tool_calls where run_id = :r order by position"),
+                             {"r": run_id}).scalars().all()
+        assert statuses == ["RUNNING", "RUNNING"]
+        assert s.get_one(Run, run_id).lease_owner == lease.STALLED
+    _claimed(rt, run_id, 1, seconds_ago=600)  # a lease on, neither worker renewed
+    _expire(rt, run_id)
+    recovery.sweep(rt)
+    with rt.session() as s:
+        statuses = s.execute(text("select status from tool_calls where run_id = :r order by position"),
+                             {"r": run_id}).scalars().all()
+    assert statuses == ["FAILED", "FAILED"]
