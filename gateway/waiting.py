@@ -19,16 +19,10 @@ from shared.models import TERMINAL, Message, Run
 
 
 class NoAnswer(NanofleetError):
-    """The wait ran out; the run goes on. Carries `conversationId` and `runId` (None while the
-    message waits for the conversation's current run to end)."""
+    """The wait ran out, or the gateway is shutting down; the run goes on. Carries `conversationId`
+    and `runId` (None while the message waits for the conversation's current run to end)."""
 
     status_code = 504
-
-
-class Stopping(NoAnswer):
-    """The gateway is shutting down before the answer came; the run goes on."""
-
-    status_code = 503
 
 
 def server_stopping() -> bool:
@@ -70,8 +64,8 @@ async def wait_for_run(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _no_answer(conversation_id, run_id, f"no answer within {timeout:g}s")
-        if server_stopping():
-            raise _no_answer(conversation_id, run_id, "this gateway is shutting down", Stopping)
+        if server_stopping():  # a 504 too, not a 503: that one says nothing was sent, and invites a retry
+            raise _no_answer(conversation_id, run_id, "this gateway is shutting down")
         try:
             batch = await events.read(state.aredis, conversation_id, since, int(min(remaining, 1.0) * 1000) or 1)
         except redis.ConnectionError:  # Redis down or every connection in use: Postgres alone still tells the end
@@ -83,10 +77,10 @@ async def wait_for_run(
             check = check or fields.get("event") in events.FINAL
 
 
-def _no_answer(conversation_id: str, run_id: str | None, why: str, kind: type[NoAnswer] = NoAnswer) -> NoAnswer:
+def _no_answer(conversation_id: str, run_id: str | None, why: str) -> NoAnswer:
     if run_id is None:
         where = (f"the message waits for the conversation's current run to end: "
                  f"poll GET /api/v1/conversations/{conversation_id}/messages")
     else:
         where = f"the run goes on: poll GET /api/v1/runs/{run_id} for its status and result"
-    return kind(f"{why}; {where}", conversationId=conversation_id, runId=run_id)
+    return NoAnswer(f"{why}; {where}", conversationId=conversation_id, runId=run_id)

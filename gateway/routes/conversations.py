@@ -147,9 +147,9 @@ def _submit(state: AppState, conversation_id: str, body: ChatIn) -> Submitted:
 
 @router.post("/{conversation_id}/chat", response_model=ChatOut,
              responses={**BAD_BODY, **NOT_FOUND,
-                        503: {"description": "Redis is unreachable or busy (nothing was sent), or this gateway "
-                                              "is shutting down (the run goes on; the body names it, as a 504's does)"},
-                        504: {"model": TimedOut, "description": "no answer in time; the run goes on"}})
+                        503: {"description": "Redis is unreachable or busy; nothing was sent"},
+                        504: {"model": TimedOut, "description": "no answer in time, or this gateway is shutting "
+                                                                "down; the run goes on"}})
 async def chat(conversation_id: Id, body: ChatIn, state: StateDep) -> ChatOut:
     """Send a message and wait for the agent's answer (and the tool calls it made)."""
     since = await last_event_id(state, conversation_id)
