@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from typing import Any, ClassVar
 
 import httpx
@@ -165,18 +166,20 @@ class FeishuChannel(BaseChannel):
         return token
 
 
+_MENTION = re.compile(r"@_user_\d+")  # Feishu's placeholder for a mention in a message's text
+
+
 def _named(text: str, mentions: object) -> str:
     """The text with its mention placeholders (@_user_1) as the names they stand for; the one it
     starts with, the bot addressed, goes."""
-    text = text.strip()
+    names: dict[str, str] = {}
     for mention in mentions if isinstance(mentions, list) else []:
-        if not (isinstance(mention, dict) and isinstance(key := mention.get("key"), str) and key):
-            continue
-        if text.startswith(key):
-            text = text.removeprefix(key).lstrip()
-        else:
-            text = text.replace(key, f"@{mention.get('name') or 'someone'}")
-    return text
+        if isinstance(mention, dict) and isinstance(mention.get("key"), str):
+            names[mention["key"]] = str(mention.get("name") or "someone")
+    text = text.strip()
+    if (first := _MENTION.match(text)) and first.group() in names:
+        text = text[first.end():].lstrip()
+    return _MENTION.sub(lambda m: f"@{names[m.group()]}" if m.group() in names else m.group(), text)
 
 
 def _text(content: object) -> str | None:

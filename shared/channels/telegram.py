@@ -103,6 +103,9 @@ class TelegramChannel(BaseChannel):
             reply_meta=reply_meta, sender_name=sender.get("username") or sender.get("first_name"), group=group,
         )
 
+    def parse_may_call_out(self) -> bool:
+        return not (self.cfg.bot_username or self._learned)
+
     def username(self, *, ask: bool = True) -> str:
         """The bot's username, lower case: configured, else asked of getMe once and remembered (with
         ask=False, "" until then). A bot that is a group admin, or has privacy mode off, gets every
@@ -112,7 +115,7 @@ class TelegramChannel(BaseChannel):
         if configured or self._learned or not ask:
             return configured or self._learned
         unknown = WebhookError(503, "could not learn the bot's username from Telegram (getMe); try again")
-        if time.monotonic() < self._ask_again_at:  # the call blocks the gateway's event loop: not on every update
+        if time.monotonic() < self._ask_again_at:  # not on every update while Telegram does not answer
             raise unknown
         try:
             me = self.call("getMe", {}, timeout=GETME_TIMEOUT).get("result")

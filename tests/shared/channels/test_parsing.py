@@ -180,6 +180,9 @@ def test_feishu_decrypts_and_keeps_only_text_addressed_to_the_bot() -> None:
     group["event"]["message"].update(mentions=[{"key": "@_user_1", "name": "bot"}, {"key": "@_user_2", "name": "Bob"}],
                                      content=json.dumps({"text": "@_user_1 ask @_user_2 about it"}))
     assert ch.parse({}, fs.signed(group)[0]).messages[0].content == "ask @Bob about it"  # not "ask  about it"
+    many = [{"key": f"@_user_{i}", "name": f"P{i}"} for i in (1, 2, 10)]
+    group["event"]["message"].update(mentions=many, content=json.dumps({"text": "@_user_1 ask @_user_10, @_user_2"}))
+    assert ch.parse({}, fs.signed(group)[0]).messages[0].content == "ask @P10, @P2"
     image = fs.event(chat="oc_1", sender="ou_1", text="x", event_id="ev3")
     image["event"]["message"]["message_type"] = "image"
     assert ch.parse({}, fs.signed(image)[0]).messages == []

@@ -83,7 +83,7 @@ def test_when_getme_fails_the_update_is_refused_for_telegram_to_send_again(
     fake.script("getMe", 502, BAD_GATEWAY)
     with pytest.raises(WebhookError):
         ch.parse({}, update)
-    with pytest.raises(WebhookError):  # not asked again at once: the call holds up the gateway's event loop
+    with pytest.raises(WebhookError):  # not asked again at once: each update would wait for it
         ch.parse({}, update)
     assert get_mes(fake) == asked + 1
     monkeypatch.setattr(telegram, "GETME_PAUSE", 0.0)
