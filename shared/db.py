@@ -23,6 +23,7 @@ M = TypeVar("M", bound=SQLModel)
 POOL_SIZE = 20
 MAX_OVERFLOW = 30
 IDLE_PING = 1.0  # seconds a pooled connection may sit unused before it is pinged on checkout
+CONNECT_TIMEOUT = 10  # seconds; libpq waits as long as the network does (a host that drops packets)
 
 
 @lru_cache(maxsize=8)
@@ -32,8 +33,10 @@ def get_engine(url: str, pool_size: int = POOL_SIZE) -> Engine:
     step opens several sessions and a ping is a round trip each. A connection lost mid-use fails
     that statement, SQLAlchemy drops every connection opened before it, and the task is retried
     (workers/base.py)."""
+    timeout = {} if "connect_timeout" in make_url(url).query else {"connect_timeout": CONNECT_TIMEOUT}
     engine = create_engine(url, pool_size=pool_size, max_overflow=MAX_OVERFLOW, pool_recycle=1800,
-                           pool_use_lifo=True)  # the warm connection first; idle ones age and are pinged
+                           pool_use_lifo=True,  # the warm connection first; idle ones age and are pinged
+                           connect_args=timeout)
     event.listen(engine, "checkin", _checked_in)
     event.listen(engine, "checkout", partial(_ping_if_idle, engine.dialect))
     return engine

@@ -113,7 +113,7 @@ def _handled(s: Session, key: str) -> bool:
     return s.exec(select(CronReceipt.id).where(CronReceipt.job_id == key)).first() is not None
 
 
-def _recent(rt: Runtime, s: Session, but: str | None = None) -> bool:
+def _recent(rt: Runtime, s: Session, *, but: str | None = None) -> bool:
     """Whether a heartbeat (other than `but`) was decided less than half an interval ago."""
     since = utcnow() - timedelta(seconds=rt.settings.heartbeat.interval / 2)
     query = select(CronReceipt.id).where(col(CronReceipt.job_id).startswith(f"{RECEIPT_JOB}:"),

@@ -1,4 +1,5 @@
-"""Scheduler-queue tasks: the recovery sweeper, a ping for health checks, scheduled jobs."""
+"""Tasks beat starts: the recovery sweeper, a ping for health checks, scheduled jobs (on the
+scheduler queue, but for the heartbeat and the daily summary: see shared.constants.TASK_ROUTES)."""
 
 from __future__ import annotations
 
