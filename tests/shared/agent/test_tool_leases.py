@@ -129,11 +129,17 @@ def test_a_step_that_took_long_to_start_renews_its_lease_at_once(make_stack: Cal
     assert left > LEASE - 5
 
 
-def _claimed(rt: Runtime, run_id: str, position: int, seconds_ago: int) -> None:
+def _claimed_and_swept(rt: Runtime, run_id: str, position: int, seconds_ago: int) -> list[str]:
+    """Mark the call at `position` claimed `seconds_ago`, let the lease run out, sweep; the calls' statuses."""
     with rt.session() as s:
         s.execute(text("update tool_calls set status = 'RUNNING', attempts = 1, "
                        "started_at = now() - make_interval(secs => :ago) where run_id = :r and position = :p"),
                   {"r": run_id, "p": position, "ago": seconds_ago})
+    _expire(rt, run_id)
+    recovery.sweep(rt)
+    with rt.session() as s:
+        return list(s.execute(text("select status from tool_calls where run_id = :r order by position"),
+                              {"r": run_id}).scalars())
 
 
 def test_a_call_claimed_after_the_run_was_marked_stalled_gets_its_own_lease(make_stack: Callable[..., Stack]) -> None:
@@ -142,23 +148,11 @@ def test_a_call_claimed_after_the_run_was_marked_stalled_gets_its_own_lease(make
     st = make_stack(RUNTIME__LEASE_SECONDS=str(LEASE))
     rt = Runtime.build(st.settings)
     run_id, _ = _tools_phase(rt, "t:two", calls=2)
-    _claimed(rt, run_id, 0, seconds_ago=600)  # its worker died long ago
-    _expire(rt, run_id)
-    recovery.sweep(rt)
+    assert _claimed_and_swept(rt, run_id, 0, seconds_ago=600) == ["RUNNING", "PENDING"]  # its worker died long ago
     keeper = lease.keeper(st.settings.database_url, LEASE)
     keeper.renew([lease.Held(run_id, None, 99)])  # a late worker of another step does not vouch for this one
-    _claimed(rt, run_id, 1, seconds_ago=0)  # just taken from the backlog
-    _expire(rt, run_id)
-    recovery.sweep(rt)
+    assert _claimed_and_swept(rt, run_id, 1, seconds_ago=0) == ["RUNNING", "RUNNING"]  # just taken from the backlog
     with rt.session() as s:
-        statuses = s.execute(text("select status from tool_calls where run_id = :r order by position"),
-                             {"r": run_id}).scalars().all()
-        assert statuses == ["RUNNING", "RUNNING"]
         assert s.get_one(Run, run_id).lease_owner == lease.STALLED
-    _claimed(rt, run_id, 1, seconds_ago=600)  # a lease on, neither worker renewed
-    _expire(rt, run_id)
-    recovery.sweep(rt)
-    with rt.session() as s:
-        statuses = s.execute(text("select status from tool_calls where run_id = :r order by position"),
-                             {"r": run_id}).scalars().all()
-    assert statuses == ["FAILED", "FAILED"]
+    # a lease on, neither worker renewed
+    assert _claimed_and_swept(rt, run_id, 1, seconds_ago=600) == ["FAILED", "FAILED"]
