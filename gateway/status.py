@@ -166,11 +166,10 @@ def report(settings: Settings, echo: Callable[[str], None]) -> bool:
         echo(f"redis      DOWN: {masked(settings.redis_url)}: {problem} (check {REDIS_SETTING})")
         return False
     echo("redis      ok")
-    control = make_celery(settings).control
-    replies = control.ping(timeout=1.0) or []
-    names = sorted(name for reply in replies for name in reply)
+    consuming = make_celery(settings).control.inspect(timeout=1.0).active_queues() or {}  # worker -> its queues
+    names = sorted(consuming)
     echo(f"workers    {len(names)} alive" + (f": {', '.join(names)}" if names else ""))
-    taken = {q["name"] for qs in (control.inspect(timeout=1.0).active_queues() or {}).values() for q in qs}
+    taken = {q["name"] for queues in consuming.values() for q in queues}
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=2)
     for queue in QUEUES:
         echo(f"queue      {queue:<10} {client.llen(queue)} waiting" + ("" if queue in taken else NOT_TAKEN))

@@ -23,7 +23,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from kombu.transport import redis as kombu_redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from shared.redis_urls import REDIS_TLS_PARAMS, cert_reqs
+from shared.redis_urls import CERT_REQS, REDIS_TLS_PARAMS
 
 TRANSPORT = "shared.broker:Transport"  # for redis:// and rediss://; unix:// keeps kombu's own (see redis_config)
 
@@ -36,9 +36,7 @@ def tls_options(params: dict[str, str]) -> dict[str, Any]:
     options: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
     for name, value in params.items():
         if name == "ssl_cert_reqs":
-            if (mode := cert_reqs(value)) is None:  # redis-py would read a None as "no verification"
-                raise ValueError(f"ssl_cert_reqs={value}: must be required, optional or none")
-            options[name] = mode
+            options[name] = CERT_REQS[value]  # the settings let no other word through
         elif name == "ssl_check_hostname":
             options[name] = value.strip().upper() not in ("0", "F", "FALSE", "N", "NO")  # as redis-py reads it
         else:

@@ -9,13 +9,8 @@ from urllib.parse import parse_qsl, urlsplit
 REDIS_SCHEMES = ("redis", "rediss", "unix")  # unix:// is redis-py's form: unix://[:password@]/path?db=N
 # What a rediss:// URL may say about TLS (redis-py's names; shared.broker hands them to Celery and redbeat).
 REDIS_TLS_PARAMS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname")
+# ssl_cert_reqs: the words redis-py takes (it reads the URL as it is, in the gateway and the tasks)
 CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
-
-
-def cert_reqs(value: str) -> ssl.VerifyMode | None:
-    """A URL's ssl_cert_reqs, or None for a word redis-py (which reads the URL as it is, in the gateway
-    and the tasks) does not take."""
-    return CERT_REQS.get(value)
 
 
 def redis_url_problem(url: str) -> str | None:
@@ -26,7 +21,7 @@ def redis_url_problem(url: str) -> str | None:
     params = dict(parse_qsl(parts.query, keep_blank_values=True))
     if parts.scheme != "rediss" and (tls := sorted(set(params) & set(REDIS_TLS_PARAMS))):
         return f"{', '.join(tls)} apply to a rediss:// URL only"
-    if "ssl_cert_reqs" in params and cert_reqs(params["ssl_cert_reqs"]) is None:
+    if "ssl_cert_reqs" in params and params["ssl_cert_reqs"] not in CERT_REQS:
         return "ssl_cert_reqs must be required (the default), optional or none"
     if parts.scheme == "unix" and not parts.path.strip("/"):
         return "a unix:// URL names the socket's path: unix:///path/to/redis.sock?db=0"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from sqlalchemy import func, update
 from sqlmodel import Session, col, select
@@ -35,11 +35,10 @@ def sweep(rt: Runtime, conversation_id: str | None = None) -> list[Next]:
     ready: list[tuple[str, int]] = []  # tools phases whose calls all have results
     failed: list[Run] = []  # runs given up on: their step kept killing workers
     with rt.session() as s:
-        now = s.execute(select(func.now())).scalar_one()  # Postgres's clock, as leases and calls are stamped
         for run in _expired(s, conversation_id):
             try:
                 with s.begin_nested():
-                    nexts += _recover(rt, s, run, now, ready, failed)
+                    nexts += _recover(rt, s, run, ready, failed)
             except Exception:
                 log.exception("run %s: the sweep could not recover it; a later one tries again", run.id)
                 _later(rt, s, run.id)
@@ -87,8 +86,7 @@ def _expired(s: Session, conversation_id: str | None) -> list[Run]:
     return list(s.exec(query.order_by(col(Run.lease_until)).limit(BATCH).with_for_update(skip_locked=True)))
 
 
-def _recover(rt: Runtime, s: Session, run: Run, now: datetime, ready: list[tuple[str, int]],
-             failed: list[Run]) -> list[Next]:
+def _recover(rt: Runtime, s: Session, run: Run, ready: list[tuple[str, int]], failed: list[Run]) -> list[Next]:
     lost = run.phase == Phase.LLM and run.lease_owner is not None  # its worker died in the step
     if lost and steps.count_failure(run) >= rt.settings.runtime.max_recoveries:
         log.error("run %s: step %d was lost %d times; failing the run", run.id, run.step_seq, run.recoveries)
@@ -99,7 +97,7 @@ def _recover(rt: Runtime, s: Session, run: Run, now: datetime, ready: list[tuple
     calls = [] if run.phase == Phase.LLM else \
         s.exec(select(ToolCall).where(ToolCall.run_id == run.id, ToolCall.step_seq == run.step_seq)).all()
     running = [c for c in calls if c.status == ToolStatus.RUNNING]
-    if running and (run.lease_owner != lease.STALLED or any(_young(rt, c, now) for c in running)):
+    if running and (run.lease_owner != lease.STALLED or _any_young(rt, s, running)):
         log.info("run %s: lease expired in tools step %d with a call running; one more lease before the "
                  "call is taken for dead (shared.agent.lease)", run.id, run.step_seq)
         _extend(s, run.id, rt.settings.runtime.lease_seconds, lease_owner=lease.STALLED)
@@ -120,9 +118,11 @@ def _recover(rt: Runtime, s: Session, run: Run, now: datetime, ready: list[tuple
     return nexts
 
 
-def _young(rt: Runtime, call: ToolCall, now: datetime) -> bool:
-    """Started within the last lease: its worker may be alive and not have renewed yet."""
-    return call.started_at is not None and call.started_at > now - timedelta(seconds=rt.settings.runtime.lease_seconds)
+def _any_young(rt: Runtime, s: Session, calls: list[ToolCall]) -> bool:
+    """Whether one of `calls` started within the last lease (on Postgres's clock, which stamped it):
+    its worker may be alive and not have renewed yet."""
+    since = s.execute(select(func.now())).scalar_one() - timedelta(seconds=rt.settings.runtime.lease_seconds)
+    return any(c.started_at is not None and c.started_at > since for c in calls)
 
 
 def _interrupted(rt: Runtime, s: Session, call: ToolCall) -> None:

@@ -104,7 +104,7 @@ class TelegramChannel(BaseChannel):
         )
 
     def parse_may_call_out(self) -> bool:
-        return not (self.cfg.bot_username or self._learned)
+        return not self.username(ask=False)
 
     def username(self, *, ask: bool = True) -> str:
         """The bot's username, lower case: configured, else asked of getMe once and remembered (with
