@@ -3,11 +3,14 @@
 The pipeline: read the raw body (413 over 1 MB) -> verify the signature (401, nothing stored) ->
 parse (400 when malformed; unknown events 200 and ignored) -> in one transaction, in the
 threadpool: ledger, allow_from, conversation, submit -> commit -> enqueue -> answer (a challenge,
-a Discord PONG or deferred response, or {"ok": true}). Sent messages the platform reports as not
+a Discord PONG or deferred response, or {"ok": true}). The answer waits for the commit, as platforms
+send an unanswered event again; Discord, which never does and fails an interaction unanswered after
+3 s, is answered by its deadline while the ingest goes on. Sent messages the platform reports as not
 delivered (WhatsApp's failed statuses) are dead-lettered on the way."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from typing import Any
@@ -30,6 +33,8 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/webhooks", tags=["webhooks"])
 MAX_BODY = 1024 * 1024
 INGEST_THREADS = 4
+# Running ingests with a deadline: asyncio holds tasks only weakly, and one may outlive its request.
+_INGESTS: set[asyncio.Task[Ingested]] = set()
 RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"description": "bad or stale signature; nothing was stored"},
     400: {"description": "malformed body"},
@@ -90,6 +95,38 @@ def _ingest(state: AppState, ch: Channel, messages: list[InboundMessage]) -> Ing
     return out
 
 
+async def _ingest_within(state: AppState, ch: Channel, messages: list[InboundMessage]) -> Ingested | None:
+    """Ingest `messages`; None when the channel's ack deadline comes first. The ingest is not cancelled
+    then: it runs to its end in its own task (a thread cannot be stopped anyway), so the message is stored
+    and processed once, only after the platform has its answer."""
+    work = anyio.to_thread.run_sync(_ingest, state, ch, messages, limiter=_ingest_limiter())
+    if ch.ack_deadline is None:
+        return await work
+    task = asyncio.create_task(work)
+    _INGESTS.add(task)
+    task.add_done_callback(_INGESTS.discard)
+    done, _ = await asyncio.wait({task}, timeout=ch.ack_deadline)
+    if not done:
+        log.warning("%s: the webhook is answered before its message is stored (over %ss)", ch.name, ch.ack_deadline)
+        task.add_done_callback(_failed_late)
+        return None
+    return task.result()
+
+
+async def drain(timeout: float) -> None:
+    """At shutdown, before the connections close: wait up to `timeout` seconds for the ingests that
+    outlived their requests, or their messages would be lost with the process."""
+    if _INGESTS:
+        log.info("waiting for %d webhook ingest(s) answered before they were stored", len(_INGESTS))
+        await asyncio.wait(set(_INGESTS), timeout=timeout)
+
+
+def _failed_late(task: asyncio.Task[Ingested]) -> None:
+    """An ingest that outlived its request has no one to raise to: log its failure."""
+    if not task.cancelled() and (err := task.exception()) is not None:
+        log.error("an ingest finished after its webhook was answered, and failed", exc_info=err)
+
+
 async def receive(name: str, request: Request, state: AppState) -> Response:
     ch = channel(state, name)
     body = await read_body(request)
@@ -103,8 +140,12 @@ async def receive(name: str, request: Request, state: AppState) -> Response:
                                        limiter=_ingest_limiter())
     if not parsed.messages:
         return JSONResponse(parsed.response or {"ok": True})
-    out = await anyio.to_thread.run_sync(_ingest, state, ch, parsed.messages, limiter=_ingest_limiter())
-    if out.denied and not out.accepted and parsed.denied_response is not None:
+    out = await _ingest_within(state, ch, parsed.messages)
+    if out is None:  # still storing: who is denied is known already (allow_from is a setting)
+        denied = not any(ch.allowed(m.sender_id) for m in parsed.messages)
+    else:
+        denied = bool(out.denied and not out.accepted)
+    if denied and parsed.denied_response is not None:
         return JSONResponse(parsed.denied_response)
     return JSONResponse(parsed.response or {"ok": True})
 

@@ -82,6 +82,10 @@ class Channel(Protocol):
     max_chars: ClassVar[int]
     typing_indicator: ClassVar[bool]  # shows "typing..." while a turn runs (see typing())
     reports_failures: ClassVar[bool]  # reports later, by webhook, a sent message it could not deliver
+    # Seconds within which the platform must have the webhook's answer, for a platform that never sends an
+    # event again (Discord): the answer then goes out by this deadline even while the message is still being
+    # stored. None: the answer waits for the durable write, and a platform that got none sends the event again.
+    ack_deadline: ClassVar[float | None]
 
     def enabled(self) -> bool: ...
 
@@ -119,6 +123,7 @@ class BaseChannel:
     required: ClassVar[tuple[str, ...]] = ()  # settings fields that must be set for the channel to be on
     typing_indicator: ClassVar[bool] = False
     reports_failures: ClassVar[bool] = False
+    ack_deadline: ClassVar[float | None] = None
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings

@@ -18,8 +18,16 @@ from shared.constants import KEY_CACHE
 from shared.contracts import InboundMessage
 from shared.settings import Settings
 
-PING, APPLICATION_COMMAND = 1, 2
-PONG, CHANNEL_MESSAGE, DEFERRED = 1, 4, 5
+PING, APPLICATION_COMMAND, COMPONENT, AUTOCOMPLETE, MODAL_SUBMIT = 1, 2, 3, 4, 5  # interaction types
+PONG, CHANNEL_MESSAGE, DEFERRED, DEFERRED_UPDATE, AUTOCOMPLETE_RESULT = 1, 4, 5, 6, 8  # response types
+# Every interaction needs a valid answer, or the user sees "interaction failed". nanofleet sends no buttons,
+# menus or modals and its /ask has no autocomplete, but other commands of the application may: a button or
+# modal is acknowledged with nothing changed, an autocomplete offers no choices.
+ACKNOWLEDGE: dict[int, dict[str, Any]] = {
+    COMPONENT: {"type": DEFERRED_UPDATE},
+    MODAL_SUBMIT: {"type": DEFERRED_UPDATE},
+    AUTOCOMPLETE: {"type": AUTOCOMPLETE_RESULT, "data": {"choices": []}},
+}
 EPHEMERAL = 64
 NO_MENTIONS: dict[str, list[str]] = {"parse": []}  # a reply never pings @everyone or anyone else
 TOKEN_LIFETIME = 15 * 60  # an interaction token, and with it its @original and follow-ups
@@ -35,6 +43,7 @@ class DiscordChannel(BaseChannel):
     name: ClassVar[str] = "discord"
     max_chars: ClassVar[int] = 2000
     required: ClassVar[tuple[str, ...]] = ("application_id", "public_key")
+    ack_deadline: ClassVar[float | None] = 2.5  # Discord's is 3 s, and it never sends an interaction again
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -62,7 +71,7 @@ class DiscordChannel(BaseChannel):
         if kind == PING:
             return Parsed(response={"type": PONG})
         if kind != APPLICATION_COMMAND:
-            return Parsed()
+            return Parsed(response=ACKNOWLEDGE.get(kind) if isinstance(kind, int) else None)
         iid, token, channel = payload.get("id"), payload.get("token"), payload.get("channel_id")
         user = (payload.get("member") or {}).get("user") or payload.get("user") or {}
         if not (isinstance(iid, str) and isinstance(token, str) and isinstance(channel, str) and "id" in user):

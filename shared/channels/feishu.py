@@ -1,30 +1,45 @@
 """Feishu / Lark: event subscription in (url_verification, verification token, optional AES-256-CBC
-encrypted bodies with a request signature, event_id dedupe), text replies out through the IM
-message API with a tenant access token cached in Redis and refreshed."""
+encrypted bodies with a request signature, event_id dedupe; in groups only messages that @-mention
+the bot, whose open_id is asked of bot/v3/info), text replies out through the IM message API with a
+tenant access token cached in Redis and refreshed."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import json
+import logging
 import re
+import time
 from typing import Any, ClassVar
 
 import httpx
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from shared.channels.base import BaseChannel, Bucket, Parsed, RateLimited, SendResult, WebhookError, json_object
+from shared.channels.base import (
+    BaseChannel,
+    Bucket,
+    Parsed,
+    RateLimited,
+    Rejected,
+    SendResult,
+    WebhookError,
+    json_object,
+)
 from shared.channels.clients import PlatformError, body, check, http, redis_client, retry_after
 from shared.channels.signing import fresh, same
 from shared.constants import KEY_CACHE
 from shared.contracts import InboundMessage
 from shared.settings import Settings
 
+log = logging.getLogger(__name__)
 MESSAGE_EVENT = "im.message.receive_v1"
 TOKEN_INVALID = {99991661, 99991663, 99991668}  # missing, invalid or expired tenant access token
 TOKEN_MARGIN = 300  # seconds before expiry a cached token is replaced
 THROTTLED = 99991400  # "request trigger frequency limit", answered with HTTP 400 rather than 429
+BOT_INFO_TIMEOUT = 3.0  # seconds, for each of the token and bot/v3/info calls
+BOT_INFO_PAUSE = 10.0  # seconds after a failed bot/v3/info before the next
 
 
 def decrypt(encrypted: str, key: str) -> bytes:
@@ -48,6 +63,8 @@ class FeishuChannel(BaseChannel):
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self.cfg = settings.channels.feishu
+        self._bot_open_id = ""  # learned from bot/v3/info
+        self._ask_again_at = 0.0  # time.monotonic() before which a failed bot/v3/info is not tried again
 
     # ------------------------------------------------------------------ inbound
 
@@ -107,16 +124,61 @@ class FeishuChannel(BaseChannel):
             raise WebhookError(400, "message event without message or sender")
         if sender.get("sender_type") not in (None, "user") or msg.get("message_type") != "text":
             return None
-        mentions = msg.get("mentions") or []
-        if msg.get("chat_type") == "group" and not mentions:
+        mentions = [m for m in msg.get("mentions") or [] if isinstance(m, dict) and isinstance(m.get("key"), str)]
+        group = msg.get("chat_type") == "group"
+        if group and not mentions:
             return None  # in groups, only messages that @-mention the bot
+        bot = self.bot_open_id(ask=group)
+        ours = {m["key"] for m in mentions if bot and (m.get("id") or {}).get("open_id") == bot}
+        if group and not ours:
+            return None  # they mention someone else (the app may read every group message)
         open_id = (sender.get("sender_id") or {}).get("open_id")
         chat_id, text = msg.get("chat_id"), _text(msg.get("content"))
         if not (isinstance(open_id, str) and isinstance(chat_id, str)) or text is None:
             raise WebhookError(400, "message without sender open_id, chat_id or text content")
-        return InboundMessage(channel=self.name, chat_id=chat_id, sender_id=open_id, content=_named(text, mentions),
-                              event_id=event_id, reply_meta={"message_id": msg.get("message_id")},
-                              group=msg.get("chat_type") == "group")
+        return InboundMessage(channel=self.name, chat_id=chat_id, sender_id=open_id,
+                              content=_named(text, mentions, drop=ours), event_id=event_id,
+                              reply_meta={"message_id": msg.get("message_id")}, group=group)
+
+    def parse_may_call_out(self) -> bool:
+        return not self.bot_open_id(ask=False)
+
+    def bot_open_id(self, *, ask: bool = True) -> str:
+        """The bot's open_id, asked of Feishu (bot/v3/info) once and remembered (with ask=False, "" until
+        then). Groups cannot do without it, as only a mention of the bot is for the bot: when Feishu does
+        not answer, the event is refused (503) for Feishu to send again, rather than dropped or answered."""
+        if self._bot_open_id or not ask:
+            return self._bot_open_id
+        unknown = WebhookError(503, "could not learn the bot's open_id from Feishu (bot/v3/info); try again")
+        if time.monotonic() < self._ask_again_at:  # not on every event while Feishu does not answer
+            raise unknown
+        try:
+            bot = self._bot_info()
+        except (httpx.HTTPError, PlatformError, RateLimited, Rejected) as err:
+            self._ask_again_at = time.monotonic() + BOT_INFO_PAUSE
+            log.warning("feishu: bot/v3/info failed: %s: %s", type(err).__name__, err)
+            raise unknown from None
+        open_id = bot.get("open_id")
+        if not isinstance(open_id, str) or not open_id:
+            raise WebhookError(503, "Feishu's bot/v3/info gave no open_id")
+        self._bot_open_id = open_id
+        return open_id
+
+    def _bot_info(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        for fresh_token in (False, True):  # a token Feishu calls invalid is fetched again, once
+            response = http(BOT_INFO_TIMEOUT).get(
+                f"{self.cfg.api_base.rstrip('/')}/bot/v3/info",
+                headers={"Authorization": f"Bearer {self.tenant_token(fresh=fresh_token, timeout=BOT_INFO_TIMEOUT)}"},
+            )
+            data = body(response)
+            if _code(data) not in TOKEN_INVALID:
+                _check(response, data, what="feishu bot/v3/info")
+                break
+        bot = data.get("bot")
+        if _code(data) != 0 or not isinstance(bot, dict):
+            raise PlatformError(f"feishu bot/v3/info: {data.get('code')} {data.get('msg')}")
+        return bot
 
     # ------------------------------------------------------------------ outbound
 
@@ -146,14 +208,14 @@ class FeishuChannel(BaseChannel):
         _check(response, data, what="feishu im/v1/messages")
         return data
 
-    def tenant_token(self, *, fresh: bool = False) -> str:
+    def tenant_token(self, *, fresh: bool = False, timeout: float | None = None) -> str:
         """The tenant access token, shared by every worker through Redis until shortly before expiry."""
         cache = redis_client(self.settings.redis_url)
         key = f"{KEY_CACHE}feishu:tenant_token:{self.cfg.app_id}"
         cached = None if fresh else cache.get(key)
         if isinstance(cached, bytes):
             return cached.decode()
-        response = http(self.settings.channels.delivery.send_timeout).post(
+        response = http(timeout or self.settings.channels.delivery.send_timeout).post(
             f"{self.cfg.api_base.rstrip('/')}/auth/v3/tenant_access_token/internal",
             json={"app_id": self.cfg.app_id, "app_secret": self.secret("app_secret")},
         )
@@ -166,20 +228,21 @@ class FeishuChannel(BaseChannel):
         return token
 
 
-_MENTION = re.compile(r"@_user_\d+")  # Feishu's placeholder for a mention in a message's text
+_MENTION = re.compile(r"([ \t]*)(@_user_\d+)")  # Feishu's placeholder for a mention in a message's text
 
 
-def _named(text: str, mentions: object) -> str:
-    """The text with its mention placeholders (@_user_1) as the names they stand for; the one it
-    starts with, the bot addressed, goes."""
-    names: dict[str, str] = {}
-    for mention in mentions if isinstance(mentions, list) else []:
-        if isinstance(mention, dict) and isinstance(mention.get("key"), str):
-            names[mention["key"]] = str(mention.get("name") or "someone")
-    text = text.strip()
-    if (first := _MENTION.match(text)) and first.group() in names:
-        text = text[first.end():].lstrip()
-    return _MENTION.sub(lambda m: f"@{names[m.group()]}" if m.group() in names else m.group(), text)
+def _named(text: str, mentions: list[dict[str, Any]], *, drop: set[str]) -> str:
+    """The text with its mention placeholders (@_user_1) as the names they stand for; the bot's own
+    (`drop`) go, with the blank before them."""
+    names = {m["key"]: str(m.get("name") or "someone") for m in mentions}
+
+    def named(m: re.Match[str]) -> str:
+        key = m.group(2)
+        if key in drop:
+            return ""
+        return m.group(1) + (f"@{names[key]}" if key in names else key)
+
+    return _MENTION.sub(named, text).strip()
 
 
 def _text(content: object) -> str | None:

@@ -174,11 +174,20 @@ _SLACK = Spans(code=lambda c: f"`{_escape(c)}`", link=lambda label, url: f"<{_es
                url=_escape)
 
 
+# mrkdwn has no escape for `*` (only &, < and > are escaped), and a literal one inside bold would end it
+# early: there it shows as this look-alike, U+2217 ASTERISK OPERATOR.
+_SLACK_STAR = "\u2217"
+
+
+def _slack_bold(text: str) -> str:
+    return f"*{text.replace('*', _SLACK_STAR)}*"
+
+
 def _slack_emphasis(text: str) -> str:
-    text = _BULLET.sub(r"\1• ", _escape(text))
-    text = _ITALIC.sub(lambda m: f"_{_either(m)}_", text)
-    text = _BOLD.sub(lambda m: f"*{_either(m)}*", text)
-    text = _HEADING.sub(lambda m: f"*{m.group(1).replace('*', '')}*", text)  # bold inside: Slack nests none
+    text = _ITALIC.sub(lambda m: f"_{_either(m)}_", _BULLET.sub(r"\1• ", _escape(text)))
+    if heading := _HEADING.match(text):  # bold as a whole, so the bold inside goes: Slack nests none
+        return _slack_bold(_STRIKE.sub(r"~\1~", _BOLD.sub(_either, heading[1])))
+    text = _BOLD.sub(lambda m: _slack_bold(_either(m)), text)  # (italic went first: a * left is literal)
     return _STRIKE.sub(r"~\1~", text)
 
 

@@ -1,6 +1,7 @@
 """A fake Feishu / Lark Open API: tenant access tokens (issued, expiring, revocable), the IM message
-API behind `Authorization: Bearer <tenant token>` (a repeated uuid is sent once, as Feishu does), and
-events encrypted (AES-256-CBC) and signed as Feishu sends them."""
+API and the bot's info (bot/v3/info, its open_id) behind `Authorization: Bearer <tenant token>` (a
+repeated uuid is sent once, as Feishu does), and events, with @-mentions, encrypted (AES-256-CBC) and
+signed as Feishu sends them."""
 
 from __future__ import annotations
 
@@ -33,8 +34,10 @@ def encrypt(plain: bytes, key: str) -> str:
 class FakeFeishu(FakePlatform):
     message_ops = ("im.message.create",)
 
-    def __init__(self, app_id: str, app_secret: str, verification_token: str, encrypt_key: str) -> None:
+    def __init__(self, app_id: str, app_secret: str, verification_token: str, encrypt_key: str,
+                 bot_open_id: str = "ou_bot0001", bot_name: str = "nanofleet") -> None:
         self.app_id, self.app_secret = app_id, app_secret
+        self.bot_open_id, self.bot_name = bot_open_id, bot_name
         self.verification_token, self.encrypt_key = verification_token, encrypt_key
         self.tokens: set[str] = set()
         self.by_uuid: dict[str, str] = {}
@@ -48,7 +51,8 @@ class FakeFeishu(FakePlatform):
 
     def routes(self) -> list[Route]:
         return [Route("/auth/v3/tenant_access_token/internal", self._token, methods=["POST"]),
-                Route("/im/v1/messages", self._message, methods=["POST"])]
+                Route("/im/v1/messages", self._message, methods=["POST"]),
+                Route("/bot/v3/info", self._bot_info, methods=["GET"])]
 
     def chat_of(self, call: Call) -> str:
         return str(call.body.get("receive_id"))
@@ -75,6 +79,10 @@ class FakeFeishu(FakePlatform):
         with self.lock:
             return sum(1 for c in self.calls if c.op == "tenant_access_token" and c.status == 200)
 
+    def bot_info_calls(self) -> int:
+        with self.lock:
+            return sum(1 for c in self.calls if c.op == "bot.info")
+
     async def _token(self, request: Request) -> Response:
         return await self.answer("tenant_access_token", request, self._issue)
 
@@ -86,6 +94,17 @@ class FakeFeishu(FakePlatform):
         with self.lock:
             self.tokens.add(token)
         return 200, {"code": 0, "msg": "ok", "tenant_access_token": token, "expire": 7200}
+
+    async def _bot_info(self, request: Request) -> Response:
+        return await self.answer("bot.info", request, self._info)
+
+    def _info(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+        if request.headers.get("authorization", "").removeprefix("Bearer ") not in self.tokens:
+            self.refuse("bot info with an invalid tenant access token")
+            return 400, {"code": 99991663, "msg": "Invalid access token for authorization"}
+        return 200, {"code": 0, "msg": "ok", "bot": {"activate_status": 2, "app_name": self.bot_name,
+                                                     "avatar_url": "", "ip_white_list": [],
+                                                     "open_id": self.bot_open_id}}
 
     async def _message(self, request: Request) -> Response:
         return await self.answer("im.message.create", request, self._create)
@@ -112,15 +131,26 @@ class FakeFeishu(FakePlatform):
 
     # ------------------------------------------------------------------ inbound
 
-    def event(self, *, chat: str, sender: str, text: str, event_id: str, chat_type: str = "p2p") -> dict[str, Any]:
-        message = {"message_id": f"om_in{next(self.seq)}", "chat_id": chat, "chat_type": chat_type,
-                   "message_type": "text", "content": json.dumps({"text": text}), "create_time": "1700000000000"}
+    def event(self, *, chat: str, sender: str, text: str, event_id: str, chat_type: str = "p2p",
+              mentions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """A message event; `text` writes a mention as its placeholder (`@_user_1`), `mentions` says whom."""
+        message: dict[str, Any] = {
+            "message_id": f"om_in{next(self.seq)}", "chat_id": chat, "chat_type": chat_type, "message_type": "text",
+            "content": json.dumps({"text": text}), "create_time": "1700000000000"}
+        if mentions:
+            message["mentions"] = mentions
         return {"schema": "2.0",
                 "header": {"event_id": event_id, "event_type": "im.message.receive_v1", "create_time": "1700000000000",
                            "token": self.verification_token, "app_id": self.app_id, "tenant_key": "tk"},
                 "event": {"sender": {"sender_id": {"open_id": sender, "user_id": "u1", "union_id": "on_1"},
                                      "sender_type": "user", "tenant_key": "tk"},
                           "message": message}}
+
+    def mention(self, n: int, *, open_id: str | None = None, name: str | None = None) -> dict[str, Any]:
+        """The `n`th mention of a message (`@_user_n` in its text): the bot unless `open_id` says whom."""
+        who = open_id or self.bot_open_id
+        return {"key": f"@_user_{n}", "id": {"open_id": who, "union_id": f"on_{who}", "user_id": f"u_{who}"},
+                "name": name or (self.bot_name if who == self.bot_open_id else who), "tenant_key": "tk"}
 
     def signed(self, payload: dict[str, Any], *, timestamp: int | None = None, key: str | None = None,
                signed: bool = True) -> tuple[bytes, dict[str, str]]:

@@ -11,6 +11,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from sqlalchemy import text as sql
 from sqlmodel import Session
 
 from shared.agent import conversations
@@ -254,6 +255,77 @@ def test_discord_ping_and_the_deferred_flow(channels: ChannelStack) -> None:
     [call] = discord.sent(chat)
     assert call.op == "edit_original" and call.path.endswith(f"/{payload['token']}/messages/@original")
     assert call.body["content"] == "echo: sleep:0.5 question"
+
+
+def test_a_feishu_group_message_is_answered_only_when_it_mentions_the_bot(
+    channels: ChannelStack, fake_llm: FakeLLM
+) -> None:
+    """The app may read every group message; one that @-mentions someone else is not for the bot,
+    whatever it starts with. The bot's open_id is asked of Feishu (bot/v3/info)."""
+    feishu, d = channels.fakes["feishu"], channels.driver("feishu")
+    group, for_bob, for_us = d.new_chat(), marker(), marker()
+    bob = feishu.mention(1, open_id="ou_bob", name="Bob")
+    events = [feishu.event(chat=group, sender=d.allowed, text=f"@_user_1 {for_bob}", event_id=marker(),
+                           chat_type="group", mentions=[bob]),
+              feishu.event(chat=group, sender=d.allowed, text=f"@_user_1 @_user_2 {for_us}", event_id=marker(),
+                           chat_type="group", mentions=[bob, feishu.mention(2)])]
+    for event in events:
+        assert channels.post("feishu", feishu.signed(event)).status_code == 200
+    channels.settled(group)
+    assert d.replies(group) == [f"echo: @Bob {for_us}"]  # Bob is named; the bot's own mention is dropped
+    assert channels.stored(for_bob) == 0 and llm_requests_with(fake_llm, for_bob) == 0
+    assert channels.scalar("select count(*) from inbound_events") == 1  # the other one costs nothing
+    assert feishu.refused == []
+
+
+def lock_waits(channels: ChannelStack) -> int:
+    return int(channels.scalar("select count(*) from pg_stat_activity "
+                               "where wait_event_type = 'Lock' and datname = current_database()"))
+
+
+def test_discord_is_answered_in_time_while_the_database_is_slow_and_the_message_still_processed_once(
+    channels: ChannelStack, fake_llm: FakeLLM
+) -> None:
+    """Discord fails an interaction unanswered after 3 s and never sends it again: its deferred answer
+    goes out while the ingest still waits on the database, which then finishes it (one turn, one reply).
+    Telegram, which sends an unanswered update again, is still answered only after the durable write."""
+    dc, tg = channels.driver("discord"), channels.driver("telegram")
+    chat, tg_chat, said, tg_text = dc.new_chat(), tg.new_chat(), marker(), marker()
+    with Session(get_engine(channels.database_url)) as locker, ThreadPoolExecutor(2) as pool:
+        locker.execute(sql("lock table inbound_events in exclusive mode"))  # every ingest now waits
+        telegram = pool.submit(channels.post, "telegram", tg.request(chat=tg_chat, text=tg_text))
+        wait_until(lambda: lock_waits(channels) == 1, timeout=30, message="Telegram's ingest to wait on the lock")
+        discord = pool.submit(channels.post, "discord", dc.request(chat=chat, text=said))
+        try:
+            wait_until(discord.done, timeout=20, message="Discord's answer while the database is blocked")
+            assert discord.result().status_code == 200 and discord.result().json() == {"type": 5}
+            assert lock_waits(channels) == 2  # both ingests still wait
+            assert not telegram.done()  # posted first, but answered only once its update is stored
+        finally:
+            locker.commit()
+        assert telegram.result(30).status_code == 200
+    for driver, c, t in ((dc, chat, said), (tg, tg_chat, tg_text)):
+        channels.settled(c)
+        assert driver.replies(c) == [f"echo: {t}"]
+        assert llm_requests_with(fake_llm, t) == 1
+    assert channels.scalar("select count(*) from inbound_events") == 2
+
+
+def test_discord_components_autocomplete_and_modals_get_valid_answers(channels: ChannelStack) -> None:
+    """Each interaction needs an interaction response; {"ok": true} is none, and the user would see
+    "interaction failed"."""
+    discord = channels.fakes["discord"]
+    base = {"application_id": discord.application_id, "token": "itk-x", "version": 1, "channel_id": "C1",
+            "member": {"user": {"id": "1001", "username": "ann"}}}
+    answers = {kind: channels.post("discord", discord.signed({**base, "id": f"I{kind}", "type": kind,
+                                                               "data": {"custom_id": "b1", "name": "ask"}}))
+               for kind in (3, 4, 5)}
+    assert {kind: (r.status_code, r.json()) for kind, r in answers.items()} == {
+        3: (200, {"type": 6}),  # a button or menu: acknowledged, its message left as it is
+        4: (200, {"type": 8, "data": {"choices": []}}),  # autocomplete: no choices to offer
+        5: (200, {"type": 6}),  # a modal submitted: acknowledged
+    }
+    assert channels.scalar("select count(*) from inbound_events") == 0
 
 
 def test_telegram_group_mentions_typing_and_commands(channels: ChannelStack, fake_llm: FakeLLM) -> None:

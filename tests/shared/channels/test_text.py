@@ -141,6 +141,15 @@ def test_slack_mrkdwn_and_plain_text() -> None:
     assert slack_mrkdwn("# **Title**\n## A **bold** word") == "*Title*\n*A bold word*"  # Slack nests no bold
 
 
+def test_a_literal_asterisk_in_slack_bold_shows_as_a_look_alike() -> None:
+    """mrkdwn has no escape for `*` (only &, < and > are escaped), and one inside bold ends it early:
+    the heading `Rated 5* overall` showed as bold "Rated 5" then " overall*", or lost its star."""
+    assert slack_mrkdwn("# Rated 5* overall") == "*Rated 5\u2217 overall*"
+    assert slack_mrkdwn("## 2 * 3 = 6, *really*") == "*2 \u2217 3 = 6, _really_*"
+    assert slack_mrkdwn("### `a*b` is **not** a*b") == "*`a*b` is not a\u2217b*"  # code shows as written
+    assert slack_mrkdwn("**5* stars** and 2 * 3") == "*5\u2217 stars* and 2 * 3"  # outside bold, * is plain
+
+
 def test_whitespace_only_pieces_are_dropped() -> None:
     assert format_chunks("```\n\n```", 100, identity) == []
     for text in ("hi" + " " * 60 + "there", "a\n\n\n\n\n\n\n\nb" * 10):

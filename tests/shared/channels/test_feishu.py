@@ -1,0 +1,104 @@
+"""Feishu against the fake Open API over real HTTP: in groups only a mention of the bot (its open_id
+learned from bot/v3/info) is for the bot, and only the bot's mention is dropped from the text."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from shared.channels import feishu
+from shared.channels.base import WebhookError
+from shared.channels.feishu import FeishuChannel
+from shared.settings import Settings
+from tests.fakes.feishu import FakeFeishu
+from tests.fakes.server import free_port
+from tests.support import services
+
+BOB = "ou_bob"
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeFeishu]:
+    fs = FakeFeishu("cli_unit", "unit-secret", "unit-verification", "unit-encrypt-key", bot_open_id="ou_bot_unit")
+    fs.start()
+    yield fs
+    fs.server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_url(redis_server: str) -> Iterator[str]:
+    with services.claimed_redis_dbs(redis_server, 1) as (db,):
+        yield f"{redis_server}/{db}"
+
+
+@pytest.fixture
+def channel(fake: FakeFeishu, redis_url: str) -> FeishuChannel:
+    fake.reset()
+    return on(fake, redis_url)
+
+
+def on(fake: FakeFeishu, redis_url: str, *, api_base: str | None = None) -> FeishuChannel:
+    return FeishuChannel(Settings(redis_url=redis_url, channels={"feishu": {
+        "app_id": fake.app_id, "app_secret": fake.app_secret, "verification_token": fake.verification_token,
+        "encrypt_key": fake.encrypt_key, "api_base": api_base or fake.url, "allow_from": ["*"]}}))
+
+
+def taken(ch: FeishuChannel, fake: FakeFeishu, text: str, *mentions: dict[str, Any],
+          chat_type: str = "group") -> list[str]:
+    event = fake.event(chat="oc_1", sender="ou_1", text=text, event_id="ev", chat_type=chat_type,
+                       mentions=list(mentions))
+    return [m.content for m in ch.parse({}, fake.signed(event)[0]).messages]
+
+
+def test_a_group_message_is_for_the_bot_only_when_it_mentions_the_bot(channel: FeishuChannel,
+                                                                       fake: FakeFeishu) -> None:
+    bot, bob = fake.mention(1), fake.mention(1, open_id=BOB, name="Bob")
+    assert taken(channel, fake, "@_user_1 can you review this?", bob) == []  # for Bob, not for us
+    assert taken(channel, fake, "no mention at all") == []
+    assert taken(channel, fake, "@_user_1 do it", bot) == ["do it"]
+    bob2 = fake.mention(2, open_id=BOB, name="Bob")
+    assert taken(channel, fake, "@_user_1 ask @_user_2 about it", bot, bob2) == ["ask @Bob about it"]
+    assert taken(channel, fake, "@_user_1 @_user_2 what do you think?", bob, fake.mention(2)) == \
+        ["@Bob what do you think?"]  # Bob is named first, the bot second: only the bot's mention goes
+    assert taken(channel, fake, "thanks @_user_2 for this", bob, fake.mention(2)) == ["thanks for this"]
+    many = [fake.mention(1), *(fake.mention(n, open_id=f"ou_p{n}", name=f"P{n}") for n in (2, 10))]
+    assert taken(channel, fake, "@_user_1 ask @_user_10, @_user_2", *many) == ["ask @P10, @P2"]
+    assert fake.bot_info_calls() == 1  # asked once, then remembered
+    assert fake.refused == []
+
+
+def test_a_private_chat_needs_no_bot_info(channel: FeishuChannel, fake: FakeFeishu) -> None:
+    assert taken(channel, fake, "hello", chat_type="p2p") == ["hello"]
+    assert taken(channel, fake, "ask @_user_1", fake.mention(1, open_id=BOB, name="Bob"), chat_type="p2p") == \
+        ["ask @Bob"]
+    assert fake.bot_info_calls() == 0 and channel.parse_may_call_out()
+
+
+def test_bot_info_with_a_token_feishu_calls_invalid_fetches_a_fresh_one(channel: FeishuChannel,
+                                                                        fake: FakeFeishu) -> None:
+    channel.tenant_token()  # cached in Redis, then revoked: the next call is refused once
+    fake.revoke_tokens()
+    assert taken(channel, fake, "@_user_1 hi", fake.mention(1)) == ["hi"]
+    assert [c.status for c in fake.calls if c.op == "bot.info"] == [400, 200]
+    assert not channel.parse_may_call_out()
+
+
+def test_when_bot_info_fails_the_event_is_refused_for_feishu_to_send_again(
+        channel: FeishuChannel, fake: FakeFeishu, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    event = fake.event(chat="oc_1", sender="ou_1", text="@_user_1 hello", event_id="ev", chat_type="group",
+                       mentions=[fake.mention(1)])
+    raw = fake.signed(event)[0]
+    with pytest.raises(WebhookError) as err:
+        on(fake, redis_url, api_base=f"http://127.0.0.1:{free_port()}").parse({}, raw)
+    assert err.value.status_code == 503
+    fake.script("bot.info", 500, {"code": 1, "msg": "internal error"})
+    for _ in range(2):  # not asked again at once: each event would wait for it
+        with pytest.raises(WebhookError) as err:
+            channel.parse({}, raw)
+        assert err.value.status_code == 503 and fake.app_secret not in err.value.message
+    assert fake.bot_info_calls() == 1
+    monkeypatch.setattr(feishu, "BOT_INFO_PAUSE", 0.0)
+    ch = on(fake, redis_url)
+    assert [m.content for m in ch.parse({}, raw).messages] == ["hello"]  # Feishu's resend, bot info back
