@@ -14,6 +14,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -21,6 +22,7 @@ from gateway.deps import bearer_token, key_refusal
 from gateway.routes import conversations, cron, health, outbox, runs, skills, subagents, tools, web, webhooks
 from gateway.schemas import MAX_BODY
 from gateway.state import AppState
+from shared import db
 from shared.errors import NanofleetError
 from shared.logs import configure_logging, new_request_id, request_id_var
 from shared.process_guard import guard_or_warn
@@ -28,20 +30,26 @@ from shared.settings import Settings, get_settings
 
 log = logging.getLogger("gateway")
 ECHO_CHARS = 100  # of a string input a 422 quotes back
+DOCS_ASSETS = "/docs/static"  # Swagger UI's and ReDoc's scripts, styles and icon
+LATE_INGESTS = 10.0  # seconds shutdown waits for webhooks answered before they were stored (Discord's)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    db.configure(settings.database, role="gateway")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state: AppState = app.state.nanofleet
         yield
+        await webhooks.drain(timeout=LATE_INGESTS)
         await state.aredis.aclose()
         state.redis.close()
 
-    app = FastAPI(title="nanofleet", version="0.1.0", lifespan=lifespan,
-                  description="A self-hosted AI agent runtime: REST API, webhooks and event streams.")
+    # /docs and /redoc with their scripts and styles served from here (fastapi-offline ships them):
+    # FastAPI's own pages load them from a CDN, which an air-gapped host cannot reach.
+    app = FastAPIOffline(title="nanofleet", version="0.1.0", lifespan=lifespan, static_url=DOCS_ASSETS,
+                         description="A self-hosted AI agent runtime: REST API, webhooks and event streams.")
     app.state.nanofleet = AppState.build(settings)
     for module in (health, conversations, runs, subagents, cron, tools, skills, outbox, webhooks, web):
         app.include_router(module.router)

@@ -28,12 +28,30 @@ app.add_typer(cron_app, name="cron")
 
 
 def settings_or_exit() -> Settings:
-    """Load settings; a bad one stops start-up with a message naming it."""
+    """Load settings; a bad one stops start-up with a message naming it. This process's connections
+    say `nanofleet-cli` in pg_stat_activity."""
+    from shared import db
+
     try:
-        return get_settings()
+        settings = get_settings()
     except SettingsError as err:
         typer.echo(f"nanofleet: {err}", err=True)
         raise typer.Exit(2) from None
+    db.configure(settings.database, role="cli")  # `gateway` runs on in this process, and says so again
+    return settings
+
+
+def plugins_or_exit(settings: Settings) -> Settings:
+    """`settings`, unless a tool plugin does not load: the gateway, a worker and `agent` need them
+    all (beat and `status` go on without; docs/tools.md)."""
+    from shared.tools import check_plugins
+
+    try:
+        check_plugins(settings)
+    except SettingsError as err:
+        typer.echo(f"nanofleet: {err}", err=True)
+        raise typer.Exit(2) from None
+    return settings
 
 
 def refuse(err: Exception | str) -> NoReturn:
@@ -79,7 +97,7 @@ def gateway(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None
 
     from gateway.status import port_problem
 
-    settings = settings_or_exit()
+    settings = plugins_or_exit(settings_or_exit())
     if (problem := port_problem(host, port)) is not None:
         refuse(problem)
     migrated_or_exit(settings)
@@ -106,7 +124,7 @@ def worker(
         help="Celery node name, passed as given (default: nanofleet-<queues>-<pid>-<tag>@%h)")] = None,
 ) -> None:
     """Run a Celery worker for some or all queues."""
-    settings = settings_or_exit()
+    settings = plugins_or_exit(settings_or_exit())
     names = [name.strip() for name in queues.split(",") if name.strip()]
     unknown = set(names) - set(QUEUES)
     if unknown or not names:
@@ -219,7 +237,7 @@ def agent(
 
     if not message.strip():
         raise typer.BadParameter("say something", param_hint="'-m' / '--message'")
-    settings = database_or_exit(settings_or_exit(), may_create=True)
+    settings = database_or_exit(plugins_or_exit(settings_or_exit()), may_create=True)
     try:
         answer = one_turn(settings, message=message, session=session, model=model)
     except (UnknownRevision, MigrationBlocked) as err:

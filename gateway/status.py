@@ -19,8 +19,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 from shared.constants import BEAT_LOCK, QUEUES
-from shared.db import NO_DATABASE
-from shared.settings import Settings
+from shared.db import NO_DATABASE, connect_args
+from shared.settings import Settings, SettingsError
 
 NOT_TAKEN = "  NO WORKER TAKES IT (start one with --queues naming it)"
 NO_BEAT = "runs stuck by a dead worker are not recovered, cron does not fire (start `nanofleet beat`, exactly one)"
@@ -61,7 +61,8 @@ def _pg_reason(err: DBAPIError) -> str:
 
 
 def _engine(url: str) -> Engine:
-    return create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": CONNECT_TIMEOUT})
+    options = {**connect_args(url), "connect_timeout": CONNECT_TIMEOUT}  # a URL's own application_name is kept
+    return create_engine(url, poolclass=NullPool, connect_args=options)
 
 
 def database_problem(url: str, *, may_create: bool = False) -> str | None:
@@ -176,4 +177,21 @@ def report(settings: Settings, echo: Callable[[str], None]) -> bool:
     beat = bool(client.exists(BEAT_LOCK))
     client.close()
     echo("beat       ok" if beat else f"beat       NOT RUNNING: nobody holds {BEAT_LOCK}: {NO_BEAT}")
-    return ok and bool(names) and taken.issuperset(QUEUES) and beat
+    plugins = _plugins_line(settings, echo)
+    return ok and bool(names) and taken.issuperset(QUEUES) and beat and plugins
+
+
+def _plugins_line(settings: Settings, echo: Callable[[str], None]) -> bool:
+    """`nanofleet status`'s line on NANOFLEET_TOOLS__PLUGINS, when it names any (a worker whose plugins
+    do not load refuses to start, and says why only in its own log); whether they all load."""
+    from shared.tools import check_plugins
+
+    if not settings.tools.plugins:
+        return True
+    try:
+        check_plugins(settings)
+    except SettingsError as err:
+        echo(f"plugins    BROKEN: {err}")
+        return False
+    echo(f"plugins    ok ({len(settings.tools.plugins)})")
+    return True

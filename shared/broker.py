@@ -11,6 +11,10 @@ And one saving: kombu builds a new Redis client for every short command (each ta
 ack, each of its monitoring events), about 0.1 ms each, five times a task. A client is thread-safe
 and borrows a connection from the channel's pool per command, so the channel keeps one.
 
+A unix:// NANOFLEET_REDIS_URL gets this transport too (SocketTransport): kombu names a socket
+`redis+socket://`, and that prefix picks kombu's own transport whatever Celery's broker_transport says,
+so a worker on a socket exited on the first Redis restart that caught it holding messages.
+
 Also here: the Celery settings that point the broker, the result backend and redbeat at one
 NANOFLEET_REDIS_URL (redis_config), since each of the three reads a URL its own way."""
 
@@ -18,14 +22,15 @@ from __future__ import annotations
 
 import ssl
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from kombu.transport import redis as kombu_redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from shared.redis_urls import CERT_REQS, REDIS_TLS_PARAMS
 
-TRANSPORT = "shared.broker:Transport"  # for redis:// and rediss://; unix:// keeps kombu's own (see redis_config)
+TRANSPORT = "shared.broker:Transport"  # for redis:// and rediss://
+SOCKET_TRANSPORT = "shared.broker:SocketTransport"  # for unix:// (see redis_config)
 
 
 def tls_options(params: dict[str, str]) -> dict[str, Any]:
@@ -50,14 +55,11 @@ def redis_config(url: str) -> dict[str, Any]:
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
     if parts.scheme == "unix":
-        # kombu and Celery's backend name a socket redis+socket://[:password@]/path?virtual_host=N; redbeat
-        # (redis-py) reads unix:// itself. This runs on kombu's own transport, without the fixes above.
-        auth, _, _ = parts.netloc.rpartition("@")
-        db = [("virtual_host", value) for name, value in query if name == "db"]
-        socket_url = f"redis+socket://{auth}@{parts.path}" if auth else f"redis+socket://{parts.path}"
-        socket_url += f"?{urlencode(db)}" if db else ""
-        return {"broker_url": socket_url, "broker_transport": None, "result_backend": socket_url,
-                "redbeat_redis_url": url}
+        # The broker reads socket://[:password@]/path?virtual_host=N (SocketTransport), Celery's backend
+        # redis+socket:// with the same rest; redbeat (redis-py) reads unix:// itself.
+        socket_url = _socket_url(parts, query)
+        return {"broker_url": socket_url, "broker_transport": SOCKET_TRANSPORT,
+                "result_backend": f"redis+{socket_url}", "redbeat_redis_url": url}
     plain = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query if k not in REDIS_TLS_PARAMS])))
     config: dict[str, Any] = {"broker_url": plain, "broker_transport": TRANSPORT, "result_backend": plain,
                               "redbeat_redis_url": plain}
@@ -65,6 +67,23 @@ def redis_config(url: str) -> dict[str, Any]:
         tls = tls_options({k: v for k, v in query if k in REDIS_TLS_PARAMS})
         config |= {"broker_use_ssl": tls, "redis_backend_use_ssl": tls, "redbeat_redis_use_ssl": tls}
     return config
+
+
+def kombu_config(url: str) -> dict[str, Any]:
+    """The broker settings for kombu's own Redis transport, for a reader of the broker URL (Flower's
+    broker view knows redis://, rediss:// and redis+socket://, not nanofleet's transports)."""
+    config = redis_config(url)
+    broker_url = str(config["broker_url"])
+    return {"broker_url": f"redis+{broker_url}" if broker_url.startswith("socket://") else broker_url,
+            "broker_transport": None}
+
+
+def _socket_url(parts: SplitResult, query: list[tuple[str, str]]) -> str:
+    """socket://[:password@]/path?virtual_host=N: kombu's socket form without its redis+ prefix."""
+    auth, _, _ = parts.netloc.rpartition("@")
+    db = [("virtual_host", value) for name, value in query if name == "db"]
+    socket_url = f"socket://{auth}@{parts.path}" if auth else f"socket://{parts.path}"
+    return socket_url + (f"?{urlencode(db)}" if db else "")
 
 
 class Channel(kombu_redis.Channel):
@@ -87,3 +106,12 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+
+class SocketTransport(Transport):
+    """The transport for a unix socket, given socket://[:password@]/path?virtual_host=N. kombu hands
+    the socket:// URL whole to the channel (which reads the socket, password and database from it)
+    only when redis+socket:// named its own transport; here the transport says it reads the URL
+    itself, which the channel does, in kombu's code."""
+
+    can_parse_url = True

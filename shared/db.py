@@ -6,6 +6,7 @@ import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Any, TypeVar
 
@@ -16,27 +17,58 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 from sqlmodel import Session, SQLModel, select
 
+from shared.settings import DatabaseSettings
+
 M = TypeVar("M", bound=SQLModel)
 
-# Connections kept open per process. A burst above POOL_SIZE opens overflow connections and closes
-# them again on return, a Postgres backend start each time: keep it near the number of busy threads.
-POOL_SIZE = 20
-MAX_OVERFLOW = 30
 IDLE_PING = 1.0  # seconds a pooled connection may sit unused before it is pinged on checkout
 CONNECT_TIMEOUT = 10  # seconds; libpq waits as long as the network does (a host that drops packets)
+APP_NAME = "nanofleet"  # what pg_stat_activity shows for a process that did not say its role (configure)
+
+
+@dataclass(frozen=True)
+class Pooling:
+    """How this process's engines pool connections, and the application_name they give Postgres."""
+
+    pool_size: int = DatabaseSettings().pool_size
+    max_overflow: int = DatabaseSettings().max_overflow
+    application_name: str = APP_NAME
+
+
+_pooling = Pooling()
+
+
+def configure(database: DatabaseSettings, *, role: str) -> None:
+    """Set this process's pool sizes (NANOFLEET_DATABASE__*) and its role, shown as application_name
+    `nanofleet-<role>` in pg_stat_activity (gateway, worker, beat, cli). Called once at a process's
+    start, before its first get_engine: an engine made before keeps what it had."""
+    global _pooling
+    wanted = Pooling(database.pool_size, database.max_overflow, f"{APP_NAME}-{role}")
+    if wanted != _pooling:
+        _pooling = wanted
+        get_engine.cache_clear()
+
+
+def connect_args(url: str) -> dict[str, Any]:
+    """libpq's connection options for `url`: a connect timeout and this process's application_name,
+    unless the URL gives its own."""
+    given = make_url(url).query
+    defaults = {"connect_timeout": CONNECT_TIMEOUT, "application_name": _pooling.application_name}
+    return {name: value for name, value in defaults.items() if name not in given}
 
 
 @lru_cache(maxsize=8)
-def get_engine(url: str, pool_size: int = POOL_SIZE) -> Engine:
-    """One pooled engine per URL and process. A connection idle for IDLE_PING seconds is pinged
+def get_engine(url: str, pool_size: int | None = None) -> Engine:
+    """One pooled engine per URL and process, of the configured size (configure) unless `pool_size`
+    says otherwise. A connection idle for IDLE_PING seconds is pinged
     before use and replaced if the server went away (a restart); a busy one is not, because a
     step opens several sessions and a ping is a round trip each. A connection lost mid-use fails
     that statement, SQLAlchemy drops every connection opened before it, and the task is retried
     (workers/base.py)."""
-    timeout = {} if "connect_timeout" in make_url(url).query else {"connect_timeout": CONNECT_TIMEOUT}
-    engine = create_engine(url, pool_size=pool_size, max_overflow=MAX_OVERFLOW, pool_recycle=1800,
+    engine = create_engine(url, pool_size=pool_size or _pooling.pool_size, max_overflow=_pooling.max_overflow,
+                           pool_recycle=1800,
                            pool_use_lifo=True,  # the warm connection first; idle ones age and are pinged
-                           connect_args=timeout)
+                           connect_args=connect_args(url))
     event.listen(engine, "checkin", _checked_in)
     event.listen(engine, "checkout", partial(_ping_if_idle, engine.dialect))
     return engine
@@ -98,7 +130,7 @@ def ensure_database(url: str) -> bool:
     answers is not looked up in the `postgres` one: a managed server's role, or a pooler, may not
     be let into that."""
     target = make_url(url)
-    probe = create_engine(target, poolclass=NullPool)
+    probe = create_engine(target, poolclass=NullPool, connect_args=connect_args(url))
     try:
         with probe.connect():
             return False
@@ -107,7 +139,8 @@ def ensure_database(url: str) -> bool:
             raise
     finally:
         probe.dispose()
-    admin = create_engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    admin = create_engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT",
+                          connect_args=connect_args(url))
     try:
         with admin.connect() as conn:
             exists = conn.execute(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -27,6 +28,7 @@ from shared.constants import (
 from shared.logs import request_id_var
 from shared.settings import Settings, SettingsError
 
+log = logging.getLogger(__name__)
 VISIBILITY_TIMEOUT = 3600  # seconds; every task finishes far sooner (see the time limits)
 # Celery's time limits, which only a prefork pool enforces (compose's tools worker): a backstop for
 # a task stuck past its own timeouts. A step that calls the model or a tool gets what that call may
@@ -82,15 +84,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 def time_limits(settings: Settings) -> dict[str, dict[str, float]]:
     """Time limits of the tasks that may run longer than the default ones, by task name."""
-    from shared.tools import plugin_classes  # the tools import this module
-
     tools = settings.tools
-    try:
-        plugins = [cls.timeout or 0.0 for cls in plugin_classes(settings)]
-    except SettingsError:
-        plugins = []  # said when the registry is built, at every process's start
     tool = max(tools.default_timeout, tools.exec.max_timeout, *(m.timeout for m in tools.mcp_servers.values()),
-               *plugins)
+               *plugin_timeouts(settings))
     model = settings.llm.longest()
 
     def above(seconds: float) -> dict[str, float]:
@@ -99,6 +95,21 @@ def time_limits(settings: Settings) -> dict[str, dict[str, float]]:
 
     calls_the_model = (T_AGENT_STEP, T_SUBAGENT_STEP, T_COMPACT, T_HEARTBEAT, T_DAILY_SUMMARY)
     return {T_TOOL_EXECUTE: above(tool), **{task: above(model) for task in calls_the_model}}
+
+
+def plugin_timeouts(settings: Settings) -> list[float]:
+    """The timeouts the plugin tools declare. Every process builds its Celery app, beat and `nanofleet
+    status` too, which run no tool: a plugin that does not load is logged here, naming it, and left
+    out; a worker refuses to start on it (workers/signals.py), as the gateway does."""
+    from shared.tools import load_plugin  # the tools import this module
+
+    timeouts = []
+    for spec in settings.tools.plugins:
+        try:
+            timeouts.append(load_plugin(spec).timeout or 0.0)
+        except SettingsError as err:
+            log.error("%s (left out of the task time limits here)", err)
+    return timeouts
 
 
 def beat_schedule(settings: Settings) -> dict[str, Any]:

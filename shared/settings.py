@@ -252,6 +252,17 @@ class HeartbeatSettings(BaseModel):
     model: str | None = None
 
 
+class DatabaseSettings(BaseModel):
+    """The connection pool of each process (the server is NANOFLEET_DATABASE_URL's; shared/db.py)."""
+
+    # Kept open per process. A burst above pool_size opens up to max_overflow more, closed again on
+    # return (a Postgres backend start each): keep pool_size near the process's busy threads, and the
+    # sum over every process of pool_size + max_overflow (a worker's plus one: it renews leases on a
+    # connection of its own) within Postgres's max_connections.
+    pool_size: int = Field(default=20, ge=1)
+    max_overflow: int = Field(default=30, ge=0)
+
+
 class Settings(BaseSettings):
     """All of nanofleet's configuration."""
 
@@ -261,6 +272,7 @@ class Settings(BaseSettings):
 
     database_url: str = "postgresql+psycopg://postgres@127.0.0.1:5432/nanofleet"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     api_keys: list[SecretStr] = Field(default_factory=list, examples=[["a-long-random-key"]])
     workspace: Path = Path("~/.nanofleet/workspace")
     data_dir: Path = Path("~/.nanofleet")

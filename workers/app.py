@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shared import db
 from shared.queueing import make_celery
 from shared.settings import get_settings
 from workers import signals
@@ -14,5 +15,6 @@ TASK_MODULES = [
     "workers.tasks.scheduler",
 ]
 
+db.configure(get_settings().database, role="worker")  # Flower imports this module too: it opens no connection
 app = make_celery(get_settings(), name="nanofleet-worker", include=TASK_MODULES)
 signals.connect()

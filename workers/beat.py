@@ -12,6 +12,7 @@ from typing import Any
 from celery.signals import beat_init
 from redbeat.schedulers import RedBeatScheduler  # imported first: its beat lock handler runs before ours
 
+from shared import db
 from shared.constants import T_CRON_RECONCILE
 from shared.process_guard import guard_or_warn
 from shared.queueing import make_celery
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 # As soon as celery has loaded this module (`nanofleet beat` exec'd it: the flag did not survive):
 # a command exec runs as beat's user on this host must not read the secrets in beat's environment.
 guard_or_warn("beat")
+db.configure(get_settings().database, role="beat")
 app = make_celery(get_settings(), name="nanofleet-beat")
 signals.connect()
 

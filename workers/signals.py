@@ -12,6 +12,7 @@ from sqlalchemy import text
 from shared.constants import REQUEST_ID_HEADER
 from shared.logs import configure_logging, request_id_var
 from shared.settings import get_settings
+from workers import health
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,19 @@ def _guard(**_: Any) -> None:
     guard_or_warn("the worker")
 
 
+def _check_plugins(**_: Any) -> None:
+    """A worker whose tool plugins do not load would fail every step that builds its runtime: it
+    refuses to start instead, naming the plugin (beat and `nanofleet status` go on without it)."""
+    from shared.settings import SettingsError
+    from shared.tools import check_plugins
+
+    try:
+        check_plugins(get_settings())
+    except SettingsError as err:
+        # SystemExit: Celery logs and swallows an Exception from a signal handler. Its message goes to stderr.
+        raise SystemExit(f"nanofleet: the worker cannot start: {err}") from None
+
+
 def _warm(**_: Any) -> None:
     """Before this worker takes its first task, so a restart does not slow the first turn by a
     second: litellm, and the database driver (about 0.15 s on first use). The connection is closed
@@ -56,8 +70,10 @@ def _warm(**_: Any) -> None:
 
 
 def connect() -> None:
+    health.connect()
     setup_logging.connect(_setup_logging, weak=False)
     task_prerun.connect(_prerun, weak=False)
     task_postrun.connect(_postrun, weak=False)
     worker_init.connect(_guard, weak=False)
+    worker_init.connect(_check_plugins, weak=False)
     worker_init.connect(_warm, weak=False)

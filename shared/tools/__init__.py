@@ -41,23 +41,46 @@ def builtin_tools(settings: Settings) -> list[Tool]:
     ]
 
 
+def load_plugin(spec: str) -> type[Tool]:
+    """The Tool class a NANOFLEET_TOOLS__PLUGINS entry names ("package.module:ToolClass"). Whatever
+    keeps it from loading (importing a plugin runs its code, which may raise anything) is a
+    SettingsError naming the entry and the error."""
+    module, _, attr = spec.partition(":")
+    if not attr:
+        raise SettingsError(f"NANOFLEET_TOOLS__PLUGINS: '{spec}' must look like 'package.module:ToolClass'")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except Exception as err:
+        raise SettingsError(f"NANOFLEET_TOOLS__PLUGINS: cannot load '{spec}': {type(err).__name__}: {err}") from err
+    if not (isinstance(cls, type) and issubclass(cls, Tool)):
+        raise SettingsError(f"NANOFLEET_TOOLS__PLUGINS: '{spec}' is not a Tool class (a subclass of "
+                            "shared.tools.base.Tool)")
+    return cls
+
+
 def plugin_classes(settings: Settings) -> list[type[Tool]]:
-    """The classes named in NANOFLEET_TOOLS__PLUGINS as "module:Class"."""
-    classes = []
-    for spec in settings.tools.plugins:
-        module, _, attr = spec.partition(":")
-        if not attr:
-            raise SettingsError(f"NANOFLEET_TOOLS__PLUGINS: '{spec}' must look like 'package.module:ToolClass'")
-        try:
-            classes.append(getattr(importlib.import_module(module), attr))
-        except (ImportError, AttributeError) as err:
-            raise SettingsError(f"NANOFLEET_TOOLS__PLUGINS: cannot load '{spec}': {err}") from err
-    return classes
+    """The classes named in NANOFLEET_TOOLS__PLUGINS as "module:Class" (SettingsError at the first
+    that does not load)."""
+    return [load_plugin(spec) for spec in settings.tools.plugins]
 
 
 def plugin_tools(settings: Settings) -> list[Tool]:
     """Tools named in NANOFLEET_TOOLS__PLUGINS (default-denied like any other)."""
-    return [cls() for cls in plugin_classes(settings)]
+    tools = []
+    for spec, cls in zip(settings.tools.plugins, plugin_classes(settings), strict=True):
+        try:
+            tools.append(cls())
+        except Exception as err:
+            raise SettingsError(f"NANOFLEET_TOOLS__PLUGINS: cannot create '{spec}': {type(err).__name__}: "
+                                f"{err}") from err
+    return tools
+
+
+def check_plugins(settings: Settings) -> None:
+    """Load and create the plugin tools as build_registry does, without the rest of the registry (MCP
+    servers): SettingsError naming the first that is broken or takes a name already taken. For a
+    worker's start, before its pool forks."""
+    _named_apart(settings, builtin_tools(settings), plugin_tools(settings))
 
 
 def _named_apart(settings: Settings, builtins: list[Tool], plugins: list[Tool]) -> None:

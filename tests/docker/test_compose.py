@@ -15,6 +15,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import time
 import types
 import typing
 from pathlib import Path
@@ -209,6 +211,35 @@ def test_backends_have_healthchecks(compose: dict[str, Any]) -> None:
     assert "redis-cli" in json.dumps(services["redis"]["healthcheck"]["test"])
     assert "pg_isready" in json.dumps(services["postgres"]["healthcheck"]["test"])
     assert "/healthz" in json.dumps(services["gateway"]["healthcheck"]["test"])
+
+
+def _run_healthcheck(test: list[str], data_dir: Path) -> int:
+    """Run a CMD healthcheck here, with this interpreter for `python`, as the container's would."""
+    assert test[0] == "CMD" and test[1] == "python", test
+    env = {**os.environ, "NANOFLEET_DATA_DIR": str(data_dir)}
+    return subprocess.run([sys.executable, *test[2:]], env=env, timeout=30, check=False).returncode
+
+
+def test_every_worker_is_healthy_while_its_heartbeat_touches_the_liveness_file(
+        compose: dict[str, Any], tmp_path: Path) -> None:
+    """A worker whose broker connection or event loop is gone stops touching the file (workers/health.py):
+    its container turns unhealthy; no `celery inspect`, which would load the app at every check."""
+    from workers.health import ALIVE_FILE
+
+    workers = {n: s for n, s in compose["services"].items() if n.startswith("worker-")}
+    tests = {json.dumps(s["healthcheck"]["test"]) for s in workers.values()}
+    assert len(tests) == 1 and "celery" not in tests.copy().pop()
+    test = workers["worker-agent"]["healthcheck"]["test"]
+    alive = tmp_path / ALIVE_FILE
+    assert _run_healthcheck(test, tmp_path) == 1  # not started yet (start_period covers it)
+    alive.touch()
+    assert _run_healthcheck(test, tmp_path) == 0
+    old = time.time() - 120
+    os.utime(alive, (old, old))
+    assert _run_healthcheck(test, tmp_path) == 1
+    for name, service in workers.items():
+        check = service["healthcheck"]
+        assert _seconds(check["start_period"]) >= 30 and int(check["retries"]) >= 2, name
 
 
 def test_redis_is_durable_and_never_evicts(compose: dict[str, Any]) -> None:

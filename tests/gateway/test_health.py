@@ -118,3 +118,24 @@ def test_status_names_a_queue_no_worker_takes_and_a_beat_that_is_not_running(
     done = wait_until(_status_once(s, lambda run: run.returncode == 0), timeout=60,
                       message="status to find every queue taken and beat running")
     assert "beat       ok" in done.stdout and "NO WORKER" not in done.stdout
+
+
+def test_the_api_docs_load_nothing_from_outside(make_stack: Callable[..., Stack]) -> None:
+    """/docs (Swagger UI) and /redoc come with their scripts and styles: an air-gapped deployment has
+    no CDN. Every asset a page names is served here, and nothing names another host."""
+    import re
+
+    s = make_stack()
+    for client in api_client(s.settings):
+        assert client.get("/openapi.json").json()["info"]["title"] == "nanofleet"
+        for page in ("/docs", "/redoc"):
+            html = client.get(page)
+            assert html.status_code == 200 and html.headers["content-type"].startswith("text/html"), page
+            assert "http://" not in html.text and "https://" not in html.text, (page, html.text)
+            assets = re.findall(r"""(?:src|href)=["']([^"']+)["']""", html.text) + re.findall(
+                r"""url: ['"]([^'"]+)['"]""", html.text)
+            assert any(a.endswith(".js") for a in assets), (page, assets)
+            for asset in assets:
+                got = client.get(asset)
+                assert got.status_code == 200 and got.content, (page, asset, got.status_code)
+        assert client.get("/docs/oauth2-redirect").status_code == 200

@@ -232,8 +232,26 @@ def test_a_unix_socket_url_reaches_redis_everywhere(socket_redis: Path) -> None:
     """unix://[:password@]/path?db=N (redis-py's form, which NANOFLEET_REDIS_URL takes): the broker,
     the result backend and redbeat use the socket, the password and that database."""
     app = _app(_socket_url(socket_redis))
+    with app.connection_for_write() as conn:
+        assert isinstance(conn.transport, broker.SocketTransport)  # the broker fixes apply on a socket too
     _round_trip(app)
     classes = _pool_classes(app)
     assert all(issubclass(c, redis.UnixDomainSocketConnection) for c in classes.values()), classes
     db = {n: redis.Redis(unix_socket_path=str(socket_redis), password=SOCKET_PASSWORD, db=n) for n in (0, 3)}
     assert db[3].dbsize() > 0 and db[0].dbsize() == 0
+
+
+def test_flower_reads_the_broker_on_kombus_own_transport(socket_redis: Path) -> None:
+    """Flower's broker view (queue lengths) reads the broker URL itself: it gets kombu's forms, and the
+    socket's queue lengths."""
+    from flower.utils.broker import Broker, RedisSocket
+
+    url = _socket_url(socket_redis)
+    config = broker.kombu_config(url)
+    assert config == {"broker_url": f"redis+socket://:{SOCKET_PASSWORD}@{socket_redis}?virtual_host=3",
+                      "broker_transport": None}
+    assert isinstance(Broker(config["broker_url"]), RedisSocket)
+    with Connection(config["broker_url"]) as conn:
+        conn.default_channel.client.ping()
+    assert broker.kombu_config("redis://127.0.0.1:6379/2") == {"broker_url": "redis://127.0.0.1:6379/2",
+                                                               "broker_transport": None}

@@ -11,6 +11,7 @@ from sqlalchemy import create_engine, exc, text
 from sqlalchemy.engine import make_url
 
 from shared import db
+from shared.settings import DatabaseSettings
 
 
 def test_a_connection_dropped_while_idle_is_replaced_before_use(database_url: str,
@@ -67,3 +68,31 @@ def test_a_database_that_answers_is_not_looked_up_in_the_postgres_one(
         with admin.connect() as conn:
             conn.execute(text(f'drop database if exists "{missing.database}"'))
         admin.dispose()
+
+
+@pytest.fixture
+def own_pooling() -> Any:
+    """This test may configure the process's pool; the next test gets the pooling there was."""
+    saved = db._pooling
+    yield
+    db._pooling = saved
+    db.get_engine.cache_clear()
+
+
+def _app_name(engine: Any) -> str:
+    with engine.connect() as conn:
+        return str(conn.execute(text("select application_name from pg_stat_activity where pid = pg_backend_pid()"))
+                   .scalar_one())
+
+
+def test_the_pool_is_sized_by_the_settings_and_says_the_processs_role(database_url: str, own_pooling: Any) -> None:
+    db.configure(DatabaseSettings(pool_size=3, max_overflow=2), role="worker")
+    engine = db.get_engine(database_url)
+    assert (engine.pool.size(), engine.pool._max_overflow) == (3, 2)  # type: ignore[attr-defined]
+    assert _app_name(engine) == "nanofleet-worker"
+    assert db.get_engine(database_url, pool_size=1).pool.size() == 1  # the lease renewer's own
+    db.configure(DatabaseSettings(), role="beat")
+    assert _app_name(db.get_engine(database_url)) == "nanofleet-beat"
+    named = make_url(database_url).update_query_dict({"application_name": "mine"}).render_as_string(
+        hide_password=False)
+    assert _app_name(db.get_engine(named)) == "mine"  # the URL's own wins

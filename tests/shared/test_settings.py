@@ -241,3 +241,16 @@ def test_a_password_from_an_example_is_refused(monkeypatch: pytest.MonkeyPatch, 
         load_settings()
     assert f"{var}: " in str(err.value) and "an example anyone can read" in str(err.value)
     assert ("POSTGRES_PASSWORD" if "DATABASE" in var else "REDIS_PASSWORD") in str(err.value)
+
+
+def test_the_database_pool_is_set_beside_the_database_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NANOFLEET_DATABASE_URL stays as it is; the pool's sizes are NANOFLEET_DATABASE__*."""
+    monkeypatch.setenv("NANOFLEET_DATABASE_URL", "postgresql+psycopg://app@db.internal:5432/nf")
+    monkeypatch.setenv("NANOFLEET_DATABASE__POOL_SIZE", "5")
+    monkeypatch.setenv("NANOFLEET_DATABASE__MAX_OVERFLOW", "0")
+    s = load_settings()
+    assert s.database_url == "postgresql+psycopg://app@db.internal:5432/nf"
+    assert (s.database.pool_size, s.database.max_overflow) == (5, 0)
+    monkeypatch.setenv("NANOFLEET_DATABASE__POOL_SIZE", "0")
+    with pytest.raises(SettingsError, match="NANOFLEET_DATABASE__POOL_SIZE"):
+        load_settings()

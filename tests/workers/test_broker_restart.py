@@ -1,9 +1,17 @@
-"""A worker outlives its broker: Redis is SIGKILLed while tool calls run, and comes back empty."""
+"""A worker outlives its broker: Redis is SIGKILLed while tool calls run, and comes back empty; on a
+TCP port (redis://) and on a unix socket (unix://, kombu's redis+socket)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
+import pytest
+import redis
 from sqlalchemy import text
 
 from bench.services import DedicatedRedis
@@ -15,18 +23,92 @@ from tests.support.stack import Stack, api_client, clean_db, make_env
 SLOW_TOOL = 'call:record {"tag": "during-outage", "seconds": 1.5}'
 
 
+class Broker(Protocol):
+    url: str
+
+    def start(self) -> str: ...
+    def kill(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+class TcpRedis:
+    """bench's DedicatedRedis: a redis-server on a fixed loopback port."""
+
+    def __init__(self, root: Path) -> None:
+        self.server = DedicatedRedis(root)
+        self.url = self.server.url
+
+    def start(self) -> str:
+        return self.server.start()
+
+    def kill(self) -> None:
+        assert self.server.proc is not None
+        self.server.proc.kill()  # SIGKILL: no goodbye to the clients
+        self.server.proc.wait(10)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class SocketRedis:
+    """A redis-server on a unix socket only, at a fixed path (short: a socket's path has a length limit)."""
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="nf-sock-"))
+        self.path = self.folder / "redis.sock"
+        self.url = f"unix://{self.path}?db=2"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> str:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.skip("redis-server is not installed")
+        self.proc = subprocess.Popen([exe, "--port", "0", "--unixsocket", str(self.path), "--unixsocketperm", "700",
+                                      "--save", "", "--appendonly", "no", "--dir", str(self.folder)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+        def up() -> bool:
+            assert self.proc is not None and self.proc.poll() is None, "redis-server exited"
+            try:
+                with redis.Redis(unix_socket_path=str(self.path), socket_timeout=1.0) as client:
+                    return bool(client.ping())
+            except redis.RedisError:
+                return False
+
+        wait_until(up, timeout=20, message="the socket redis-server to answer")
+        return self.url
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@pytest.fixture(params=["tcp", "socket"])
+def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
+    server: Broker = TcpRedis(tmp_path / "redis") if request.param == "tcp" else SocketRedis()
+    server.start()
+    yield server
+    server.stop()
+
+
 def _running_tools(database_url: str) -> int:
     with get_engine(database_url).connect() as conn:
         return int(conn.execute(text("select count(*) from tool_calls where status = 'RUNNING'")).scalar_one())
 
 
-def test_a_worker_reconnects_after_the_broker_restarts(database_url: str, fake_llm: FakeLLM, tmp_path: Path) -> None:
+def test_a_worker_reconnects_after_the_broker_restarts(database_url: str, fake_llm: FakeLLM, tmp_path: Path,
+                                                       broker: Broker) -> None:
     """Tasks that finish while Redis is down cannot be acknowledged; kombu's channel close then
-    raised an AttributeError and the worker exited. It must reconnect and serve new turns."""
+    raised an AttributeError and the worker exited. It must reconnect and serve new turns, on a
+    socket as on a port."""
     clean_db(database_url)
     fake_llm.reset()
-    broker = DedicatedRedis(tmp_path / "redis")
-    broker.start()
     workspace = tmp_path / "workspace"
     workspace.mkdir()
     stack = Stack(make_env(database_url=database_url, redis_url=broker.url, llm_url=fake_llm.url,
@@ -40,12 +122,10 @@ def test_a_worker_reconnects_after_the_broker_restarts(database_url: str, fake_l
                 assert posted.status_code == 202
             wait_until(lambda: _running_tools(database_url) == 4, timeout=30, message="four tool calls running")
 
-            assert broker.proc is not None
-            broker.proc.kill()  # SIGKILL: no goodbye to the clients
-            broker.proc.wait(10)
+            broker.kill()  # SIGKILL: no goodbye to the clients
             wait_until(lambda: _running_tools(database_url) == 0, timeout=30,
                        message="the tool calls to finish while the broker is down")
-            broker.start()  # same port, empty
+            broker.start()  # same port or socket, empty
 
             def reconnected() -> bool:
                 assert worker.alive(), f"the worker exited:\n{worker.log()[-3000:]}"
@@ -58,4 +138,3 @@ def test_a_worker_reconnects_after_the_broker_restarts(database_url: str, fake_l
             assert worker.alive()
     finally:
         stack.stop()
-        broker.stop()
