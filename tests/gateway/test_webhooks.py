@@ -5,6 +5,7 @@ a denied sender -> nothing; a 429 -> delivered once."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import uuid
@@ -416,3 +417,30 @@ def test_a_platform_without_its_secrets_is_off(channels: ChannelStack) -> None:
         r = client.post("/webhooks/telegram", content=json.dumps({"update_id": 1}))
         assert r.status_code == 404
         assert "NANOFLEET_CHANNELS__TELEGRAM__TOKEN" in r.json()["detail"]
+
+
+def test_a_large_unsigned_body_is_checked_off_the_event_loop(channels: ChannelStack,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Feishu's verification token is read from the JSON: a 1 MB body nobody signed is parsed before it
+    is refused, which on the event loop would hold every request and stream of the process meanwhile."""
+    from shared.channels.feishu import FeishuChannel
+
+    on_loop: list[bool] = []
+    verify = FeishuChannel.verify
+
+    def recording(self: FeishuChannel, headers: dict[str, str], body: bytes) -> None:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        verify(self, headers, body)
+
+    monkeypatch.setattr(FeishuChannel, "verify", recording)
+    monkeypatch.setattr(FeishuChannel, "parse_may_call_out", lambda self: False)  # its bot's open_id is known
+    small = json.dumps({"token": "forged", "type": "url_verification", "challenge": "c"}).encode()
+    large = json.dumps({"token": "forged", "pad": "x" * 1_000_000}).encode()
+    for body in (small, large):
+        answer = channels.http.post("/webhooks/feishu", content=body, headers={"Content-Type": "application/json"})
+        assert answer.status_code == 401, answer.text
+    assert on_loop == [True, False]  # a small body stays on the loop: a thread hop costs every event
