@@ -16,6 +16,9 @@ from shared.models import Outbox, OutboxStatus, new_id, utcnow
 from shared.settings import Settings
 
 FALLBACK_LIMIT = 4000
+# Seconds into a turn before its first "typing...": a reply that comes sooner needs none, and so spends no
+# platform API call (Telegram counts sendChatAction against the bot's limits) and no outbound-queue work.
+TYPING_AFTER = 1.0
 
 
 def add_reply(
@@ -41,9 +44,10 @@ def add_reply(
 
 def typing_loop(settings: Settings, origin: dict[str, Any], run_id: str) -> list[Next]:
     """The "typing..." loop (shared.channels.delivery.typing) for a turn whose first step starts
-    now, in a chat whose platform shows one; the turn came from a webhook or from the mailbox."""
+    now, in a chat whose platform shows one, from TYPING_AFTER on while the turn lasts; the turn came
+    from a webhook or from the mailbox."""
     ch = get_channel(str(origin.get("channel")), settings)
     if ch is None or not ch.typing_indicator:
         return []
     meta = origin.get("reply_meta") or {}
-    return [Next(T_OUTBOUND_TYPING, (ch.name, str(origin.get("chat_id", "")), run_id, meta, 0))]
+    return [Next(T_OUTBOUND_TYPING, (ch.name, str(origin.get("chat_id", "")), run_id, meta, 0), countdown=TYPING_AFTER)]

@@ -334,17 +334,17 @@ def test_telegram_group_mentions_typing_and_commands(channels: ChannelStack, fak
     group = "-" + d.new_chat()
     plain = tg.update(chat=int(group), sender=1001, text="just chatting", chat_type="group")
     assert channels.post("telegram", tg.signed(plain)).status_code == 200
-    mention = tg.update(chat=int(group), sender=1001, text="@nanofleet_bot sleep:0.6 ping", chat_type="group")
+    mention = tg.update(chat=int(group), sender=1001, text="@nanofleet_bot sleep:1.5 ping", chat_type="group")
     assert channels.post("telegram", tg.signed(mention)).status_code == 200
     channels.settled(group)
     [call] = tg.sent(group)
-    assert call.body["text"] == "echo: sleep:0.6 ping"
+    assert call.body["text"] == "echo: sleep:1.5 ping"
     assert call.body["reply_parameters"]["message_id"] == mention["message"]["message_id"]
     with fake_llm.lock:  # the model is told who spoke in the group
-        [asked] = [b["messages"] for b in fake_llm.requests if "sleep:0.6 ping" in json.dumps(b)]
+        [asked] = [b["messages"] for b in fake_llm.requests if "sleep:1.5 ping" in json.dumps(b)]
     sender = mention["message"]["from"]
     name = f"{sender.get('username') or sender['first_name']} (1001)"
-    assert {"role": "user", "content": f"[{name}]: sleep:0.6 ping"} in asked
+    assert {"role": "user", "content": f"[{name}]: sleep:1.5 ping"} in asked
     assert f"sender: {name} (a group chat)" in asked[-1]["content"]
     assert any(c.op == "sendChatAction" and c.body["chat_id"] == group for c in tg.calls)
     assert channels.scalar("select count(*) from messages where content = 'just chatting'") == 0
@@ -382,15 +382,32 @@ def test_telegram_typing_for_a_turn_started_from_the_mailbox(channels: ChannelSt
     worker: it shows "typing..." too, once, as the first did."""
     tg, d = channels.fakes["telegram"], channels.driver("telegram")
     chat, first, second = d.new_chat(), marker(), marker()
-    assert channels.post("telegram", d.request(chat=chat, text=f"sleep:1.0 {first}")).status_code == 200
+    assert channels.post("telegram", d.request(chat=chat, text=f"sleep:1.5 {first}")).status_code == 200
     wait_until(lambda: llm_requests_with(fake_llm, first) == 1, timeout=30, message="the first turn's LLM call")
-    assert channels.post("telegram", d.request(chat=chat, text=f"sleep:1.0 {second}")).status_code == 200
+    assert channels.post("telegram", d.request(chat=chat, text=f"sleep:1.5 {second}")).status_code == 200
     channels.settled(chat, rows=2)
-    assert d.replies(chat) == [f"echo: sleep:1.0 {first}", f"echo: sleep:1.0 {second}"]
+    assert d.replies(chat) == [f"echo: sleep:1.5 {first}", f"echo: sleep:1.5 {second}"]
     assert channels.scalar("select count(*) from runs r join conversations c on c.id = r.conversation_id "
                            "where c.chat_id = :c", c=chat) == 2  # the second turn came from the mailbox
     typing = [c for c in tg.calls if c.op == "sendChatAction" and c.body["chat_id"] == chat]
-    assert len(typing) == 2  # one per turn: each lasts ~1 s, and the loop renews every 4.5 s
+    assert len(typing) == 2  # one per turn: each lasts ~1.5 s, typing starts at 1 s and renews every 4.5 s
+
+
+def test_a_quick_reply_shows_no_typing(channels: ChannelStack) -> None:
+    """"typing..." is for a turn that takes a while: a reply within a second spends no API call on it."""
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    quick, slow = d.new_chat(), d.new_chat()
+    assert channels.post("telegram", d.request(chat=quick, text="hello")).status_code == 200
+    assert channels.post("telegram", d.request(chat=slow, text="sleep:1.5 hello")).status_code == 200
+    for chat in (quick, slow):
+        channels.settled(chat)
+    wait_until(lambda: channels.scalar("select count(*) from runs r join conversations c on c.id = r.conversation_id "
+                                       "where c.chat_id = :c and r.finished_at < now() - interval '1.5 seconds'",
+                                       c=quick) == 1, timeout=10, message="the quick turn's typing delay to pass")
+    # the quick turn's typing task has had its second by now; the slow one's ran while it was going
+    wait_until(lambda: any(c.op == "sendChatAction" and c.body["chat_id"] == slow for c in tg.calls), timeout=10,
+               message="the slow turn's typing")
+    assert not any(c.op == "sendChatAction" and c.body["chat_id"] == quick for c in tg.calls)
 
 
 def test_bodies_too_big_malformed_or_unknown(channels: ChannelStack) -> None:
