@@ -29,8 +29,9 @@ from shared.settings_errors import describe_unparsable, describe_validation
 CONFIG_FILE_ENV = "NANOFLEET_CONFIG_FILE"
 POSTGRES_SCHEMES = ("postgresql+psycopg", "postgresql", "postgres")  # hosted Postgres URLs often say postgres://
 # Passwords anyone can read in an example: nanofleet's compose file and .env.example shipped "nanofleet"
-# (a word in every log line, where redaction masked it: "Task ***.agent.step[...] received").
-SHIPPED_PASSWORDS = frozenset({"nanofleet", *PLACEHOLDERS})
+# (a word in every log line, where redaction masked it: "Task ***.agent.step[...] received") and, for
+# Flower, "change-me-now" (docker/entrypoint.sh refuses these for Flower: keep its list the same).
+SHIPPED_PASSWORDS = frozenset({"nanofleet", "change-me-now", *PLACEHOLDERS})
 
 
 def shipped_password(url: str, *, compose_variable: str) -> None:
@@ -235,6 +236,10 @@ class SchedulerSettings(BaseModel):
     timezone: str = "UTC"
     reconcile_interval: float = 30.0  # seconds between checks that redbeat mirrors the cron jobs
     beat_lock_timeout: int = 15  # seconds before a standby beat takes over from one that died
+    # Jobs the model adds (the `cron` tool; each firing is a paid LLM run): how often one may fire at
+    # most, and how many jobs a chat may hold for it to add another. The REST API and CLI are not bound.
+    tool_min_interval: int = Field(default=60, ge=1)
+    tool_max_jobs: int = Field(default=20, ge=0)
 
 
 class RetentionSettings(BaseModel):

@@ -5,6 +5,7 @@ once the interaction token expired)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 from nacl.exceptions import CryptoError
@@ -31,6 +32,9 @@ ACKNOWLEDGE: dict[int, dict[str, Any]] = {
 EPHEMERAL = 64
 NO_MENTIONS: dict[str, list[str]] = {"parse": []}  # a reply never pings @everyone or anyone else
 TOKEN_LIFETIME = 15 * 60  # an interaction token, and with it its @original and follow-ups
+# A Discord id (a 64-bit integer in decimal). A chat id goes into the URL path of a bot message: anything
+# else (`../guilds/...`, handed to the `message` tool) would reach another API endpoint with the bot's token.
+SNOWFLAKE = re.compile(r"[0-9]{1,20}")
 
 
 def _ephemeral(text: str) -> dict[str, Any]:
@@ -135,6 +139,9 @@ class DiscordChannel(BaseChannel):
 
     def _channel_message(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
         """A bot message; the nonce makes Discord drop a repeat of the same outbox row."""
+        if not SNOWFLAKE.fullmatch(chat_id):
+            raise Rejected(f"discord channel message: chat id {chat_id[:64]!r} is not a Discord channel id "
+                           "(a snowflake: digits only)")
         response = http(self.settings.channels.delivery.send_timeout).post(
             f"{self.cfg.api_base.rstrip('/')}/channels/{chat_id}/messages",
             json={"content": text, "allowed_mentions": NO_MENTIONS,

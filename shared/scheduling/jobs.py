@@ -10,7 +10,9 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
+from croniter import CroniterError, croniter
 from pydantic import BaseModel, Field
+from sqlalchemy import func
 from sqlmodel import Session, col, or_, select
 
 from shared.channels import REGISTRY, get_channel
@@ -27,6 +29,8 @@ PAST_SLACK = timedelta(seconds=60)  # an `at` this far in the past still runs (c
 MAX_AHEAD = timedelta(seconds=schedules.MAX_EVERY)  # an `at` further ahead is a typo, not a plan (ten years)
 API = "api"  # results stay in the job's session, or go into the API conversation its chat id names
 TZ_ONLY = "tz applies only to cron expressions and to a new `at` (a time without an offset is read in it)"
+GAP_HORIZON = timedelta(days=8)  # a cron expression's firings looked at for spacing: a week and its midnights
+GAP_STEPS = 2_000  # at most this many of them
 
 
 class InvalidJob(NanofleetError):
@@ -168,10 +172,54 @@ class AlreadyFired(NanofleetError):
     status_code = 409
 
 
+def shorter_gap(expr: str, tz: str, after: datetime, limit: timedelta) -> timedelta | None:
+    """A gap shorter than `limit` between two firings of the (valid) cron expression in the coming
+    week, as wall-clock times in `tz`; None when there is none."""
+    start = after.astimezone(schedules.zone(tz)).replace(tzinfo=None)
+    walls = croniter(expr, start)
+    previous: datetime | None = None
+    for _ in range(GAP_STEPS):
+        try:
+            wall = walls.get_next(datetime)
+        except CroniterError:
+            return None
+        if previous is not None and wall - previous < limit:
+            return wall - previous
+        if wall - start > GAP_HORIZON:
+            return None
+        previous = wall
+    return None
+
+
+def _model_may_add(s: Session, settings: Settings, data: JobIn, columns: dict[str, Any], now: datetime) -> None:
+    """The limits on jobs the model adds (each firing is a paid run, and a prompt injection may ask):
+    no schedule faster than the minimum, no more than the maximum of jobs in the chat."""
+    cfg = settings.scheduler
+    minimum = timedelta(seconds=cfg.tool_min_interval)
+    why = f"a job you add must fire at least {cfg.tool_min_interval} seconds apart"
+    how = "(NANOFLEET_SCHEDULER__TOOL_MIN_INTERVAL; the operator can add faster ones through the REST API)"
+    every = columns["every_seconds"]
+    if every is not None and every < cfg.tool_min_interval:
+        raise InvalidJob(f"every_seconds={every} is too often: {why} {how}")
+    if columns["cron_expr"] and (gap := shorter_gap(columns["cron_expr"], columns["tz"], now, minimum)):
+        raise InvalidJob(f"cron_expr '{columns['cron_expr']}' fires {int(gap.total_seconds())} seconds apart: "
+                         f"{why} {how}")
+    # Calls of one response run at once: each counts under a lock on the chat, held until commit.
+    s.execute(select(func.pg_advisory_xact_lock(func.hashtextextended(f"cron:{data.channel}:{data.chat_id}", 0))))
+    held = s.exec(select(func.count()).select_from(CronJob).where(
+        CronJob.channel == data.channel, CronJob.chat_id == data.chat_id, col(CronJob.system).is_(False))).one()
+    if cfg.tool_max_jobs == 0:
+        raise Conflict("the operator has turned off adding cron jobs here (NANOFLEET_SCHEDULER__TOOL_MAX_JOBS=0)")
+    if held >= cfg.tool_max_jobs:
+        raise Conflict(f"this chat has {held} cron jobs, the most you may add to (NANOFLEET_SCHEDULER__TOOL_MAX_JOBS): "
+                       "remove one it no longer needs (action=list, then action=remove) before adding another")
+
+
 def create(s: Session, settings: Settings, data: JobIn, *, job_id: str | None = None,
-           now: datetime | None = None) -> CronJob:
+           now: datetime | None = None, by_model: bool = False) -> CronJob:
     """Store a new job (or return the one already stored under `job_id`: a replayed call). A replay
-    must not bring back a job that has fired since: its `at` would move to now and fire again."""
+    must not bring back a job that has fired since: its `at` would move to now and fire again.
+    `by_model`: the cron tool adds it, held to the limits of NANOFLEET_SCHEDULER__TOOL_*."""
     if job_id and (existing := s.get(CronJob, job_id)) is not None:
         return existing
     if job_id and s.exec(select(CronReceipt.id).where(CronReceipt.job_id == job_id)).first() is not None:
@@ -180,6 +228,8 @@ def create(s: Session, settings: Settings, data: JobIn, *, job_id: str | None = 
     columns = _schedule(settings, every=data.every_seconds, expr=data.cron_expr, tz=data.tz, at=data.at, now=now,
                         tz_given=data.tz is not None)
     check_target(s, settings, channel=data.channel, chat_id=data.chat_id)
+    if by_model:
+        _model_may_add(s, settings, data, columns, now)
     policy = data.missed_policy or ("run_once" if columns["kind"] == "at" else "skip")
     origin = {"channel": data.channel, "chat_id": data.chat_id, "reply_meta": data.reply_meta}
     job = CronJob(name=data.name or data.message[:60], message=data.message, missed_policy=policy,

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from shared.db import session_scope
 from shared.errors import Conflict, NotFound
-from shared.models import CronJob
+from shared.models import CronJob, RunKind
 from shared.scheduling import jobs
 from shared.scheduling.beat import BeatMirror, beat_app
 from shared.scheduling.ids import call_key, derived, is_retry
@@ -42,7 +42,8 @@ class CronTool(Tool):
     description = (
         "Schedule messages to yourself that run as tasks later; each run's answer is posted to this chat. "
         "action=add with message and one of every_seconds, cron_expr (+tz) or at (ISO-8601); "
-        "action=list; action=remove|enable|disable with job_id."
+        "action=list; action=remove|enable|disable with job_id. Each run costs a model call: jobs fire at most "
+        "once a minute (or as the operator set), a chat holds a limited number, and a scheduled run adds none."
     )
     Args = CronArgs
     group = "scheduling"
@@ -87,6 +88,9 @@ class CronTool(Tool):
         return ToolResult.success(out)
 
     def _add(self, args: CronArgs, ctx: ToolContext) -> ToolResult:
+        if ctx.run_kind == RunKind.CRON.value:  # a job adding jobs would multiply at every firing
+            return ToolResult.fail(ErrorCode.NOT_ALLOWED, "a scheduled job's run cannot add cron jobs: say in your "
+                                   "answer what should be scheduled, and the user can ask for it in the chat")
         if not args.message:
             return ToolResult.fail(ErrorCode.INVALID_ARGS, "action=add needs message: what to do at each run")
         origin = ctx.extra.get("origin") or {}
@@ -98,7 +102,7 @@ class CronTool(Tool):
         with session_scope(ctx.settings.database_url) as s:
             job_id = derived("cron", call_key(s, ctx.run_id, ctx.call_id))[:12] if ctx.run_id else None
             try:
-                job = jobs.create(s, ctx.settings, data, job_id=job_id)
+                job = jobs.create(s, ctx.settings, data, job_id=job_id, by_model=True)
             except jobs.AlreadyFired as err:
                 return ToolResult.success({"job_id": job_id, "status": "already ran", "note": err.message})
         _mirror(ctx.settings, job.id, job)

@@ -17,7 +17,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _MODES: dict[str, int] = {
     "rb": os.O_RDONLY,
-    "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+    "wb": os.O_WRONLY | os.O_CREAT,  # truncated once the checks passed: O_TRUNC would cut a file they refuse
     "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
     "r+b": os.O_RDWR,
 }
@@ -32,6 +32,19 @@ class OutsideWorkspace(ValueError):
 
     def result(self) -> ToolResult:
         return ToolResult.fail(ErrorCode.PERMISSION_DENIED, f"{self}; use a path inside the workspace")
+
+
+class HardLinked(OutsideWorkspace):
+    """A regular file with other names (hard links): one may be outside the workspace (a command can
+    `ln /etc/shadow x`, and the file tools may run as a more privileged user than it), and no path
+    check can tell where the others are."""
+
+    def __init__(self, path: str, links: int) -> None:
+        super().__init__(path, f"is a hard link (the file has {links} names, and one may be outside the workspace)")
+
+    def result(self) -> ToolResult:
+        return ToolResult.fail(ErrorCode.PERMISSION_DENIED, f"{self}; the file tools refuse hard-linked files: "
+                                                            "copy it (cp) to a file of its own and use that")
 
 
 class NotAFile(OSError):
@@ -75,7 +88,8 @@ def open_file(workspace: Path, target: Path, mode: OpenMode, *, make_parents: bo
     out. So the file is reached from the workspace one folder at a time, each opened by fd with
     O_NOFOLLOW, the last folder's and the file's real paths are checked again, and a symlink
     found on the way raises OutsideWorkspace. Missing folders are created on the way when
-    `make_parents`. Raises OutsideWorkspace, NotAFile or the OSError of the open.
+    `make_parents`. A file with other hard links is refused (HardLinked), judged on the open fd.
+    Raises OutsideWorkspace, NotAFile or the OSError of the open.
     """
     root = workspace.resolve()
     if target == root or not target.parent.is_relative_to(root):
@@ -89,6 +103,8 @@ def open_file(workspace: Path, target: Path, mode: OpenMode, *, make_parents: bo
     try:
         _check_regular(fd, target)
         _check_inside(root, fd, target)
+        if mode == "wb":
+            os.ftruncate(fd, 0)
     except BaseException:
         os.close(fd)
         raise
@@ -165,9 +181,12 @@ def _is_link(dir_fd: int, name: str) -> bool:
 
 
 def _check_regular(fd: int, target: Path) -> None:
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        raise NotAFile(target, is_dir=stat.S_ISDIR(mode))
+    """A regular file with one name: the fd's, so a link made after a path check cannot slip by."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotAFile(target, is_dir=stat.S_ISDIR(st.st_mode))
+    if st.st_nlink > 1:
+        raise HardLinked(str(target), st.st_nlink)
 
 
 def _check_inside(root: Path, fd: int, target: Path) -> None:

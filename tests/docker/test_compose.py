@@ -27,7 +27,7 @@ import yaml
 from pydantic import BaseModel, SecretStr
 
 from gateway.cli import POOLS
-from shared.settings import CONFIG_FILE_ENV, LLMSettings, Settings, SettingsError, load_settings
+from shared.settings import CONFIG_FILE_ENV, SHIPPED_PASSWORDS, LLMSettings, Settings, SettingsError, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "compose.yml"
@@ -52,9 +52,10 @@ BACKING = {"redis", "postgres"}
 NOT_SETTINGS = {"NANOFLEET_PORT", CONFIG_FILE_ENV}
 # Interpolated by compose: unset them so the rendering shows the defaults.
 _COMPOSE_VARS = re.compile(r"^(POSTGRES_|REDIS_|FLOWER_|NANOFLEET_|COMPOSE_)")
-# The two variables compose requires (no default password: anyone can read the file); the renderings
+# The variables compose requires (no default password: anyone can read the file); the renderings
 # set them, as .env does.
-REQUIRED = {"POSTGRES_PASSWORD": "pg-test-password", "REDIS_PASSWORD": "redis-test-password"}
+REQUIRED = {"POSTGRES_PASSWORD": "pg-test-password", "REDIS_PASSWORD": "redis-test-password",
+            "FLOWER_BASIC_AUTH": "admin:flower-test-password"}
 
 
 # --------------------------------------------------------------------------- rendering compose
@@ -269,6 +270,27 @@ def test_the_passwords_have_no_default(missing: str) -> None:
     assert re.search(rf"^{missing}=$", ENV_EXAMPLE.read_text(), re.MULTILINE)
 
 
+def _networks(service: dict[str, Any]) -> set[str]:
+    """The networks a service joins (compose puts one that names none on `default`)."""
+    return set(service.get("networks") or ["default"])
+
+
+def test_flower_shares_no_network_with_the_workers(compose: dict[str, Any]) -> None:
+    """exec's commands run in worker-tools: they must not reach Flower's API (it revokes tasks and shuts
+    workers down, behind a password only). Flower reaches Redis on a network of its own."""
+    services = compose["services"]
+    flower = _networks(services["flower"])
+    assert flower and flower <= _networks(services["redis"])
+    for name, service in services.items():
+        if name not in ("flower", "redis"):
+            assert not flower & _networks(service), name
+    for name in ("worker-agent", "worker-tools", "worker-subagents", "worker-outbound", "beat", "gateway", "migrate"):
+        assert _networks(services[name]) & _networks(services["redis"]), name
+        assert _networks(services[name]) & _networks(services["postgres"]), name
+    declared = set(compose.get("networks") or {}) | {"default"}
+    assert {n for s in services.values() for n in _networks(s)} <= declared
+
+
 def test_migrate_runs_once(compose: dict[str, Any]) -> None:
     migrate = compose["services"]["migrate"]
     assert _cmd(migrate) == "migrate"
@@ -403,11 +425,23 @@ def test_entrypoint_dispatches_roles(fake_bin: Path) -> None:
     )
 
 
-def test_entrypoint_refuses_flower_without_auth(fake_bin: Path) -> None:
-    out = _entry(fake_bin, "flower")
+@pytest.mark.parametrize("auth", [None, "", "admin", "admin:", "admin:  ", ":secret-enough", "ops:s3cret,admin:"])
+def test_entrypoint_refuses_flower_without_auth(fake_bin: Path, auth: str | None) -> None:
+    out = _entry(fake_bin, "flower", **({} if auth is None else {"FLOWER_BASIC_AUTH": auth}))
     assert out.returncode != 0
-    assert "FLOWER_BASIC_AUTH" in out.stderr
+    assert "FLOWER_BASIC_AUTH" in out.stderr and "refusing to start Flower" in out.stderr
     assert out.stdout == ""
+
+
+@pytest.mark.parametrize("password", sorted(SHIPPED_PASSWORDS | {"change-me-now", "Change-Me-Now", " changeme "}))
+def test_entrypoint_refuses_flower_with_a_password_from_an_example(fake_bin: Path, password: str) -> None:
+    """As the database and Redis passwords are (shared/settings.py): anyone can read the example's."""
+    for auth in (f"admin:{password}", f"ops:a-real-one,admin:{password}"):
+        out = _entry(fake_bin, "flower", FLOWER_BASIC_AUTH=auth)
+        assert out.returncode != 0 and out.stdout == "", auth
+        assert "FLOWER_BASIC_AUTH" in out.stderr and "example" in out.stderr, out.stderr
+    out = _entry(fake_bin, "flower", FLOWER_BASIC_AUTH="admin:a-real-one,ops:another-one")
+    assert out.stdout.strip() == "celery -A workers.flower:app flower --port=5555", out.stderr
 
 
 def test_dockerfile_contract() -> None:

@@ -19,7 +19,7 @@ from shared.tools.workspace import OutsideWorkspace, open_file, read_start, reso
 from tests.shared.tools.conftest import call
 
 SECRET = "SECRET-OUTSIDE"
-PARTS = ["a", "b", "..", ".", "", "in_link", "out_link", "up", "f.txt", "~", "new", "x y"]
+PARTS = ["a", "b", "..", ".", "", "in_link", "out_link", "up", "f.txt", "~", "new", "x y", "hard.txt"]
 
 
 @pytest.fixture
@@ -34,12 +34,16 @@ def layout(tmp_path: Path, workspace: Path) -> tuple[Path, Path]:
     (workspace / "out_link").symlink_to(outside)
     (workspace / "a" / "up").symlink_to("../..")  # relative: leads to tmp_path, outside
     (workspace / "secret_link.txt").symlink_to(outside / "secret.txt")
+    os.link(outside / "secret.txt", workspace / "hard.txt")  # `ln /etc/shadow x` by a command exec ran
     return workspace, outside
 
 
 def inside(workspace: Path, path: str) -> bool:
-    """The oracle: where the operating system would take this path, relative to the workspace."""
+    """The oracle: where the operating system would take this path, relative to the workspace; a
+    file with other hard links may be outside too, whatever its path says."""
     real = Path(os.path.realpath(os.path.join(workspace, os.path.expanduser(path))))
+    if real.is_file() and real.stat().st_nlink > 1:
+        return False
     return real == workspace.resolve() or real.is_relative_to(workspace.resolve())
 
 
@@ -52,7 +56,8 @@ paths = st.one_of(
     relative,
     relative.map(lambda p: "/" + p),
     st.text(alphabet=st.sampled_from(list("ab./~_ \x00")), max_size=20),
-    st.sampled_from(["/etc/passwd", "/", "~", "~/x", "../outside/secret.txt", "secret_link.txt", "a/up/outside"]),
+    st.sampled_from(["/etc/passwd", "/", "~", "~/x", "../outside/secret.txt", "secret_link.txt", "a/up/outside",
+                     "hard.txt", "in_link/../hard.txt"]),
 )
 SLOW_OK = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -167,3 +172,33 @@ def test_file_tools_do_not_hang_on_a_fifo(workspace: Path, registry: Callable[..
     os.mkfifo(workspace / "pipe")
     assert call(registry(), "read_file", {"path": "pipe"}).error == ErrorCode.INVALID_ARGS
     assert not call(registry(), "write_file", {"path": "pipe", "content": "x"}).ok
+
+
+@pytest.mark.parametrize(("tool", "args"), [
+    ("read_file", {"path": "hard.txt"}),
+    ("write_file", {"path": "hard.txt", "content": "pwned"}),
+    ("write_file", {"path": "hard.txt", "content": "pwned", "append": True}),
+    ("edit_file", {"path": "hard.txt", "old_text": "SECRET", "new_text": "pwned"}),
+])
+def test_file_tools_refuse_a_hard_link(layout: tuple[Path, Path], registry: Callable[..., ToolRegistry], tool: str,
+                                       args: dict[str, Any]) -> None:
+    """Under a root worker the file tools run as root and exec's commands as nobody: a command that
+    can `ln /etc/shadow x` (fs.protected_hardlinks=0) must not get the file read or written for it."""
+    workspace, outside = layout
+    result = call(registry(), tool, args)
+    assert result.error == ErrorCode.PERMISSION_DENIED, result
+    assert "hard link" in result.message and SECRET not in str(result.output)
+    assert (outside / "secret.txt").read_text() == SECRET  # not truncated by the open either
+    with pytest.raises(OutsideWorkspace, match="hard link"):
+        read_start(workspace, "hard.txt", 100)
+
+
+def test_a_file_whose_other_name_is_gone_is_an_ordinary_file_again(layout: tuple[Path, Path],
+                                                                   registry: Callable[..., ToolRegistry]) -> None:
+    workspace, outside = layout
+    (outside / "secret.txt").unlink()
+    reg = registry()
+    assert call(reg, "read_file", {"path": "hard.txt"}).output == SECRET
+    assert call(reg, "edit_file", {"path": "hard.txt", "old_text": "SECRET", "new_text": "PUBLIC"}).ok
+    assert call(reg, "write_file", {"path": "hard.txt", "content": "mine"}).ok
+    assert (workspace / "hard.txt").read_text() == "mine"
