@@ -7,7 +7,8 @@ long. What stays: every other conversation, its messages (the memory) and usage 
 unfinished record.
 
 Each batch is one short transaction, so a pass never holds locks for long, and two passes at once
-(a redelivered task) skip each other's rows."""
+(a redelivered task) skip each other's rows (sessions: the second waits for the first's batch, and
+finds them gone)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any, cast
 from sqlalchemy import Select, delete, func
 from sqlalchemy.orm import Mapped, QueryableAttribute
 from sqlmodel import Session, col, select
+from sqlmodel.sql.expression import SelectOfScalar
 
 from shared.agent import conversations
 from shared.agent.runtime import Runtime
@@ -104,21 +106,28 @@ def _runs(s: Session, cutoff: datetime, limit: int) -> int:
 
 def _sessions(s: Session, cutoff: datetime, limit: int) -> int:
     """Subagents' sessions, and sessions of cron jobs since removed, idle since `cutoff`, with what
-    they hold (conversations.delete_conversation); one whose run is still going is left for later."""
+    they hold; one whose run is still going is left for later."""
     key, session = col(Conversation.id), col(Conversation.session_key)
     removed_job = session.startswith(cron.SESSION_PREFIX) & ~select(CronJob.id).where(
         col(CronJob.id) == col(Conversation.chat_id)).exists()
     idle = select(key).where(col(Conversation.channel) == INTERNAL, col(Conversation.active_run_id).is_(None),
                              func.coalesce(col(Conversation.last_active_at), col(Conversation.created_at)) < cutoff,
                              session.startswith(subagents.SESSION_PREFIX) | removed_job)
-    deleted = 0
-    for cid in _ids(s, idle, limit):
-        try:
-            with s.begin_nested():
-                deleted += len(conversations.delete_conversation(s, cid))
-        except (conversations.Busy, NotFound):  # a run of it still going, or gone with its parent's
-            continue
-    return deleted
+    return sum(_delete_idle(s, cid, idle) for cid in s.exec(idle.limit(limit)).all())
+
+
+def _delete_idle(s: Session, conversation_id: str, idle: SelectOfScalar[str]) -> int:
+    """Delete a session `idle` picked (without a lock: a deletion locks runs before conversations,
+    conversations.lock_for_deletion), if it still is once locked; how many sessions went."""
+    try:
+        with s.begin_nested():
+            ids = conversations.lock_for_deletion(s, conversation_id)
+            if s.exec(idle.where(col(Conversation.id) == conversation_id)).first() is None:
+                return 0  # used again since it was picked
+            conversations.purge(s, ids)
+    except (conversations.Busy, NotFound):  # a run of it still going, or gone with its parent's
+        return 0
+    return len(ids)
 
 
 def _ids(s: Session, query: Select[Any], limit: int) -> list[Any]:

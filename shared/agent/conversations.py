@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, delete, func, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlmodel import Session, col, select
 
+from shared.agent import lease
 from shared.db import table_of
 from shared.errors import Conflict, NotFound
 from shared.models import (
@@ -112,11 +112,11 @@ def try_start_turn(
     # Core, so a Conversation loaded in this session keeps its old active_run_id: the lock is the row's
     if s.connection().execute(TAKE_TURN, {"cid": conversation_id, "rid": run_id}).rowcount != 1:
         return None
-    run = Run(
-        id=run_id, conversation_id=conversation_id, kind=kind, origin=origin, model=model,
-        max_iterations=max_iterations, task=task,
-        lease_until=utcnow() + timedelta(seconds=lease_seconds),  # the sweeper's cue if the enqueue is lost
-    )
+    run = Run(id=run_id, conversation_id=conversation_id, kind=kind, origin=origin, model=model,
+              max_iterations=max_iterations, task=task)
+    # The sweeper's cue if the enqueue is lost, on its clock (an SQL expression, expired by the flush:
+    # reading it loads it, so only while the session is open)
+    run.lease_until = lease.until(lease_seconds)
     s.add(run)
     s.flush()
     return run
@@ -158,20 +158,55 @@ class Busy(Conflict):
 def delete_conversation(s: Session, conversation_id: str) -> list[str]:
     """Delete a conversation and its subagents' sessions, with their messages, runs, steps, tool
     calls and outbox rows not sent yet (the ledger of platform event ids stays: it holds no
-    content). Raises Busy while one of their runs has not ended. Returns the ids deleted."""
-    if s.get(Conversation, conversation_id, with_for_update=True) is None:  # no turn or subagent starts meanwhile
+    content). Raises NotFound, or Busy while one of their runs has not ended. Returns the ids deleted."""
+    ids = lock_for_deletion(s, conversation_id)
+    purge(s, ids)
+    return ids
+
+
+def lock_for_deletion(s: Session, conversation_id: str) -> list[str]:
+    """Lock a conversation and its subagents' sessions, and their runs, so that nothing of theirs
+    starts or moves meanwhile; raises NotFound, or Busy while one of their runs has not ended.
+    Returns the conversations' ids. The runs first, in id order, then the conversations, as
+    cancellation and a step ending its run take them: a late tool result (of a cancelled run) locks
+    its run, then its call's row, and a deletion that held the call's row and waited for the run
+    deadlocked with it."""
+    ids = _family(s, conversation_id)
+    if conversation_id not in _lock(s, ids):
         raise NotFound(f"no conversation {conversation_id}")
-    ids, frontier = [conversation_id], [conversation_id]
-    while frontier:  # subagents' sessions name their parent's conversation, however old
-        frontier = [c for c in s.exec(select(Conversation.id).where(
-            col(Conversation.meta)["parent_conversation_id"].astext.in_(frontier))) if c not in ids]
-        ids += frontier
+    # Complete now: a subagent's session is made, as a turn starts, under its parent conversation's lock.
+    ids = _family(s, conversation_id)
     going = s.exec(select(Run.id).where(col(Run.conversation_id).in_(ids), col(Run.status).in_(ACTIVE))).all()
     if going:
         raise Busy(sorted(going))
+    # Runs and sessions that started and ended since the first lock: nobody holding a run that has
+    # ended waits for a conversation, so taking them after the conversations cannot deadlock.
+    _lock(s, ids)
+    return ids
+
+
+def _family(s: Session, conversation_id: str) -> list[str]:
+    """The conversation and its subagents' sessions (which name their parent's conversation, however old)."""
+    ids, frontier = [conversation_id], [conversation_id]
+    while frontier:
+        frontier = [c for c in s.exec(select(Conversation.id).where(
+            col(Conversation.meta)["parent_conversation_id"].astext.in_(frontier))) if c not in ids]
+        ids += frontier
+    return ids
+
+
+def _lock(s: Session, ids: list[str]) -> set[str]:
+    """Lock the conversations' runs, then the conversations, each in id order; returns the
+    conversations found."""
+    s.exec(select(Run.id).where(col(Run.conversation_id).in_(ids)).order_by(col(Run.id)).with_for_update()).all()
+    return set(s.exec(select(Conversation.id).where(col(Conversation.id).in_(ids))
+                      .order_by(col(Conversation.id)).with_for_update()).all())
+
+
+def purge(s: Session, ids: list[str]) -> None:
+    """Delete the conversations `ids` (locked by lock_for_deletion) and everything of theirs."""
     runs = select(Run.id).where(col(Run.conversation_id).in_(ids))
     for table, which in ((ToolCall, col(ToolCall.run_id).in_(runs)), (RunStep, col(RunStep.run_id).in_(runs)),
                          (Outbox, col(Outbox.run_id).in_(runs)), (Message, col(Message.conversation_id).in_(ids)),
                          (Run, col(Run.conversation_id).in_(ids)), (Conversation, col(Conversation.id).in_(ids))):
         s.execute(delete(table).where(which))
-    return ids

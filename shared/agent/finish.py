@@ -123,9 +123,12 @@ def _answer_tool_calls(s: Session, run: Run) -> None:
     """A run that ends during its tools (a cancel) still answers each call of the step in the
     transcript, as every model provider requires of a history: with its result, or with why there
     is none. A call no worker took yet ends now, failed without running (its
-    task then finds nothing to do); a running one goes on and records its result on its row."""
+    task then finds nothing to do); a running one goes on and records its result on its row.
+    The calls are locked (after the run and its conversation, as everything takes them), so that
+    one is not taken by a worker between being read here as waiting and written off as not run."""
     calls = s.exec(select(ToolCall).where(ToolCall.run_id == run.id, ToolCall.step_seq == run.step_seq)
-                   .order_by(col(ToolCall.position))).all()
+                   .order_by(col(ToolCall.position)).with_for_update()
+                   .execution_options(populate_existing=True)).all()
     for call in calls:
         if call.status == ToolStatus.PENDING:
             result = ToolResult.fail(ErrorCode.FAILED, NOT_RUN)

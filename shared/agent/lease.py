@@ -1,9 +1,15 @@
-"""Run leases: a step holds its run's lease while it works; one thread per process renews them all.
+"""Leases: a step holds its run's lease while it works, a compaction its conversation's; one thread
+per process renews them all, so work whose worker died is taken up again within a lease.
 
 A tools phase has no owner (its calls run side by side); the sweeper marks one whose lease ran out
 while a call was running STALLED and gives it one more lease: a live worker late to renew (it
 claimed the call as the lease ran out, or the database paused) renews it and clears the mark, and
-only a call whose worker stayed silent that long too is taken for dead."""
+only a call whose worker stayed silent that long too is taken for dead.
+
+Lock order: runs first (several of them in id order), then conversations, then the rows under them
+(tool calls, messages), as a step, cancellation, a deletion and the renewals here take them; so no
+two transactions each hold a row the other waits for. (The sweeper takes runs with SKIP LOCKED: it
+never waits for one.)"""
 
 from __future__ import annotations
 
@@ -11,12 +17,13 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from sqlalchemy import bindparam, func, text, update
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from shared.db import get_engine, table_of, update_returning
 from shared.models import ACTIVE, Phase, Run, RunStatus
@@ -24,6 +31,27 @@ from shared.models import ACTIVE, Phase, Run, RunStatus
 log = logging.getLogger(__name__)
 RENEWED = "now() + make_interval(secs => cast(:s as double precision))"
 STALLED = "stalled"  # lease_owner of a tools phase found expired with a call running
+# The runs whose leases a renewal holds, in id order (see the module's docstring)
+RENEW_OWNED = text(
+    f"update runs set lease_until = {RENEWED} where id in (select id from runs where (id, lease_owner) in "
+    "(select * from unnest(cast(:ids as varchar[]), cast(:owners as varchar[]))) order by id for update)"
+).bindparams(bindparam("ids"), bindparam("owners"))
+# Clears STALLED: the run's calls are alive (a late worker's call from an earlier step does not)
+RENEW_TOOLS = text(
+    f"update runs set lease_until = {RENEWED}, lease_owner = null where id in (select id from runs "
+    "where (id, step_seq) in (select * from unnest(cast(:ids as varchar[]), cast(:steps as integer[]))) "
+    "and phase = 'tools' order by id for update)"
+)
+# A compaction's lease is its conversation's compacting_until: the value it last wrote is its token.
+CLAIM = text(f"update conversations set compacting_until = {RENEWED} where id = :c "
+             "and (compacting_until is null or compacting_until < now()) returning compacting_until")
+RELEASE = text("update conversations set compacting_until = null where id = :c and compacting_until = :lease")
+# Skips a conversation locked meanwhile (renewed next round): the keeper's thread renews runs too.
+RENEW_COMPACTIONS = text(
+    f"update conversations set compacting_until = {RENEWED} where id in (select id from conversations "
+    "where (id, compacting_until) in (select * from unnest(cast(:ids as varchar[]), cast(:leases as timestamptz[]))) "
+    "order by id for update skip locked) returning id, compacting_until"
+)
 
 
 class Held(NamedTuple):
@@ -37,6 +65,11 @@ class Held(NamedTuple):
 def until(seconds: float) -> Any:
     """`seconds` from now on Postgres's clock, which the sweeper compares leases with."""
     return func.now() + func.make_interval(0, 0, 0, 0, 0, 0, seconds)
+
+
+def live(s: Session, run: Run) -> bool:
+    """Whether the run's lease (as the session read it) has not run out, on Postgres's clock."""
+    return run.lease_until is not None and bool(s.execute(select(func.now() < run.lease_until)).scalar())
 
 
 def acquire(s: Session, *, run_id: str, seq: int, phase: Phase, owner: str, seconds: float) -> Run | None:
@@ -62,7 +95,8 @@ def acquire(s: Session, *, run_id: str, seq: int, phase: Phase, owner: str, seco
 
 
 class LeaseKeeper:
-    """Renews every lease this process holds, in one statement, every third of the lease time."""
+    """Renews every lease this process holds, every third of the lease time: the runs' in one
+    statement (two, with tools phases), the compactions' in another."""
 
     def __init__(self, database_url: str, seconds: float) -> None:
         self.database_url = database_url
@@ -70,6 +104,9 @@ class LeaseKeeper:
         # What is held -> by how many steps: tool calls of one run may run side by side.
         self._held: Counter[Held] = Counter()
         self._lock = threading.Lock()
+        # Conversation -> its compaction lease as last written here; changed under _renewing only
+        self._compactions: dict[str, datetime] = {}
+        self._renewing = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -97,6 +134,27 @@ class LeaseKeeper:
                 if not self._held[key]:
                     del self._held[key]
 
+    @contextmanager
+    def compacting(self, conversation_id: str) -> Iterator[bool]:
+        """The conversation's compaction lease: yields whether this process took it (False while
+        another compaction holds it); renewed while the block runs, freed after."""
+        with get_engine(self.database_url).begin() as conn:
+            taken: datetime | None = conn.execute(CLAIM, {"c": conversation_id, "s": self.seconds}).scalar()
+        if taken is None:
+            yield False
+            return
+        with self._renewing:
+            self._compactions[conversation_id] = taken
+        with self._lock:
+            self._start()
+        try:
+            yield True
+        finally:
+            with self._renewing:  # not in the middle of a renewal: the lease as it stands now
+                lease = self._compactions.pop(conversation_id)
+            with get_engine(self.database_url).begin() as conn:
+                conn.execute(RELEASE, {"c": conversation_id, "lease": lease})
+
     def _start(self) -> None:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._loop, name="nanofleet-lease", daemon=True)
@@ -107,31 +165,40 @@ class LeaseKeeper:
             with self._lock:
                 held = list(self._held)
             if held:
-                try:
-                    self.renew(held)
-                except Exception as err:  # the sweeper takes over if renewals keep failing
-                    log.warning("lease renewal failed: %s", err)
+                _attempt(self.renew, held)
+            _attempt(self.renew_compactions)
 
     def renew(self, held: list[Held]) -> None:
+        """Renew the runs' leases; each statement in a transaction of its own, taking runs in id order."""
         owned = [h for h in held if h.owner is not None]
         tools = [h for h in held if h.owner is None]
         # A connection of its own: a process whose steps use every pooled one must still renew.
-        with get_engine(self.database_url, pool_size=1).begin() as conn:
-            if owned:
-                conn.execute(
-                    text(
-                        f"update runs set lease_until = {RENEWED} where (id, lease_owner) in "
-                        "(select * from unnest(cast(:ids as varchar[]), cast(:owners as varchar[])))"
-                    ).bindparams(bindparam("ids"), bindparam("owners")),
-                    {"s": self.seconds, "ids": [h.run_id for h in owned], "owners": [h.owner for h in owned]},
-                )
-            if tools:  # clears STALLED: the run's calls are alive (a late worker's call from an earlier step does not)
-                conn.execute(
-                    text(f"update runs set lease_until = {RENEWED}, lease_owner = null where (id, step_seq) in "
-                         "(select * from unnest(cast(:ids as varchar[]), cast(:steps as integer[]))) "
-                         "and phase = 'tools'"),
-                    {"s": self.seconds, "ids": [h.run_id for h in tools], "steps": [h.step for h in tools]},
-                )
+        engine = get_engine(self.database_url, pool_size=1)
+        if owned:
+            with engine.begin() as conn:
+                conn.execute(RENEW_OWNED, {"s": self.seconds, "ids": [h.run_id for h in owned],
+                                           "owners": [h.owner for h in owned]})
+        if tools:
+            with engine.begin() as conn:
+                conn.execute(RENEW_TOOLS, {"s": self.seconds, "ids": [h.run_id for h in tools],
+                                           "steps": [h.step for h in tools]})
+
+    def renew_compactions(self) -> None:
+        """Renew the compaction leases this process holds, noting each one's new value (its token)."""
+        with self._renewing:
+            if not self._compactions:
+                return
+            params = {"s": self.seconds, "ids": list(self._compactions), "leases": list(self._compactions.values())}
+            with get_engine(self.database_url, pool_size=1).begin() as conn:
+                renewed = conn.execute(RENEW_COMPACTIONS, params).all()
+            self._compactions.update({cid: until for cid, until in renewed})
+
+
+def _attempt(renewal: Callable[..., None], *args: Any) -> None:
+    try:
+        renewal(*args)
+    except Exception as err:  # the next round tries again; once the lease ran out, others take over
+        log.warning("lease renewal failed: %s", err)
 
 
 _keepers: dict[tuple[str, float], LeaseKeeper] = {}

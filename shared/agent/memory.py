@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import BigInteger, cast, func, text
 from sqlmodel import Session, col, select
 
-from shared.agent import prompt
+from shared.agent import lease, prompt
 from shared.errors import Retryable
 from shared.llm import LLMError
-from shared.models import Conversation, Message, MessageType, Role, utcnow
+from shared.models import Conversation, Message, MessageType, Role
 from shared.settings import MemorySettings
 
 if TYPE_CHECKING:
@@ -76,45 +76,32 @@ def start_over(s: Session, conversation_id: str) -> bool:
     if summary is None:
         summary = Message(conversation_id=conversation_id, role=Role.SYSTEM, type=MessageType.SUMMARY)
     meta = summary.meta
-    now = utcnow().isoformat()
+    now = _now(s).isoformat()
     summary.meta = {**meta, prompt.COVERS: last, FROM: meta.get(FROM, prompt.covered(summary)), "reset": True,
                     DUE: now, ASKED: now}
     s.add(summary)
     return True
 
 
+def _now(s: Session) -> datetime:
+    """Postgres's clock, which the sweep reads the stamps of /new summaries with (resend_summaries)."""
+    now: datetime = s.execute(select(func.now())).scalar_one()
+    return now
+
+
 def compact(rt: Runtime, conversation_id: str, *, everything: bool = False, keep: int | None = None) -> bool:
     """Summarise what the window no longer shows (or all but the last `keep` messages, the ones
     the token guard kept), up to the running turn; or, with `everything`, what a /new left behind.
-    One compaction of a conversation at a time, under its lease; no transaction stays open across
-    the model call (it would hold locks that a migration waits for, and a pooled connection).
-    True if it wrote a summary."""
-    lease = _claim(rt, conversation_id)
-    if lease is None:
-        if everything and _exists(rt, conversation_id):  # /new was promised: after the one holding the lease
-            raise Retryable("another compaction of this conversation is running", delay=2, max_retries=60)
-        return False
-    try:
-        return _compact(rt, conversation_id, everything=everything, keep=keep)
-    finally:
-        with rt.session() as s:
-            s.execute(_RELEASE, {"c": conversation_id, "lease": lease})
-
-
-_CLAIM = text("""
-update conversations set compacting_until = now() + make_interval(secs => :s)
-where id = :c and (compacting_until is null or compacting_until < now())
-returning compacting_until
-""")
-_RELEASE = text("update conversations set compacting_until = null where id = :c and compacting_until = :lease")
-
-
-def _claim(rt: Runtime, conversation_id: str) -> datetime | None:
-    """The conversation's compaction lease, for as long as the longest model call (a compaction
-    whose worker died frees it then); None while another compaction holds it."""
-    with rt.session() as s:
-        until: datetime | None = s.execute(_CLAIM, {"c": conversation_id, "s": rt.llm.longest() + 60}).scalar()
-    return until
+    One compaction of a conversation at a time, under its lease, which the process renews while the
+    model writes (a compaction whose worker died is taken up again within a lease: shared.agent.lease);
+    no transaction stays open across the model call (it would hold locks that a migration waits
+    for, and a pooled connection). True if it wrote a summary."""
+    with lease.keeper(rt.settings.database_url, rt.settings.runtime.lease_seconds).compacting(conversation_id) as mine:
+        if mine:
+            return _compact(rt, conversation_id, everything=everything, keep=keep)
+    if everything and _exists(rt, conversation_id):  # /new was promised: after the one holding the lease
+        raise Retryable("another compaction of this conversation is running", delay=2, max_retries=60)
+    return False
 
 
 def _exists(rt: Runtime, conversation_id: str) -> bool:
@@ -245,13 +232,13 @@ def _failed_reset(rt: Runtime, conversation_id: str, err: LLMError) -> bool:
         summary = prompt.latest_summary(s, conversation_id, fresh=True) if _lock(s, conversation_id) else None
         if summary is None or DUE not in summary.meta:
             return False
-        asked = summary.meta.get(ASKED)
-        if asked is not None and utcnow() - datetime.fromisoformat(asked) >= GIVE_UP:
+        asked, now = summary.meta.get(ASKED), _now(s)
+        if asked is not None and now - datetime.fromisoformat(asked) >= GIVE_UP:
             log.error("gave up the /new summary of %s after %s: %s", conversation_id, GIVE_UP, err)
             _written(summary, prompt.covered(summary))
         else:
             log.warning("the /new summary of %s failed (%s); the sweeper tries again", conversation_id, err)
-            summary.meta = {**summary.meta, DUE: utcnow().isoformat()}
+            summary.meta = {**summary.meta, DUE: now.isoformat()}
         s.add(summary)
     return False
 

@@ -83,6 +83,7 @@ def _expired(s: Session, conversation_id: str | None) -> list[Run]:
                               col(Run.lease_until) < func.now())
     if conversation_id is not None:
         query = query.where(Run.conversation_id == conversation_id)
+    # SKIP LOCKED: the sweep never waits for a run, so the order it takes them in cannot deadlock (lease.py)
     return list(s.exec(query.order_by(col(Run.lease_until)).limit(BATCH).with_for_update(skip_locked=True)))
 
 

@@ -105,7 +105,7 @@ def _failed(rt: Runtime, run_id: str, seq: int, owner: str, err: Exception) -> l
             run = s.get(Run, run_id, with_for_update=True)
             if run is None or run.step_seq != seq or run.phase != Phase.LLM or run.status not in ACTIVE:
                 return None
-            if run.lease_owner not in (None, owner) and run.lease_until and run.lease_until > utcnow():
+            if run.lease_owner not in (None, owner) and lease.live(s, run):
                 return None
             failures, bound = count_failure(run), rt.settings.runtime.max_recoveries
             if failures < bound:
@@ -255,9 +255,11 @@ def _start_tools(s: Session, run: Run, response: LLMResponse, lease_seconds: flo
 
 
 def _release(run: Run, lease_seconds: float) -> None:
-    """Hand the run to whoever runs the next step; the sweeper steps in if nobody does."""
+    """Hand the run to whoever runs the next step; the sweeper steps in if nobody does. The lease is
+    written on Postgres's clock (an SQL expression: run.lease_until is expired by the flush, and
+    must not be read once the session is gone)."""
     run.lease_owner = None
-    run.lease_until = utcnow() + timedelta(seconds=lease_seconds)
+    run.lease_until = lease.until(lease_seconds)
 
 
 def tool_step(rt: Runtime, tool_call_id: str) -> list[Next]:
@@ -303,7 +305,7 @@ def _journal(rt: Runtime, call: ToolCall, result: ToolResult) -> list[Next] | No
 
 def _write_result(rt: Runtime, call: ToolCall, result: ToolResult) -> list[Next] | None:
     calls = table_of(ToolCall)
-    with rt.session() as s:  # the run first, as the sweeper and cancellation lock: never a deadlock
+    with rt.session() as s:  # the run first, as the sweeper, cancellation and a deletion lock (shared.agent.lease)
         locked = s.get(Run, call.run_id, with_for_update=True)
         if locked is None:
             return None

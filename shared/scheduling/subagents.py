@@ -11,17 +11,16 @@ child unfinished (the lease sweeper resumes it): the parent hears exactly once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from shared.agent import conversations, steps, views
+from shared.agent import conversations, lease, steps, views
 from shared.agent.runtime import Next, Runtime
 from shared.constants import INTERNAL, T_AGENT_STEP, T_SUBAGENT_STEP
 from shared.db import session_scope
-from shared.models import Conversation, Message, Role, Run, RunKind, RunStatus, utcnow
+from shared.models import Conversation, Message, Role, Run, RunKind, RunStatus
 from shared.scheduling.ids import call_key, derived
 from shared.settings import Settings
 
@@ -85,9 +84,10 @@ def spawn(settings: Settings, *, parent_run_id: str, call_id: str, task: str, la
         conv.active_run_id = cid  # the child holds its session's turn lock until it finishes
         origin = {**(parent.origin or {}), "conversation_id": parent.conversation_id}
         s.add(conv)
-        s.add(Run(id=cid, conversation_id=conv.id, kind=RunKind.SUBAGENT, parent_run_id=parent.id, label=label,
-                  task=task, origin=origin, model=parent.model, max_iterations=settings.subagents.max_iterations,
-                  lease_until=utcnow() + timedelta(seconds=settings.runtime.lease_seconds)))
+        child = Run(id=cid, conversation_id=conv.id, kind=RunKind.SUBAGENT, parent_run_id=parent.id, label=label,
+                    task=task, origin=origin, model=parent.model, max_iterations=settings.subagents.max_iterations)
+        child.lease_until = lease.until(settings.runtime.lease_seconds)  # on the sweeper's clock (see try_start_turn)
+        s.add(child)
         # In the transcript at once (not the mailbox): a cancel before step 0 must not leave it to start a turn.
         s.add(Message(conversation_id=conv.id, run_id=cid, role=Role.USER, content=task, meta={"origin": origin}))
         return Spawned(cid, label, replayed=False)

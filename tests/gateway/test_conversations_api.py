@@ -11,9 +11,11 @@ from sqlmodel import col, func, select
 
 from shared.agent import conversations
 from shared.agent.events import DELETED, DELETED_LINGER, stream_key
+from shared.agent.runtime import Runtime
 from shared.constants import INTERNAL
 from shared.db import session_scope
 from shared.models import Conversation, Message, Outbox, Role, Run, RunStep, ToolCall
+from tests.support.locks import cancelled_with_a_call_running, race_with_late_result
 from tests.support.processes import wait_until
 from tests.support.stack import Stack
 
@@ -140,3 +142,17 @@ def test_a_conversation_with_a_turn_going_is_not_deleted(stack: Stack, api: Any)
     wait_until(lambda: api.get(f"/api/v1/runs/{run_id}").json()["status"] == "succeeded", timeout=30,
                message="the turn to end")
     assert api.delete(f"/api/v1/conversations/{cid}").status_code == 204
+
+
+def test_a_conversation_is_deleted_while_a_stopped_tool_writes_its_result(stack: Stack, api: Any) -> None:
+    """/stop leaves a running tool to finish, and the DELETE that follows met its result's write:
+    each waited for a row the other held, and Postgres failed the DELETE (a 500) as a deadlock."""
+    rt = Runtime.build(stack.settings)
+    late = cancelled_with_a_call_running(rt, session_key="api:late-result")
+    statuses: list[int] = []
+
+    def delete() -> None:
+        statuses.append(api.delete(f"/api/v1/conversations/{late.conversation_id}").status_code)
+
+    assert race_with_late_result(rt, late, delete) == {}
+    assert statuses == [204] and set(_rows(stack, [late.conversation_id]).values()) == {0}

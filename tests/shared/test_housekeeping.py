@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 import redis
-from sqlmodel import Session, func, select
+from sqlmodel import Session, col, func, select, update
 
 from shared import housekeeping
 from shared.agent.events import STREAM_TTL, RedisEvents, stream_key
@@ -30,6 +30,7 @@ from shared.models import (
     ToolCall,
     utcnow,
 )
+from tests.support.locks import cancelled_with_a_call_running, race_with_late_result
 from tests.support.processes import wait_until
 from tests.support.stack import Stack
 
@@ -157,3 +158,19 @@ def test_an_event_stream_expires_a_day_after_its_newest_event(make_stack: Callab
     RedisEvents(client).publish("conv-ttl", "run.started", {"run_id": "r"})
     assert STREAM_TTL - 60 < client.ttl(stream_key("conv-ttl")) <= STREAM_TTL
     assert client.xlen(stream_key("conv-ttl")) == 1
+
+
+def test_a_late_tool_result_and_the_retention_of_its_session_do_not_deadlock(
+        make_stack: Callable[..., Stack]) -> None:
+    """A subagent's session idle for long is deleted while a tool of its cancelled run writes its
+    result: the pass took the session, then the call's row, then waited for the run the write holds,
+    and Postgres aborted it as a deadlock."""
+    rt = Runtime.build(make_stack().settings)
+    late = cancelled_with_a_call_running(rt, session_key="subagent:late", channel=INTERNAL)
+    with rt.session() as s:  # its run ended just now: the pass leaves the run to a later one, not the session
+        s.execute(update(Conversation).where(col(Conversation.id) == late.conversation_id).values(last_active_at=OLD))
+    counts: dict[str, int] = {}
+    assert race_with_late_result(rt, late, lambda: counts.update(housekeeping.prune(rt))) == {}
+    assert counts["conversations"] == 1
+    with rt.session() as s:
+        assert s.get(Conversation, late.conversation_id) is None and _count(s, ToolCall) == 0

@@ -1,8 +1,10 @@
 """A compaction on real Postgres, in-process: it holds the conversation's lease, not a transaction,
-while the model writes the summary; one runs at a time; a dead worker's lease runs out."""
+while the model writes the summary; one runs at a time; the lease is renewed while the model
+writes, and a dead worker's runs out within a lease."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -14,7 +16,22 @@ from shared.errors import Retryable
 from shared.models import Conversation
 from tests.shared.agent.test_new_session import _chat, _new, _summary
 from tests.support.databases import locks_for_a_migration
+from tests.support.processes import Proc, wait_until
 from tests.support.stack import Stack
+
+# A worker whose model call never returns: it holds the compaction lease until it is killed.
+HANGING = """
+import sys, threading
+from shared.agent import memory
+from shared.agent.runtime import Runtime
+from shared.settings import load_settings
+rt = Runtime.build(load_settings())
+def hang(*args, **kwargs):
+    print("the model is writing", flush=True)
+    threading.Event().wait()
+rt.llm.complete = hang
+memory.compact(rt, sys.argv[1])
+"""
 
 
 def _lease(rt: Runtime, cid: str, seconds: float | None) -> None:
@@ -27,6 +44,14 @@ def _lease(rt: Runtime, cid: str, seconds: float | None) -> None:
 def _held(rt: Runtime, cid: str) -> bool:
     with rt.session() as s:
         return s.get_one(Conversation, cid).compacting_until is not None
+
+
+def _lease_now(rt: Runtime, cid: str) -> tuple[Any, float | None]:
+    """The conversation's compaction lease, and the seconds it has left on Postgres's clock."""
+    with rt.session() as s:
+        until, left = s.execute(text("select compacting_until, extract(epoch from compacting_until - now()) "
+                                     "from conversations where id = :c"), {"c": cid}).one()
+    return until, None if left is None else float(left)
 
 
 def test_no_transaction_stays_open_while_the_model_writes_the_summary(stack: Stack) -> None:
@@ -115,3 +140,43 @@ def test_a_conversation_deleted_while_its_summary_is_written_is_left_deleted(sta
     assert memory.compact(rt, cid, everything=True) is False
     with rt.session() as s:
         assert s.get(Conversation, cid) is None
+
+
+def test_a_compaction_whose_worker_died_is_taken_up_again_within_a_lease(stack: Stack) -> None:
+    """The lease was sized for the longest model call (every retry at its timeout: 10.5 minutes by
+    default), so a worker killed in a compaction blocked that conversation's compactions that long."""
+    rt = Runtime.build(stack.settings)
+    cid = _chat(rt, 30)
+    worker = Proc([sys.executable, "-c", HANGING, cid], stack.env, stack.log_dir / "hanging-compaction.log")
+    try:
+        wait_until(lambda: "the model is writing" in worker.log(), timeout=30, message="the compaction to start")
+        assert memory.compact(rt, cid) is False  # it holds the lease
+    finally:
+        worker.kill()
+    wait_until(lambda: memory.compact(rt, cid), timeout=10 * stack.settings.runtime.lease_seconds, interval=0.2,
+               message="the dead worker's compaction lease to run out")
+    assert "answer 19" in _summary(rt, cid).content and not _held(rt, cid)
+
+
+def test_a_summary_that_takes_longer_than_a_lease_keeps_it(stack: Stack) -> None:
+    """While the model writes, the lease is renewed: no other compaction starts, however long the
+    model takes, and the lease is freed at the end whatever it was renewed to."""
+    rt = Runtime.build(stack.settings)
+    lease_seconds = stack.settings.runtime.lease_seconds
+    cid = _chat(rt, 30)
+    complete, beside, leases = rt.llm.complete, [], set()
+
+    def renewed() -> bool:
+        until, left = _lease_now(rt, cid)
+        assert left is not None and 0 < left <= lease_seconds + 1, left  # a lease ahead, on Postgres's clock
+        leases.add(until)
+        return len(leases) > 3
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        wait_until(renewed, timeout=10 * lease_seconds, message="the lease to be renewed three times")
+        beside.append(memory.compact(rt, cid))
+        return complete(*args, **kwargs)
+
+    rt.llm.complete = slow  # type: ignore[method-assign]
+    assert memory.compact(rt, cid) is True
+    assert beside == [False] and not _held(rt, cid)

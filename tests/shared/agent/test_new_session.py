@@ -4,9 +4,10 @@ compaction task whatever runs beside it, sent again by the sweep, and given up i
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import text
 from sqlmodel import Session
 
@@ -143,3 +144,28 @@ def test_a_backlog_too_long_for_the_model_is_summarised_from_its_newest_part(
     summary = _summary(rt, cid)
     with rt.session() as s:
         assert summary.meta[prompt.COVERS] == prompt.window(s, cid, 21)[0].seq  # all 130 are behind it
+
+
+@pytest.mark.parametrize(("gateway", "worker"), [(-1, -1), (0, 2)], ids=["clocks-behind", "worker-ahead"])
+def test_a_new_summary_is_timed_on_postgres_clock(stack: Stack, monkeypatch: pytest.MonkeyPatch,
+                                                  gateway: int, worker: int) -> None:
+    """/new stamps its summary due, and a failed summary stamps it again: the sweep sends it again a
+    grace later, and it is given up an hour after the /new, on Postgres's clock. Stamped on clocks an
+    hour behind, it was sent again at once, beside the task just sent; on a worker's clock two hours
+    ahead of the gateway's, it was given up at its first failure."""
+    rt = Runtime.build(stack.settings)
+    cid = _chat(rt, 2)
+
+    def clock(hours: int) -> None:  # the process's clock, `hours` off Postgres's
+        monkeypatch.setattr(memory, "utcnow", lambda: datetime.now(UTC) + timedelta(hours=hours), raising=False)
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise LLMError("the model is down", user_message="down")
+
+    clock(gateway)
+    _new(rt, cid)
+    clock(worker)
+    rt.llm.complete = down  # type: ignore[method-assign]
+    assert memory.compact(rt, cid, everything=True) is False
+    assert memory.DUE in _summary(rt, cid).meta  # not given up
+    assert memory.resend_summaries(rt) == []  # due again a grace from now
