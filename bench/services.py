@@ -102,7 +102,7 @@ class DedicatedPostgres:
 
     def _ready(self) -> bool:
         try:
-            with psycopg.connect(f"host={HOST} port={self.port} user=nanofleet dbname=nanofleet connect_timeout=2"):
+            with psycopg.connect(self.url.replace("postgresql+psycopg://", "postgresql://", 1), connect_timeout=2):
                 return True
         except psycopg.OperationalError:
             return False

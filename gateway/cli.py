@@ -202,8 +202,8 @@ def up(
 ) -> None:
     """Everything on one machine: migrations, gateway, a worker for all queues, beat.
     Without NANOFLEET_REDIS_URL / NANOFLEET_DATABASE_URL and nothing on the default ports,
-    embedded servers start under the data dir (their URLs are printed for other terminals).
-    One per data dir."""
+    embedded servers start under the data dir, with passwords (their URLs are in
+    <data dir>/embedded.env for other terminals). One per data dir."""
     from gateway.status import ServiceDown, Unavailable
     from gateway.supervisor import run_all
     from shared.migrate import MigrationBlocked, UnknownRevision

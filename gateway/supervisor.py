@@ -1,5 +1,7 @@
 """`nanofleet up`: migrations, gateway, one worker for all queues and beat as child processes,
-with embedded Redis and PostgreSQL when none is configured or answering.
+with embedded Redis and PostgreSQL when none is configured or answering. Their URLs carry
+passwords: the children get them in their environment (which they keep from exec: shared/
+process_guard.py), other terminals from a 0600 file `up` names, and what `up` prints masks them.
 
 One `up` per data dir: it holds an exclusive lock on ``<data_dir>/up.lock`` for its life (the
 kernel lets go if it dies), so a second one refuses at once and never takes the first one's
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -25,7 +28,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from gateway.embedded import EmbeddedService, port_open, start_postgres, start_redis
-from gateway.status import Unavailable, port_problem, require_database, require_redis
+from gateway.embedded_auth import write_private
+from gateway.status import Unavailable, masked, port_problem, require_database, require_redis
 from shared.migrate import upgrade
 from shared.process_guard import libc
 from shared.settings import Settings
@@ -35,6 +39,7 @@ RESTARTS = 5  # exits of one child within RESTART_WINDOW seconds that count as a
 RESTART_WINDOW = 60.0
 READY_PATIENCE = 60.0  # seconds to wait for the gateway's /healthz before saying it is slow
 LOCK_FILE = "up.lock"
+ENV_FILE = "embedded.env"  # the embedded servers' URLs, with their passwords, for other terminals
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 _LIBC = libc()  # loaded before any fork
 
@@ -75,7 +80,7 @@ def _default_reachable(url: str, default_port: int) -> bool:
 
 def _started(what: str, svc: EmbeddedService, forced: bool, default: str) -> str:
     why = "--embedded" if forced else f"no {what} configured and none answering on {default}"
-    return f"nanofleet: {why}: started an embedded {what} at {svc.url} (data in {svc.log_file.parent})"
+    return f"nanofleet: {why}: started an embedded {what} at {masked(svc.url)} (data in {svc.log_file.parent})"
 
 
 def _services(settings: Settings, say: Say, force: bool) -> tuple[dict[str, str], list[EmbeddedService]]:
@@ -102,15 +107,20 @@ def _services(settings: Settings, say: Say, force: bool) -> tuple[dict[str, str]
             services.append(svc := start_postgres(settings.data_dir))
             env["NANOFLEET_DATABASE_URL"] = svc.url
             say(_started("PostgreSQL", svc, force, "127.0.0.1:5432"))
-    except RuntimeError as err:
+        if env:
+            _write_env_file(settings.data_dir / ENV_FILE, env, say)
+    except (RuntimeError, OSError) as err:
         for started in reversed(services):
             started.stop()
         raise Unavailable(str(err)) from None
-    if env:
-        say("nanofleet: for `nanofleet status`, `cron` or `agent` in another terminal:")
-        for name, url in sorted(env.items()):
-            say(f"export {name}={url}")
     return env, services
+
+
+def _write_env_file(path: Path, env: dict[str, str], say: Say) -> None:
+    """The URLs carry passwords: they go to a file only this user reads, not to the terminal (or
+    the journal that keeps what `up` prints)."""
+    write_private(path, "".join(f"export {name}={shlex.quote(url)}\n" for name, url in sorted(env.items())))
+    say(f"nanofleet: for `nanofleet status`, `cron` or `agent` in another terminal: . {shlex.quote(str(path))}")
 
 
 def _die_with(parent: int) -> Callable[[], None]:
@@ -202,6 +212,8 @@ def run_all(
         finally:
             for svc in reversed(services):
                 svc.stop()
+            if services:
+                (settings.data_dir / ENV_FILE).unlink(missing_ok=True)
 
 
 def _supervise(host: str, port: int, concurrency: int, env: dict[str, str], say: Say) -> int:
