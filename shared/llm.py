@@ -145,9 +145,16 @@ class LLMClient:
         _pool(settings.max_connections)
 
     def profile(self, model: str | None = None) -> LLMProfile:
-        """A named profile, a raw litellm model string on the default endpoint, or the default."""
+        """A named profile, a raw litellm model string on the default endpoint, or the default. A
+        profile of the default model's provider that names no endpoint or key of its own uses the
+        default's (another provider's would be sent the wrong key: it has its own, or the provider's
+        environment variable)."""
         if model and model in self.settings.profiles:
-            return self.settings.profiles[model]
+            named = self.settings.profiles[model]
+            if _provider(named.model) != _provider(self.settings.model):
+                return named
+            unset = [f for f in ("api_base", "api_key") if f not in named.model_fields_set]
+            return named.model_copy(update={f: getattr(self.settings, f) for f in unset})
         if model:  # the default endpoint and limits; its prices are the default model's, not this one's
             return self.settings.model_copy(update={"model": model, "input_cost_per_token": None,
                                                     "output_cost_per_token": None})
@@ -333,3 +340,9 @@ def _user_message(err: Exception, wait: float | None = None) -> str:
         return f"Sorry, something went wrong calling the language model ({kind}); the logs say more."
     hint = HINTS.get(kind, "the request was refused; trying again will not help")
     return f"Sorry, the language model refused the request ({kind}): {hint}."
+
+
+def _provider(model: str) -> str:
+    """The litellm provider a model string names ("openai" in "openai/gpt-4.1-mini"; "" without one)."""
+    provider, slash, _ = model.partition("/")
+    return provider if slash else ""

@@ -132,3 +132,20 @@ def test_a_profile_prices_a_model_the_price_map_does_not_know(client: LLMClient,
         assert u.prompt_tokens > 0 and u.completion_tokens > 0
         assert u.cost == pytest.approx(u.prompt_tokens * 1e-6 + u.completion_tokens * 4e-6)
     assert priced.complete(USER, model="openai/another-model").usage.cost == 0.0  # not the default's prices
+
+
+def test_a_profile_of_the_default_provider_uses_the_default_endpoint_and_key(fake_llm: FakeLLM) -> None:
+    """{"cheap": {"model": "openai/gpt-4.1-nano"}} beside NANOFLEET_LLM__API_BASE/API_KEY: the profile
+    goes where the default goes. One of another provider keeps to its own (or its provider's env)."""
+    fake_llm.reset()
+    client = LLMClient(LLMSettings(model="openai/fake", api_base=fake_llm.url, api_key="k", max_retries=0, profiles={
+        "cheap": {"model": "openai/cheap-model"},
+        "own": {"model": "openai/own-model", "api_base": "http://127.0.0.1:9/v1", "api_key": "own-key"},
+        "other": {"model": "anthropic/claude-x"},
+    }))
+    assert client.complete(USER, model="cheap").content == "echo: hi"
+    with fake_llm.lock:
+        assert [r["model"] for r in fake_llm.requests] == ["cheap-model"]
+    own, other = client.profile("own"), client.profile("other")
+    assert own.api_base == "http://127.0.0.1:9/v1" and own.api_key and own.api_key.get_secret_value() == "own-key"
+    assert other.api_base is None and other.api_key is None
