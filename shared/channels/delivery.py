@@ -105,8 +105,8 @@ def deliver(rt: Runtime, outbox_id: str) -> list[Next]:
         if buckets:
             limiter(rt.settings).penalize(buckets[0], err.retry_after)
         return _throttled(rt, row, err)
-    except Rejected as err:
-        _dead(rt, row, str(err))
+    except Rejected as err:  # one attempt, refused for good
+        _dead(rt, row, str(err), attempts=row.attempts + 1)
         return []
     except Exception as err:
         return _failed(rt, row, f"{type(err).__name__}: {err}", delay=None)

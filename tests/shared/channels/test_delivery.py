@@ -206,7 +206,7 @@ def test_a_refusal_is_dead_lettered_at_once(channels: ChannelStack) -> None:
     channels.post("telegram", d.request(chat=chat, text="hi"))
     channels.settled(chat)
     row = channels.api.get("/api/v1/outbox", params={"status": "failed"}).json()[0]
-    assert row["attempts"] == 0 and "bot was blocked" in row["lastError"]
+    assert row["attempts"] == 1 and "bot was blocked" in row["lastError"]  # the one send it made
     assert len(tg.arrived(chat)) == 1
 
 
