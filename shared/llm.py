@@ -146,12 +146,13 @@ class LLMClient:
 
     def profile(self, model: str | None = None) -> LLMProfile:
         """A named profile, a raw litellm model string on the default endpoint, or the default. A
-        profile of the default model's provider that names no endpoint or key of its own uses the
-        default's (another provider's would be sent the wrong key: it has its own, or the provider's
-        environment variable)."""
+        profile whose model names the default model's provider ("openai/..." beside "openai/...")
+        and no endpoint or key of its own uses the default's; any other keeps to its own (or its
+        provider's environment variable), or it would send one provider's key to another."""
         if model and model in self.settings.profiles:
             named = self.settings.profiles[model]
-            if _provider(named.model) != _provider(self.settings.model):
+            provider = _provider(named.model)
+            if not provider or provider != _provider(self.settings.model):
                 return named
             unset = [f for f in ("api_base", "api_key") if f not in named.model_fields_set]
             return named.model_copy(update={f: getattr(self.settings, f) for f in unset})

@@ -16,8 +16,9 @@ from shared.models import Outbox, OutboxStatus, new_id, utcnow
 from shared.settings import Settings
 
 FALLBACK_LIMIT = 4000
-# Seconds into a turn before its first "typing...": a reply that comes sooner needs none, and so spends no
-# platform API call (Telegram counts sendChatAction against the bot's limits) and no outbound-queue work.
+# Seconds into a turn before its first "typing...": a reply that comes sooner needs none, and spends no
+# platform API call on it (Telegram counts sendChatAction against the bot's limits); the delayed task
+# then finds the run ended and sends nothing.
 TYPING_AFTER = 1.0
 
 

@@ -18,6 +18,7 @@ from celery.signals import heartbeat_sent
 from shared.settings import get_settings
 
 ALIVE_FILE = "worker.alive"
+_warned: list[Path] = []  # the liveness file this process could not touch, once said
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,10 @@ def _touch(**_: Any) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
     except OSError as err:  # a read-only data dir: the healthcheck reports the worker, which goes on
-        log.warning("cannot touch the liveness file %s: %s", path, err)
+        if not _warned:  # once, not at every heartbeat (every 2 s)
+            _warned.append(path)
+            log.warning("cannot touch the liveness file %s (the compose healthcheck will call this worker "
+                        "unhealthy): %s", path, err)
 
 
 def connect() -> None:

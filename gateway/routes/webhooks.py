@@ -108,7 +108,11 @@ async def _ingest_within(state: AppState, ch: Channel, messages: list[InboundMes
     task = asyncio.create_task(work)
     _INGESTS.add(task)
     task.add_done_callback(_INGESTS.discard)
-    done, _ = await asyncio.wait({task}, timeout=ch.ack_deadline)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=ch.ack_deadline)
+    except asyncio.CancelledError:  # the request went (the client left): the ingest goes on without it
+        task.add_done_callback(_failed_late)
+        raise
     if not done:
         log.warning("%s: the webhook is answered before its message is stored (over %ss)", ch.name, ch.ack_deadline)
         task.add_done_callback(_failed_late)
@@ -121,7 +125,10 @@ async def drain(timeout: float) -> None:
     outlived their requests, or their messages would be lost with the process."""
     if _INGESTS:
         log.info("waiting for %d webhook ingest(s) answered before they were stored", len(_INGESTS))
-        await asyncio.wait(set(_INGESTS), timeout=timeout)
+        _, left = await asyncio.wait(set(_INGESTS), timeout=timeout)
+        if left:
+            log.error("%d webhook message(s) answered but not stored after %ss are lost with this process "
+                      "(their platform does not send them again)", len(left), timeout)
 
 
 def _failed_late(task: asyncio.Task[Ingested]) -> None:

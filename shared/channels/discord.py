@@ -22,14 +22,17 @@ from shared.settings import Settings
 PING, APPLICATION_COMMAND, COMPONENT, AUTOCOMPLETE, MODAL_SUBMIT = 1, 2, 3, 4, 5  # interaction types
 PONG, CHANNEL_MESSAGE, DEFERRED, DEFERRED_UPDATE, AUTOCOMPLETE_RESULT = 1, 4, 5, 6, 8  # response types
 # Every interaction needs a valid answer, or the user sees "interaction failed". nanofleet sends no buttons,
-# menus or modals and its /ask has no autocomplete, but other commands of the application may: a button or
-# modal is acknowledged with nothing changed, an autocomplete offers no choices.
+# menus or modals and its /ask has no autocomplete, but other commands of the application may: a button, or
+# a modal opened from one, is acknowledged with its message left as it is; an autocomplete offers no choices.
 ACKNOWLEDGE: dict[int, dict[str, Any]] = {
     COMPONENT: {"type": DEFERRED_UPDATE},
     MODAL_SUBMIT: {"type": DEFERRED_UPDATE},
     AUTOCOMPLETE: {"type": AUTOCOMPLETE_RESULT, "data": {"choices": []}},
 }
 EPHEMERAL = 64
+# A modal opened from a slash command has no message to leave as it is (DEFERRED_UPDATE is only for one
+# opened from a component): its submitter is told, privately.
+NOT_OURS = "This form is not handled by this bot."
 NO_MENTIONS: dict[str, list[str]] = {"parse": []}  # a reply never pings @everyone or anyone else
 TOKEN_LIFETIME = 15 * 60  # an interaction token, and with it its @original and follow-ups
 # A Discord id (a 64-bit integer in decimal). A chat id goes into the URL path of a bot message: anything
@@ -74,6 +77,8 @@ class DiscordChannel(BaseChannel):
         kind = payload.get("type")
         if kind == PING:
             return Parsed(response={"type": PONG})
+        if kind == MODAL_SUBMIT and not payload.get("message"):
+            return Parsed(response=_ephemeral(NOT_OURS))
         if kind != APPLICATION_COMMAND:
             return Parsed(response=ACKNOWLEDGE.get(kind) if isinstance(kind, int) else None)
         iid, token, channel = payload.get("id"), payload.get("token"), payload.get("channel_id")

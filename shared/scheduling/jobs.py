@@ -173,10 +173,11 @@ class AlreadyFired(NanofleetError):
 
 
 def shorter_gap(expr: str, tz: str, after: datetime, limit: timedelta) -> timedelta | None:
-    """A gap shorter than `limit` between two firings of the (valid) cron expression in the coming
-    week, as wall-clock times in `tz`; None when there is none."""
-    start = after.astimezone(schedules.zone(tz)).replace(tzinfo=None)
-    walls = croniter(expr, start)
+    """A gap shorter than `limit` between two firings of the (valid) cron expression in the week from
+    its first firing after `after` (months away, for `* * 1 * *`), as wall-clock times in `tz`; None
+    when there is none."""
+    walls = croniter(expr, after.astimezone(schedules.zone(tz)).replace(tzinfo=None))
+    first: datetime | None = None
     previous: datetime | None = None
     for _ in range(GAP_STEPS):
         try:
@@ -185,7 +186,8 @@ def shorter_gap(expr: str, tz: str, after: datetime, limit: timedelta) -> timede
             return None
         if previous is not None and wall - previous < limit:
             return wall - previous
-        if wall - start > GAP_HORIZON:
+        first = first or wall
+        if wall - first > GAP_HORIZON:
             return None
         previous = wall
     return None

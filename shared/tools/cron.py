@@ -88,12 +88,14 @@ class CronTool(Tool):
         return ToolResult.success(out)
 
     def _add(self, args: CronArgs, ctx: ToolContext) -> ToolResult:
-        if ctx.run_kind == RunKind.CRON.value:  # a job adding jobs would multiply at every firing
+        origin = ctx.extra.get("origin") or {}
+        # A job adding jobs would multiply at every firing: its run, or a later turn of its session (the
+        # report of a subagent it spawned), whose origin names the job.
+        if ctx.run_kind == RunKind.CRON.value or origin.get("cron_job_id"):
             return ToolResult.fail(ErrorCode.NOT_ALLOWED, "a scheduled job's run cannot add cron jobs: say in your "
                                    "answer what should be scheduled, and the user can ask for it in the chat")
         if not args.message:
             return ToolResult.fail(ErrorCode.INVALID_ARGS, "action=add needs message: what to do at each run")
-        origin = ctx.extra.get("origin") or {}
         data = jobs.JobIn(
             message=args.message, name=args.name or "", every_seconds=args.every_seconds, cron_expr=args.cron_expr,
             tz=args.tz, at=args.at, missed_policy=args.missed_policy, channel=ctx.channel, chat_id=ctx.chat_id,

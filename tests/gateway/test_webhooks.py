@@ -17,6 +17,7 @@ from sqlmodel import Session
 
 from shared.agent import conversations
 from shared.agent.service import HELP
+from shared.channels.discord import NOT_OURS
 from shared.channels.inbound import UNSUPPORTED
 from shared.db import get_engine
 from tests.fakes.llm import FakeLLM
@@ -318,13 +319,17 @@ def test_discord_components_autocomplete_and_modals_get_valid_answers(channels: 
     discord = channels.fakes["discord"]
     base = {"application_id": discord.application_id, "token": "itk-x", "version": 1, "channel_id": "C1",
             "member": {"user": {"id": "1001", "username": "ann"}}}
-    answers = {kind: channels.post("discord", discord.signed({**base, "id": f"I{kind}", "type": kind,
+    on_message = {"message": {"id": "M1", "channel_id": "C1"}}  # a modal opened from a button of a message
+    kinds = {"3": (3, {}), "4": (4, {}), "5": (5, {}), "5 from a button": (5, on_message)}
+    answers = {name: channels.post("discord", discord.signed({**base, "id": f"I{name}", "type": kind, **extra,
                                                                "data": {"custom_id": "b1", "name": "ask"}}))
-               for kind in (3, 4, 5)}
-    assert {kind: (r.status_code, r.json()) for kind, r in answers.items()} == {
-        3: (200, {"type": 6}),  # a button or menu: acknowledged, its message left as it is
-        4: (200, {"type": 8, "data": {"choices": []}}),  # autocomplete: no choices to offer
-        5: (200, {"type": 6}),  # a modal submitted: acknowledged
+               for name, (kind, extra) in kinds.items()}
+    assert {name: (r.status_code, r.json()) for name, r in answers.items()} == {
+        "3": (200, {"type": 6}),  # a button or menu: acknowledged, its message left as it is
+        "4": (200, {"type": 8, "data": {"choices": []}}),  # autocomplete: no choices to offer
+        # a modal opened by a slash command has no message to leave as it is: its submitter is told
+        "5": (200, {"type": 4, "data": {"content": NOT_OURS, "flags": 64}}),
+        "5 from a button": (200, {"type": 6}),
     }
     assert channels.scalar("select count(*) from inbound_events") == 0
 

@@ -142,10 +142,14 @@ def test_a_profile_of_the_default_provider_uses_the_default_endpoint_and_key(fak
         "cheap": {"model": "openai/cheap-model"},
         "own": {"model": "openai/own-model", "api_base": "http://127.0.0.1:9/v1", "api_key": "own-key"},
         "other": {"model": "anthropic/claude-x"},
+        "bare": {"model": "claude-3-5-sonnet-20241022"},  # no provider named: it may be anyone's
     }))
     assert client.complete(USER, model="cheap").content == "echo: hi"
     with fake_llm.lock:
         assert [r["model"] for r in fake_llm.requests] == ["cheap-model"]
-    own, other = client.profile("own"), client.profile("other")
+    own = client.profile("own")
     assert own.api_base == "http://127.0.0.1:9/v1" and own.api_key and own.api_key.get_secret_value() == "own-key"
-    assert other.api_base is None and other.api_key is None
+    for name in ("other", "bare"):
+        assert (client.profile(name).api_base, client.profile(name).api_key) == (None, None), name
+    unnamed = LLMClient(LLMSettings(model="gpt-4o", api_key="openai-key", profiles=client.settings.profiles))
+    assert unnamed.profile("bare").api_key is None  # two models naming no provider may be two providers

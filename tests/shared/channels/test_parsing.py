@@ -8,7 +8,7 @@ import time
 import pytest
 
 from shared.channels.base import WebhookError
-from shared.channels.discord import DiscordChannel
+from shared.channels.discord import NOT_OURS, DiscordChannel
 from shared.channels.feishu import FeishuChannel, decrypt
 from shared.channels.slack import SlackChannel
 from shared.channels.telegram import TelegramChannel
@@ -197,7 +197,8 @@ def test_discord_ping_commands_and_usage() -> None:
     assert ch.parse({}, body(empty)).response["type"] == 4  # type: ignore[index]
     assert ch.parse({}, body({"type": 3})).messages == []
     answers = {kind: ch.parse({}, body({"type": kind, "id": "I", "token": "t"})).response for kind in (3, 4, 5, 99)}
-    assert answers == {3: {"type": 6}, 4: {"type": 8, "data": {"choices": []}}, 5: {"type": 6}, 99: None}
+    assert answers == {3: {"type": 6}, 4: {"type": 8, "data": {"choices": []}}, 99: None,
+                       5: {"type": 4, "data": {"content": NOT_OURS, "flags": 64}}}  # a modal of a slash command
     assert malformed(ch.parse, {"type": 2, "id": "I"}) == 400
 
 

@@ -107,6 +107,12 @@ def test_a_cron_run_cannot_add_jobs(core: Core) -> None:
     assert (refused.ok, refused.error) == (False, ErrorCode.NOT_ALLOWED) and "scheduled job" in refused.message
     assert chat_jobs(stack, ctx) == []
     assert cron(ctx, "call_2", action="list").ok
+    # nor a later turn of the job's session: the report of a subagent the job spawned starts one
+    report = dataclasses.replace(ctx, run_kind="turn", extra={**ctx.extra, "origin": {
+        **(ctx.extra.get("origin") or {}), "cron_job_id": "job-1"}})
+    refused = cron(report, "call_3", action="add", message="and again tomorrow", every_seconds=86_400)
+    assert (refused.ok, refused.error) == (False, ErrorCode.NOT_ALLOWED)
+    assert chat_jobs(stack, ctx) == []
 
 
 MINUTES = ["*", "*/5", "*/15", "*/20", "0", "30", "5,35", "0-10", "59", "*/7", "0,59", "1,58"]
@@ -141,3 +147,6 @@ def test_the_spacing_guard_sees_a_weekly_pattern() -> None:
     assert jobs.shorter_gap("0,59 0,23 * * 1", "Europe/Paris", now, timedelta(hours=1)) is not None
     assert jobs.shorter_gap("0 9 * * 1,2", "Europe/Paris", now, timedelta(hours=24)) is None
     assert jobs.shorter_gap("0 0 31 2 *", "UTC", now, timedelta(days=1)) is None  # never fires: not too often
+    fifth = datetime(2026, 1, 5, tzinfo=UTC)  # firing every minute, but only on days more than a week away
+    assert jobs.shorter_gap("* * 1 * *", "UTC", fifth, timedelta(minutes=10)) == timedelta(minutes=1)
+    assert jobs.shorter_gap("* * * 12 *", "UTC", fifth, timedelta(minutes=10)) == timedelta(minutes=1)
