@@ -89,6 +89,10 @@ class Channel(Protocol):
 
     def enabled(self) -> bool: ...
 
+    def chat_id_problem(self, chat_id: str) -> str | None:
+        """Why `chat_id` cannot be a chat of this platform (None when it may be): the `message` tool
+        refuses such a target at once, rather than queue a send the platform will refuse."""
+
     def allowed(self, sender_id: str) -> bool:
         """The sender is in allow_from (default deny; "*" allows everyone)."""
 
@@ -140,6 +144,9 @@ class BaseChannel:
 
     def enabled(self) -> bool:
         return not self.missing()
+
+    def chat_id_problem(self, chat_id: str) -> str | None:
+        return None
 
     def allowed(self, sender_id: str) -> bool:
         allow = self.config.allow_from

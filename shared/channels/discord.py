@@ -142,11 +142,15 @@ class DiscordChannel(BaseChannel):
         owner = cache.get(key)
         return isinstance(owner, bytes) and owner.decode() == row
 
+    def chat_id_problem(self, chat_id: str) -> str | None:
+        if SNOWFLAKE.fullmatch(chat_id):
+            return None
+        return f"chat id {chat_id[:64]!r} is not a Discord channel id (a snowflake: digits only)"
+
     def _channel_message(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
         """A bot message; the nonce makes Discord drop a repeat of the same outbox row."""
-        if not SNOWFLAKE.fullmatch(chat_id):
-            raise Rejected(f"discord channel message: chat id {chat_id[:64]!r} is not a Discord channel id "
-                           "(a snowflake: digits only)")
+        if problem := self.chat_id_problem(chat_id):
+            raise Rejected(f"discord channel message: {problem}")
         response = http(self.settings.channels.delivery.send_timeout).post(
             f"{self.cfg.api_base.rstrip('/')}/channels/{chat_id}/messages",
             json={"content": text, "allowed_mentions": NO_MENTIONS,

@@ -128,7 +128,7 @@ class FeishuChannel(BaseChannel):
         group = msg.get("chat_type") == "group"
         if group and not mentions:
             return None  # in groups, only messages that @-mention the bot
-        bot = self.bot_open_id(ask=group)
+        bot = self.bot_open_id(ask=bool(mentions))  # whose mentions are the bot's (in a private chat too)
         ours = {m["key"] for m in mentions if bot and (m.get("id") or {}).get("open_id") == bot}
         if group and not ours:
             return None  # they mention someone else (the app may read every group message)

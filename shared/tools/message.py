@@ -46,6 +46,8 @@ def _target(args: MessageArgs, ctx: ToolContext) -> tuple[str, str] | ToolResult
         missing: list[str] = getattr(platform, "missing", list)()
         hint = f" (an operator must set {', '.join(missing)})" if missing else ""
         return ToolResult.fail(ErrorCode.FAILED, f"channel '{channel}' is not configured here{hint}")
+    if platform is not None and (problem := platform.chat_id_problem(chat_id)):
+        return ToolResult.fail(ErrorCode.INVALID_ARGS, f"{channel}: {problem}")
     if (channel, chat_id) != (ctx.channel, ctx.chat_id) and not ctx.settings.tools.message.allows(channel, chat_id):
         return ToolResult.fail(ErrorCode.NOT_ALLOWED, f"sending to {channel}:{chat_id} is not allowed: only to the "
                                "current chat, and to chats an operator lists in NANOFLEET_TOOLS__MESSAGE__SEND_TO")

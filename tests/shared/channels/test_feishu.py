@@ -71,9 +71,14 @@ def test_a_group_message_is_for_the_bot_only_when_it_mentions_the_bot(channel: F
 
 def test_a_private_chat_needs_no_bot_info(channel: FeishuChannel, fake: FakeFeishu) -> None:
     assert taken(channel, fake, "hello", chat_type="p2p") == ["hello"]
+    assert fake.bot_info_calls() == 0 and channel.parse_may_call_out()
+
+
+def test_a_private_chat_that_mentions_the_bot_reads_without_it(channel: FeishuChannel, fake: FakeFeishu) -> None:
+    assert taken(channel, fake, "@_user_1 hello", fake.mention(1), chat_type="p2p") == ["hello"]
     assert taken(channel, fake, "ask @_user_1", fake.mention(1, open_id=BOB, name="Bob"), chat_type="p2p") == \
         ["ask @Bob"]
-    assert fake.bot_info_calls() == 0 and channel.parse_may_call_out()
+    assert fake.bot_info_calls() == 1
 
 
 def test_bot_info_with_a_token_feishu_calls_invalid_fetches_a_fresh_one(channel: FeishuChannel,

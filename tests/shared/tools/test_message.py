@@ -157,3 +157,20 @@ def test_not_allowed_sends_nothing(database_url: str, workspace: Path, make_run:
     result = call(build_registry(settings), "message", {"content": "x"}, run_id=run.id, channel="telegram",
                   chat_id="42")
     assert result.status == "REJECTED" and rows(database_url) == []
+
+
+def test_a_chat_id_the_platform_cannot_have_is_refused_at_once(database_url: str, workspace: Path,
+                                                               make_run: Callable[..., Run]) -> None:
+    """A Discord chat id is a snowflake: `../guilds/1` is refused by the tool, not queued and dead-lettered."""
+    clean_db(database_url)
+    settings = configured(tool_settings(workspace, allowed=["message"], granted=[]), database_url)
+    channels = settings.channels.model_validate({**CHANNELS, "discord": {
+        "application_id": "1234", "public_key": "ab" * 32, "bot_token": "discord-test-token"}})
+    tools = settings.tools.model_copy(update={"message": MessageSettings(send_to=["discord:*"])})
+    reg = build_registry(settings.model_copy(update={"channels": channels, "tools": tools}))
+    run = make_run()
+    refused = send(reg, run, {"content": "x", "channel": "discord", "chat_id": "../guilds/1"})[0]
+    assert refused.error == ErrorCode.INVALID_ARGS and "snowflake" in refused.message
+    assert rows(database_url) == []
+    assert send(reg, run, {"content": "x", "channel": "discord", "chat_id": "123456789012345678"}, "call_2")[0].ok
+    assert [r.chat_id for r in rows(database_url)] == ["123456789012345678"]
