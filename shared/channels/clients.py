@@ -1,15 +1,21 @@
-"""What the platform modules share: one pooled HTTP client and one Redis client per process, and
-the mapping of platform HTTP answers to RateLimited (429), Rejected (other 4xx) or a retry (5xx)."""
+"""What the platform modules share: one pooled HTTP client and one Redis client per process, the
+mapping of platform HTTP answers to RateLimited (429), Rejected (other 4xx) or a retry (5xx), and
+what a platform is asked about its bot once (Learned)."""
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
 import httpx
 import redis
 
-from shared.channels.base import RateLimited, Rejected
+from shared.channels.base import RateLimited, Rejected, WebhookError
+
+log = logging.getLogger(__name__)
 
 RETRYABLE_4XX = (408, 409, 425)
 
@@ -60,3 +66,35 @@ def check(response: httpx.Response, *, what: str, wait: float | None = None) -> 
     if status < 500 and status not in RETRYABLE_4XX:
         raise Rejected(f"{what}: HTTP {status}: {response.text[:300]}")
     raise PlatformError(f"{what}: HTTP {status}: {response.text[:300]}")
+
+
+
+class Learned:
+    """A fact about the bot its platform is asked once, then remembered (Telegram's username,
+    Feishu's open_id): a group message cannot be judged without it. While the platform does not
+    answer, the event is refused (503) for the platform to send again, and the platform is not
+    asked again for `pause` seconds (each event would wait on it)."""
+
+    def __init__(self, what: str, ask: Callable[[], object], *, pause: float, hint: str = "") -> None:
+        self.what, self._ask, self.pause, self.hint = what, ask, pause, hint
+        self.value = ""
+        self._ask_again_at = 0.0  # time.monotonic()
+
+    def get(self, *, ask: bool = True) -> str:
+        """The value; with ask=False, "" until it is known."""
+        if self.value or not ask:
+            return self.value
+        unknown = WebhookError(503, f"could not learn {self.what}; try again")
+        if time.monotonic() < self._ask_again_at:
+            raise unknown
+        try:
+            value = self._ask()
+        except (httpx.HTTPError, PlatformError, RateLimited, Rejected) as err:
+            self._ask_again_at = time.monotonic() + self.pause
+            log.warning("could not learn %s%s: %s: %s", self.what, self.hint, type(err).__name__, err)
+            raise unknown from None
+        if not isinstance(value, str) or not value:
+            raise WebhookError(503, f"the answer gave no {self.what}")
+        self.value = value
+        return value
+

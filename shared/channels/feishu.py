@@ -8,9 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import logging
 import re
-import time
 from typing import Any, ClassVar
 
 import httpx
@@ -22,18 +20,16 @@ from shared.channels.base import (
     Bucket,
     Parsed,
     RateLimited,
-    Rejected,
     SendResult,
     WebhookError,
     json_object,
 )
-from shared.channels.clients import PlatformError, body, check, http, redis_client, retry_after
+from shared.channels.clients import Learned, PlatformError, body, check, http, redis_client, retry_after
 from shared.channels.signing import fresh, same
 from shared.constants import KEY_CACHE
 from shared.contracts import InboundMessage
 from shared.settings import Settings
 
-log = logging.getLogger(__name__)
 MESSAGE_EVENT = "im.message.receive_v1"
 TOKEN_INVALID = {99991661, 99991663, 99991668}  # missing, invalid or expired tenant access token
 TOKEN_MARGIN = 300  # seconds before expiry a cached token is replaced
@@ -63,8 +59,8 @@ class FeishuChannel(BaseChannel):
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self.cfg = settings.channels.feishu
-        self._bot_open_id = ""  # learned from bot/v3/info
-        self._ask_again_at = 0.0  # time.monotonic() before which a failed bot/v3/info is not tried again
+        self._bot_open_id = Learned("the bot's open_id from Feishu (bot/v3/info)", self._bot_info,
+                                    pause=BOT_INFO_PAUSE)
 
     # ------------------------------------------------------------------ inbound
 
@@ -147,24 +143,10 @@ class FeishuChannel(BaseChannel):
         """The bot's open_id, asked of Feishu (bot/v3/info) once and remembered (with ask=False, "" until
         then). Groups cannot do without it, as only a mention of the bot is for the bot: when Feishu does
         not answer, the event is refused (503) for Feishu to send again, rather than dropped or answered."""
-        if self._bot_open_id or not ask:
-            return self._bot_open_id
-        unknown = WebhookError(503, "could not learn the bot's open_id from Feishu (bot/v3/info); try again")
-        if time.monotonic() < self._ask_again_at:  # not on every event while Feishu does not answer
-            raise unknown
-        try:
-            bot = self._bot_info()
-        except (httpx.HTTPError, PlatformError, RateLimited, Rejected) as err:
-            self._ask_again_at = time.monotonic() + BOT_INFO_PAUSE
-            log.warning("feishu: bot/v3/info failed: %s: %s", type(err).__name__, err)
-            raise unknown from None
-        open_id = bot.get("open_id")
-        if not isinstance(open_id, str) or not open_id:
-            raise WebhookError(503, "Feishu's bot/v3/info gave no open_id")
-        self._bot_open_id = open_id
-        return open_id
+        return self._bot_open_id.get(ask=ask)
 
-    def _bot_info(self) -> dict[str, Any]:
+    def _bot_info(self) -> object:
+        """The bot's open_id, from bot/v3/info."""
         data: dict[str, Any] = {}
         for fresh_token in (False, True):  # a token Feishu calls invalid is fetched again, once
             response = http(BOT_INFO_TIMEOUT).get(
@@ -178,7 +160,7 @@ class FeishuChannel(BaseChannel):
         bot = data.get("bot")
         if _code(data) != 0 or not isinstance(bot, dict):
             raise PlatformError(f"feishu bot/v3/info: {data.get('code')} {data.get('msg')}")
-        return bot
+        return bot.get("open_id")
 
     # ------------------------------------------------------------------ outbound
 

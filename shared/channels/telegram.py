@@ -6,30 +6,24 @@ setWebhook for the CLI."""
 from __future__ import annotations
 
 import html
-import logging
 import re
-import time
 from typing import Any, ClassVar
-
-import httpx
 
 from shared.channels.base import (
     BaseChannel,
     Bucket,
     Parsed,
-    RateLimited,
     Rejected,
     SendResult,
     WebhookError,
     json_object,
 )
-from shared.channels.clients import PlatformError, body, check, http
+from shared.channels.clients import Learned, PlatformError, body, check, http
 from shared.channels.markdown import telegram_html
 from shared.channels.signing import same
 from shared.contracts import InboundMessage
 from shared.settings import Settings
 
-log = logging.getLogger(__name__)
 GETME_TIMEOUT = 3.0  # seconds
 GETME_PAUSE = 10.0  # seconds after a failed getMe before the next
 SECRET_HEADER = "x-telegram-bot-api-secret-token"
@@ -53,8 +47,8 @@ class TelegramChannel(BaseChannel):
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self.cfg = settings.channels.telegram
-        self._learned = ""  # the username getMe gave, when none is configured
-        self._ask_again_at = 0.0  # time.monotonic() before which a failed getMe is not tried again
+        self._learned = Learned("the bot's username from Telegram (getMe)", self._get_me, pause=GETME_PAUSE,
+                                hint=" (set NANOFLEET_CHANNELS__TELEGRAM__BOT_USERNAME to do without it)")
 
     # ------------------------------------------------------------------ inbound
 
@@ -112,23 +106,12 @@ class TelegramChannel(BaseChannel):
         group message, so groups cannot do without it: when getMe fails the update is refused (503)
         for Telegram to send again, rather than dropped or answered."""
         configured = (self.cfg.bot_username or "").lstrip("@").lower()
-        if configured or self._learned or not ask:
-            return configured or self._learned
-        unknown = WebhookError(503, "could not learn the bot's username from Telegram (getMe); try again")
-        if time.monotonic() < self._ask_again_at:  # not on every update while Telegram does not answer
-            raise unknown
-        try:
-            me = self.call("getMe", {}, timeout=GETME_TIMEOUT).get("result")
-        except (httpx.HTTPError, PlatformError, RateLimited, Rejected) as err:
-            self._ask_again_at = time.monotonic() + GETME_PAUSE
-            log.warning("telegram: getMe failed (set NANOFLEET_CHANNELS__TELEGRAM__BOT_USERNAME to do without it): "
-                        "%s: %s", type(err).__name__, err)
-            raise unknown from None
+        return configured or self._learned.get(ask=ask)
+
+    def _get_me(self) -> str | None:
+        me = self.call("getMe", {}, timeout=GETME_TIMEOUT).get("result")
         username = me.get("username") if isinstance(me, dict) else None
-        if not isinstance(username, str) or not username:
-            raise WebhookError(503, "Telegram's getMe gave no username")
-        self._learned = username.lower()
-        return self._learned
+        return username.lower() if isinstance(username, str) else None
 
     # ------------------------------------------------------------------ outbound
 
