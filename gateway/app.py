@@ -31,7 +31,7 @@ from shared.settings import Settings, get_settings
 log = logging.getLogger("gateway")
 ECHO_CHARS = 100  # of a string input a 422 quotes back
 DOCS_ASSETS = "/docs/static"  # Swagger UI's and ReDoc's scripts, styles and icon
-LATE_INGESTS = 10.0  # seconds shutdown waits for webhooks answered before they were stored (Discord's)
+LATE_RECORDS = 10.0  # seconds shutdown waits for webhook events still to record (some answered already: Discord's)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -42,7 +42,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state: AppState = app.state.nanofleet
         yield
-        await webhooks.drain(timeout=LATE_INGESTS)
+        await state.ledger.drain(timeout=LATE_RECORDS)
         await state.aredis.aclose()
         state.redis.close()
 
@@ -51,7 +51,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPIOffline(title="nanofleet", version="0.1.0", lifespan=lifespan, static_url=DOCS_ASSETS,
                          description="A self-hosted AI agent runtime: REST API, webhooks and event streams.")
     app.state.nanofleet = AppState.build(settings)
-    for module in (health, conversations, runs, subagents, cron, tools, skills, outbox, webhooks, web):
+    # webhooks first: a request is matched against the routes in order, and they come the most often
+    for module in (webhooks, health, conversations, runs, subagents, cron, tools, skills, outbox, web):
         app.include_router(module.router)
     app.add_middleware(ApiGate, settings=settings)
     app.add_middleware(RequestIds)  # added last, so outermost: every answer has an id and a log line

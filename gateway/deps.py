@@ -1,8 +1,10 @@
-"""Request dependencies: settings, the runtime, sessions, the producer, bearer-key auth."""
+"""Request dependencies: settings, the runtime, sessions, the producer, bearer-key auth. Those that
+never block are `async def`: FastAPI runs a plain `def` dependency in its threadpool, a thread hop per
+request and dependency."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
@@ -25,15 +27,19 @@ def app_state(request: Request) -> AppState:
     return state
 
 
-def settings_dep(state: Annotated[AppState, Depends(app_state)]) -> Settings:
+async def state_dep(request: Request) -> AppState:
+    return app_state(request)
+
+
+async def settings_dep(state: Annotated[AppState, Depends(state_dep)]) -> Settings:
     return state.settings
 
 
-def runtime_dep(state: Annotated[AppState, Depends(app_state)]) -> Runtime:
+async def runtime_dep(state: Annotated[AppState, Depends(state_dep)]) -> Runtime:
     return state.runtime
 
 
-def session_dep(state: Annotated[AppState, Depends(app_state)]) -> Iterator[Session]:
+def session_dep(state: Annotated[AppState, Depends(state_dep)]) -> Iterator[Session]:
     with Session(get_engine(state.settings.database_url), expire_on_commit=False) as s:
         yield s
 
@@ -53,8 +59,8 @@ def bearer_token(authorization: str | None) -> str:
     return token if scheme.lower() == "bearer" else ""
 
 
-def require_key(
-    state: Annotated[AppState, Depends(app_state)],
+async def require_key(
+    state: Annotated[AppState, Depends(state_dep)],
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> None:
     """Bearer API keys. The gateway's ApiGate middleware (gateway/app.py) has already refused a bad key
@@ -68,14 +74,14 @@ def require_key(
 SettingsDep = Annotated[Settings, Depends(settings_dep)]
 RuntimeDep = Annotated[Runtime, Depends(runtime_dep)]
 SessionDep = Annotated[Session, Depends(session_dep)]
-StateDep = Annotated[AppState, Depends(app_state)]
+StateDep = Annotated[AppState, Depends(state_dep)]
 
 
-def only_params(*known: str) -> Callable[[Request], None]:
+def only_params(*known: str) -> Callable[[Request], Awaitable[None]]:
     """A dependency refusing (422) a query parameter not in `known`, or one given twice: a misspelt
     filter would silently list everything, and a repeated one is ambiguous."""
 
-    def check(request: Request) -> None:
+    async def check(request: Request) -> None:
         params = request.query_params
         bad = sorted(k for k in params if k not in known or len(params.getlist(k)) > 1)
         if bad:

@@ -1,4 +1,5 @@
-"""What the gateway process holds: settings, runtime, producer, Redis clients, the worker count."""
+"""What the gateway process holds: settings, runtime, producer, Redis clients, the webhook ledger's
+writer, the worker count."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import redis.asyncio as aioredis
 from celery.app.control import Control
 from kombu.exceptions import OperationalError
 
+from gateway.ledger import Ledger
 from shared.agent.events import RedisEvents
 from shared.agent.runtime import Next, Runtime
 from shared.channels.base import Channel
@@ -60,6 +62,10 @@ class AppState:
     channels: dict[str, Channel] = field(default_factory=dict)  # platform instances, built on first use
     max_streams: int = MAX_STREAMS
     streams: int = 0  # event streams open now (one event loop: a plain counter)
+    ledger: Ledger = field(init=False)  # webhook events, recorded in batches
+
+    def __post_init__(self) -> None:
+        self.ledger = Ledger(self.settings, self.dispatch)
 
     @classmethod
     def build(cls, settings: Settings) -> AppState:

@@ -15,6 +15,7 @@ INTERNAL = "internal"  # the channel of sessions nobody chats in (cron jobs, sub
 # Task names. Each prefix maps to one task module under workers/tasks and (but for two) to one queue.
 T_PING = "nanofleet.scheduler.ping"
 T_AGENT_STEP = "nanofleet.agent.step"
+T_INGEST = "nanofleet.agent.ingest"  # submit the messages webhooks recorded
 T_SUBAGENT_STEP = "nanofleet.subagents.step"
 T_COMPACT = "nanofleet.agent.compact"
 T_TOOL_EXECUTE = "nanofleet.tools.execute"

@@ -81,7 +81,8 @@ def _drain(rt: Runtime, step: Batch, cutoff: datetime, batch: int) -> int:
 
 def _inbound(s: Session, cutoff: datetime, limit: int) -> int:
     key = col(InboundEvent.id)
-    return _delete(s, key, _ids(s, select(key).where(col(InboundEvent.received_at) < cutoff), limit))
+    old = select(key).where(col(InboundEvent.received_at) < cutoff, col(InboundEvent.message).is_(None))  # submitted
+    return _delete(s, key, _ids(s, old, limit))
 
 
 def _outbox(s: Session, cutoff: datetime, limit: int) -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import sys
-import uuid
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from typing import Any
@@ -27,7 +27,8 @@ QUIET_TASKS = (T_SWEEP,)
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex[:16]
+    """16 hex digits; it needs to be unique, not unguessable (uuid4 reads the kernel's randomness each time)."""
+    return f"{random.getrandbits(64):016x}"
 
 
 class ContextFilter(logging.Filter):

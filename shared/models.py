@@ -220,14 +220,22 @@ class ToolCall(SQLModel, table=True):
 
 
 class InboundEvent(SQLModel, table=True):
-    """The inbound ledger: a platform event is recorded once, before the webhook answers."""
+    """The inbound ledger: a platform event is recorded once, before the webhook answers, with the
+    message it brings until a worker has submitted that message (`message` NULL from then on, and
+    for an event whose sender is denied)."""
 
     __tablename__ = "inbound_events"
-    __table_args__ = (UniqueConstraint("channel", "event_id"),)
+    # The messages still to submit, by session (each is submitted after the ones before it).
+    __table_args__ = (UniqueConstraint("channel", "event_id"),
+                      Index("ix_inbound_events_pending", "session_key", "id",
+                            postgresql_where=text("message IS NOT NULL")))
     id: int | None = Field(default=None, sa_column=Column(BigInteger, Identity(), primary_key=True))
     channel: str
     event_id: str
     received_at: datetime = _now()
+    message: dict[str, Any] | None = Field(default=None, sa_column=Column(JSONB(none_as_null=True)))  # InboundMessage
+    session_key: str | None = None
+    recheck_at: datetime | None = _ts()  # when the sweeper enqueues its submission again if it is still here
 
 
 class Outbox(SQLModel, table=True):

@@ -1,18 +1,20 @@
 """Chat platform webhooks: POST /webhooks/<platform> (and GET /webhooks/whatsapp for Meta's handshake).
 
 The pipeline: read the raw body (413 over 1 MB) -> verify the signature (401, nothing stored) ->
-parse (400 when malformed; unknown events 200 and ignored) -> in one transaction, in the
-threadpool: ledger, allow_from, conversation, submit -> commit -> enqueue -> answer (a challenge,
-a Discord PONG or deferred response, or {"ok": true}). The answer waits for the commit, as platforms
-send an unanswered event again; Discord, which never does and fails an interaction unanswered after
-3 s, is answered by its deadline while the ingest goes on. Sent messages the platform reports as not
-delivered (WhatsApp's failed statuses) are dead-lettered on the way."""
+parse (400 when malformed; unknown events 200 and ignored) -> allow_from -> record the events with
+their messages in the ledger, with other requests' (gateway/ledger.py: a duplicate stops here) ->
+enqueue their submission to a worker -> answer (a challenge, a Discord PONG or deferred response, or
+{"ok": true}). The answer waits for the commit, as platforms send an unanswered event again;
+Discord, which never does and fails an interaction unanswered after 3 s, is answered by its deadline
+while the write goes on. Sent messages the platform reports as not delivered (WhatsApp's failed
+statuses) are dead-lettered on the way."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -21,23 +23,21 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.requests import ClientDisconnect
 
-from gateway.deps import StateDep
+from gateway.deps import StateDep, app_state
 from gateway.state import AppState
 from shared.channels import REGISTRY, delivery
 from shared.channels.base import BaseChannel, Channel, Parsed, WebhookError
-from shared.channels.inbound import Ingested, ingest
+from shared.channels.clients import MustAsk, may_ask
+from shared.channels.inbound import Entry
 from shared.channels.whatsapp import WhatsAppChannel
-from shared.contracts import InboundMessage
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/webhooks", tags=["webhooks"])
 MAX_BODY = 1024 * 1024
-INGEST_THREADS = 4
+THREADS = 4
 # Bodies over this are verified and parsed in a thread: some platforms' checks read the JSON first (Feishu's
 # verification token), and a 1 MB body nobody signed would hold the event loop, and every stream on it, ~15 ms.
 INLINE_BODY = 64 * 1024
-# Running ingests with a deadline: asyncio holds tasks only weakly, and one may outlive its request.
-_INGESTS: set[asyncio.Task[Ingested]] = set()
 RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"description": "bad or stale signature; nothing was stored"},
     400: {"description": "malformed body"},
@@ -85,85 +85,74 @@ def _verified(ch: Channel, headers: dict[str, str], body: bytes) -> Parsed:
         raise WebhookError(400, "malformed event") from None
 
 
-@functools.cache
-def _ingest_limiter() -> anyio.CapacityLimiter:
-    """Ingests at once per process. More threads only wait on each other for the GIL (each one
-    is mostly Python work between short queries), which stretches every request's latency."""
-    return anyio.CapacityLimiter(INGEST_THREADS)
-
-
-def _ingest(state: AppState, ch: Channel, messages: list[InboundMessage]) -> Ingested:
-    out = ingest(state.runtime, ch, messages)
-    state.dispatch(out.nexts)
-    return out
-
-
-async def _ingest_within(state: AppState, ch: Channel, messages: list[InboundMessage]) -> Ingested | None:
-    """Ingest `messages`; None when the channel's ack deadline comes first. The ingest is not cancelled
-    then: it runs to its end in its own task (a thread cannot be stopped anyway), so the message is stored
-    and processed once, only after the platform has its answer."""
-    work = anyio.to_thread.run_sync(_ingest, state, ch, messages, limiter=_ingest_limiter())
-    if ch.ack_deadline is None:
-        return await work
-    task = asyncio.create_task(work)
-    _INGESTS.add(task)
-    task.add_done_callback(_INGESTS.discard)
+def _on_loop(verified: Callable[[], Parsed]) -> Parsed | None:
+    """`verified()`, or None when it would have to ask the platform something (it may block)."""
+    token = may_ask.set(False)
     try:
-        done, _ = await asyncio.wait({task}, timeout=ch.ack_deadline)
-    except asyncio.CancelledError:  # the request went (the client left): the ingest goes on without it
-        task.add_done_callback(_failed_late)
-        raise
-    if not done:
-        log.warning("%s: the webhook is answered before its message is stored (over %ss)", ch.name, ch.ack_deadline)
-        task.add_done_callback(_failed_late)
+        return verified()
+    except MustAsk:
         return None
-    return task.result()
+    finally:
+        may_ask.reset(token)
 
 
-async def drain(timeout: float) -> None:
-    """At shutdown, before the connections close: wait up to `timeout` seconds for the ingests that
-    outlived their requests, or their messages would be lost with the process."""
-    if _INGESTS:
-        log.info("waiting for %d webhook ingest(s) answered before they were stored", len(_INGESTS))
-        _, left = await asyncio.wait(set(_INGESTS), timeout=timeout)
-        if left:
-            log.error("%d webhook message(s) answered but not stored after %ss are lost with this process "
-                      "(their platform does not send them again)", len(left), timeout)
+@functools.cache
+def _limiter() -> anyio.CapacityLimiter:
+    """Threads at once per process for the rare webhook work that is not a ledger write (failed sends
+    reported). More would only wait on each other for the GIL."""
+    return anyio.CapacityLimiter(THREADS)
 
 
-def _failed_late(task: asyncio.Task[Ingested]) -> None:
-    """An ingest that outlived its request has no one to raise to: log its failure."""
-    if not task.cancelled() and (err := task.exception()) is not None:
-        log.error("an ingest finished after its webhook was answered, and failed", exc_info=err)
+async def _record(state: AppState, ch: Channel, entries: list[Entry]) -> list[bool] | None:
+    """Record `entries` (see gateway/ledger.py): per entry, whether it is new; None when the channel's
+    ack deadline comes first. The write is not cancelled then: the event is recorded and its message
+    submitted once, only after the platform has its answer."""
+    written = state.ledger.record(entries)
+    if ch.ack_deadline is None:
+        return await written
+    try:
+        return await asyncio.wait_for(asyncio.shield(written), ch.ack_deadline)
+    except TimeoutError:
+        log.warning("%s: the webhook is answered before its event is recorded (over %ss)", ch.name, ch.ack_deadline)
+        written.add_done_callback(_failed_late)
+        return None
+
+
+def _failed_late(written: asyncio.Future[list[bool]]) -> None:
+    """A write that outlived its request has no one to raise to: it is logged (gateway/ledger.py)."""
+    if not written.cancelled():
+        written.exception()  # retrieved, so asyncio does not log it again
 
 
 async def receive(name: str, request: Request, state: AppState) -> Response:
     ch = channel(state, name)
     body = await read_body(request)
     verified = functools.partial(_verified, ch, dict(request.headers), body)
-    try:  # on the event loop, unless parsing may wait on the platform (getMe, once) or the body is large
-        off_loop = ch.parse_may_call_out() or len(body) > INLINE_BODY
-        parsed = await anyio.to_thread.run_sync(verified) if off_loop else verified()
+    try:  # on the event loop, unless the body is large or parsing must wait on the platform (getMe, once)
+        parsed = _on_loop(verified) if len(body) <= INLINE_BODY else None
+        if parsed is None:
+            parsed = await anyio.to_thread.run_sync(verified)
     except WebhookError as err:
         return JSONResponse({"detail": err.message}, status_code=err.status_code)
     if parsed.undelivered:
         await anyio.to_thread.run_sync(delivery.undelivered, state.runtime, ch.name, parsed.undelivered,
-                                       limiter=_ingest_limiter())
+                                       limiter=_limiter())
     if not parsed.messages:
         return JSONResponse(parsed.response or {"ok": True})
-    out = await _ingest_within(state, ch, parsed.messages)
-    if out is None:  # still storing: who is denied is known already (allow_from is a setting)
-        denied = not any(ch.allowed(m.sender_id) for m in parsed.messages)
-    else:
-        denied = bool(out.denied and not out.accepted)
-    if denied and parsed.denied_response is not None:
+    entries = [Entry(m, ch.allowed(m.sender_id)) for m in parsed.messages]
+    new = await _record(state, ch, entries)
+    fresh = entries if new is None else [e for e, n in zip(entries, new, strict=True) if n]
+    for e in fresh:
+        if not e.allowed:
+            log.info("%s: sender %s is not in allow_from; ignored", ch.name, e.message.sender_id)
+    if fresh and not any(e.allowed for e in fresh) and parsed.denied_response is not None:
         return JSONResponse(parsed.denied_response)
     return JSONResponse(parsed.response or {"ok": True})
 
 
 def _endpoint(name: str) -> Any:
-    async def endpoint(request: Request, state: StateDep) -> Response:
-        return await receive(name, request, state)
+    async def endpoint(request: Request) -> Response:  # no dependencies: FastAPI's solving them costs every event
+        return await receive(name, request, app_state(request))
 
     endpoint.__name__ = f"{name}_webhook"
     endpoint.__doc__ = f"Events from {name}: verified, recorded once, answered by the agent."

@@ -108,9 +108,6 @@ class Channel(Protocol):
     def parse(self, headers: dict[str, str], body: bytes) -> Parsed:
         """Raise WebhookError(400) on a malformed body; unknown events give an empty Parsed."""
 
-    def parse_may_call_out(self) -> bool:
-        """Whether parse may ask the platform something first (the gateway then parses in a thread)."""
-
     def chunks(self, text: str) -> list[str]:
         """The text formatted for the platform and split under its limit."""
 
@@ -151,9 +148,6 @@ class BaseChannel:
     def allowed(self, sender_id: str) -> bool:
         allow = self.config.allow_from
         return "*" in allow or sender_id in allow
-
-    def parse_may_call_out(self) -> bool:
-        return False
 
     def format(self, markdown: str) -> str:
         """Markdown as the platform renders it (plain text unless a platform says otherwise)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from functools import lru_cache
 from typing import Any
 
@@ -18,6 +19,13 @@ from shared.channels.base import RateLimited, Rejected, WebhookError
 log = logging.getLogger(__name__)
 
 RETRYABLE_4XX = (408, 409, 425)
+# False while the gateway parses a webhook on its event loop, where asking the platform would block
+# every request: Learned then raises MustAsk, and the gateway parses that event again in a thread.
+may_ask: ContextVar[bool] = ContextVar("may_ask", default=True)
+
+
+class MustAsk(Exception):
+    """Parsing needs something only the platform can tell, and may not ask it here (see may_ask)."""
 
 
 class PlatformError(Exception):
@@ -84,6 +92,8 @@ class Learned:
         """The value; with ask=False, "" until it is known."""
         if self.value or not ask:
             return self.value
+        if not may_ask.get():
+            raise MustAsk(self.what)
         unknown = WebhookError(503, f"could not learn {self.what}; try again")
         if time.monotonic() < self._ask_again_at:
             raise unknown

@@ -136,9 +136,6 @@ class FeishuChannel(BaseChannel):
                               content=_named(text, mentions, drop=ours), event_id=event_id,
                               reply_meta={"message_id": msg.get("message_id")}, group=group)
 
-    def parse_may_call_out(self) -> bool:
-        return not self.bot_open_id(ask=False)
-
     def bot_open_id(self, *, ask: bool = True) -> str:
         """The bot's open_id, asked of Feishu (bot/v3/info) once and remembered (with ask=False, "" until
         then). Groups cannot do without it, as only a mention of the bot is for the bot: when Feishu does

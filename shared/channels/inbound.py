@@ -1,86 +1,146 @@
-"""The inbound pipeline after a webhook is verified and parsed, in one transaction: record the
-event in the ledger (a duplicate stops here), check allow_from (a denied sender stops here, before
-any LLM cost), find the conversation by session key, submit the message. The caller enqueues the
-returned tasks after the commit."""
+"""The inbound pipeline after a webhook is verified and parsed, in two halves.
+
+The gateway records: many webhooks' events go to the ledger in one statement, each with its message
+(a duplicate stops here; a denied sender's event is recorded without one, so it costs no LLM call),
+and one task is enqueued to submit the new messages. A worker submits: per session, in the order
+the messages came, it finds the conversation by session key and submits the message (a command is
+answered at once, an unsupported one gets a notice), and takes the message off the ledger in the
+same transaction. The sweeper enqueues again a submission whose task was lost."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import timedelta
 
-from sqlalchemy import bindparam
-from sqlalchemy.dialects.postgresql import insert
-from sqlmodel import Session
+from sqlalchemy import Connection, func, text, update
+from sqlmodel import Session, select
 
 from shared.agent import conversations
 from shared.agent.runtime import Next, Runtime
 from shared.agent.service import Submitted, after_commit, command_of, submit
-from shared.channels.base import Channel
+from shared.constants import T_INGEST
 from shared.contracts import InboundMessage
 from shared.db import table_of
-from shared.models import InboundEvent, utcnow
+from shared.models import InboundEvent
 from shared.outbox import add_reply
 
 log = logging.getLogger(__name__)
 UNSUPPORTED = "Sorry, I can only read text for now, not {what}. Could you write it out?"
-
+RESUBMIT_BATCH = 500
 
 LEDGER = table_of(InboundEvent)
-RECORD = (insert(LEDGER)  # Core, built once: every webhook runs it
-          .values(channel=bindparam("ch"), event_id=bindparam("event"), received_at=bindparam("now"))
-          .on_conflict_do_nothing(index_elements=["channel", "event_id"])
-          .returning(LEDGER.c.id))
+# Every webhook runs this, many at once: one statement of constant text (prepared once per connection)
+# whatever the number of events, which arrive as arrays. A duplicate, in the ledger or the batch, is skipped.
+RECORD = text("""
+    INSERT INTO inbound_events (channel, event_id, message, session_key, received_at, recheck_at)
+    SELECT e.channel, e.event_id, e.message::jsonb, e.session_key, now(), now() + make_interval(secs => :grace)
+    FROM unnest(CAST(:channels AS text[]), CAST(:events AS text[]), CAST(:messages AS text[]),
+                CAST(:keys AS text[])) WITH ORDINALITY AS e(channel, event_id, message, session_key, n)
+    ORDER BY e.n
+    ON CONFLICT (channel, event_id) DO NOTHING
+    RETURNING id, channel, event_id""")
+PENDING = LEDGER.c.message.is_not(None)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """An event to record: its message, and whether its sender is allowed (else it is only recorded)."""
+
+    message: InboundMessage
+    allowed: bool
 
 
 @dataclass
-class Ingested:
-    """What became of a webhook's messages."""
+class Recorded:
+    """What became of a batch of entries: per entry, whether it is new (not a platform retry), and
+    the ledger ids of the new messages to submit."""
 
-    nexts: list[Next] = field(default_factory=list)
-    accepted: int = 0
-    duplicates: int = 0
-    denied: int = 0
-    submitted: list[Submitted] = field(default_factory=list)
+    new: list[bool]
+    to_submit: list[int]
 
 
-def record(s: Session, channel: str, event_id: str) -> bool:
-    """Add the event to the ledger; False when it was there already (a platform retry)."""
-    inserted = s.connection().execute(RECORD, {"ch": channel, "event": event_id, "now": utcnow()}).first()
-    return inserted is not None
+def record(conn: Connection, entries: list[Entry], grace: float) -> Recorded:
+    """Add `entries` to the ledger in one statement (in the caller's transaction); the task that
+    submits the new messages is `submission(recorded)`, enqueued after the commit."""
+    rows = conn.execute(RECORD, {
+        "channels": [e.message.channel for e in entries], "events": [e.message.event_id for e in entries],
+        "messages": [e.message.model_dump_json() if e.allowed else None for e in entries],
+        "keys": [e.message.key() if e.allowed else None for e in entries], "grace": grace}).all()
+    ids = {(r.channel, r.event_id): r.id for r in rows}
+    new: list[bool] = []
+    to_submit: list[int] = []
+    for e in entries:  # the same event twice in one batch (a retry racing the first) is new once
+        event_id = ids.pop((e.message.channel, e.message.event_id), None)
+        new.append(event_id is not None)
+        if event_id is not None and e.allowed:
+            to_submit.append(event_id)
+    return Recorded(new, to_submit)
 
 
-def ingest(rt: Runtime, ch: Channel, messages: list[InboundMessage]) -> Ingested:
-    """Record, check and submit `messages` in one transaction; returns the tasks to enqueue."""
-    out = Ingested()
+def submission(recorded: Recorded) -> list[Next]:
+    return [Next(T_INGEST, (recorded.to_submit,))] if recorded.to_submit else []
+
+
+def submit_recorded(rt: Runtime, event_ids: list[int]) -> list[Next]:
+    """Submit the messages of these ledger events, each after its session's earlier ones; returns the
+    tasks to enqueue. Each session is its own transaction."""
+    nexts: list[Next] = []
+    for event_id in event_ids:
+        nexts += _submit_through(rt, event_id)
+    return nexts
+
+
+def _submit_through(rt: Runtime, event_id: int) -> list[Next]:
+    """Submit, in order, the session's messages still on the ledger up to `event_id`. One submitter
+    per session at a time (an advisory lock), so a message is submitted once, after those before it."""
+    submitted: list[Submitted] = []
+    nexts: list[Next] = []
     with rt.session() as s:
-        for msg in messages:
-            _one(rt, s, ch, msg, out)
-    for sub in out.submitted:
+        key = s.execute(select(LEDGER.c.session_key).where(LEDGER.c.id == event_id, PENDING)).scalar()
+        if key is None:  # submitted already (with an earlier one of its session, or by a replay)
+            return []
+        s.execute(select(func.pg_advisory_xact_lock(func.hashtextextended(f"inbound:{key}", 0))))
+        rows = s.execute(select(LEDGER.c.id, LEDGER.c.message)
+                         .where(LEDGER.c.session_key == key, PENDING, LEDGER.c.id <= event_id)
+                         .order_by(LEDGER.c.id)).all()
+        for row in rows:
+            nexts += _one(rt, s, InboundMessage.model_validate(row.message), submitted)
+        if rows:
+            s.execute(update(LEDGER).where(LEDGER.c.id.in_([r.id for r in rows])).values(message=None))
+    for sub in submitted:
         after_commit(rt, sub)
-    return out
+    return nexts
 
 
-def _one(rt: Runtime, s: Session, ch: Channel, msg: InboundMessage, out: Ingested) -> None:
-    if not record(s, msg.channel, msg.event_id):
-        out.duplicates += 1
-        return
-    if not ch.allowed(msg.sender_id):
-        out.denied += 1
-        log.info("%s: sender %s is not in allow_from; ignored", msg.channel, msg.sender_id)
-        return
-    out.accepted += 1
+def _one(rt: Runtime, s: Session, msg: InboundMessage, submitted: list[Submitted]) -> list[Next]:
     if msg.unsupported:
-        out.nexts += add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel,
-                               chat_id=msg.chat_id, text=UNSUPPORTED.format(what=msg.unsupported), meta=msg.reply_meta)
-        return
+        return add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel,
+                         chat_id=msg.chat_id, text=UNSUPPORTED.format(what=msg.unsupported), meta=msg.reply_meta)
     cid = conversations.find(s, msg.key(), keep=not command_of(msg.content)) or \
         conversations.get_or_create(s, session_key=msg.key(), channel=msg.channel, chat_id=msg.chat_id).id
     origin = {"channel": msg.channel, "chat_id": msg.chat_id, "sender_id": msg.sender_id,
               "event_id": msg.event_id, "reply_meta": msg.reply_meta,
               **({"sender_name": msg.sender_name} if msg.sender_name else {}), **({"group": True} if msg.group else {})}
     sub = submit(rt, s, cid, msg.content, origin=origin)
-    out.submitted.append(sub)
-    out.nexts += sub.nexts
-    if sub.reply is not None:  # an in-chat command (/help, /stop, /new) answers at once
-        out.nexts += add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel,
-                               chat_id=msg.chat_id, text=sub.reply, meta=msg.reply_meta)
+    submitted.append(sub)
+    if sub.reply is None:
+        return sub.nexts
+    # an in-chat command (/help, /stop, /new) answers at once
+    return sub.nexts + add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel,
+                                 chat_id=msg.chat_id, text=sub.reply, meta=msg.reply_meta)
+
+
+def resubmit(rt: Runtime) -> list[Next]:
+    """A sweep part: the submissions whose task was lost (a gateway that died between its commit and
+    its enqueue, a worker killed in one, a broker that lost it) are enqueued again, each at most once
+    per `requeue_grace`."""
+    grace = timedelta(seconds=rt.settings.runtime.requeue_grace)
+    due = (select(LEDGER.c.id).where(PENDING, LEDGER.c.recheck_at < func.now())
+           .order_by(LEDGER.c.id).limit(RESUBMIT_BATCH).with_for_update(skip_locked=True))
+    with rt.session() as s:
+        ids = list(s.execute(update(LEDGER).where(LEDGER.c.id.in_(due.scalar_subquery()))
+                             .values(recheck_at=func.now() + grace).returning(LEDGER.c.id)).scalars())
+    if ids:
+        log.warning("%d inbound message(s) waited too long to be submitted; enqueued again", len(ids))
+    return submission(Recorded([], sorted(ids)))

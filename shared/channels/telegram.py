@@ -97,9 +97,6 @@ class TelegramChannel(BaseChannel):
             reply_meta=reply_meta, sender_name=sender.get("username") or sender.get("first_name"), group=group,
         )
 
-    def parse_may_call_out(self) -> bool:
-        return not self.username(ask=False)
-
     def username(self, *, ask: bool = True) -> str:
         """The bot's username, lower case: configured, else asked of getMe once and remembered (with
         ask=False, "" until then). A bot that is a group admin, or has privacy mode off, gets every

@@ -1,5 +1,6 @@
-"""A Discord interaction is answered by its deadline even while its message is still being stored
-(Discord never sends it again); a gateway told to stop meanwhile stores it before it exits."""
+"""A Discord interaction is answered by its deadline even while its event is still being recorded
+(Discord never sends it again); a gateway told to stop meanwhile records it, with its message, before
+it exits."""
 
 from __future__ import annotations
 
@@ -38,17 +39,18 @@ def test_a_message_answered_before_it_was_stored_is_stored_before_the_gateway_ex
                                                        interaction_id=uuid.uuid4().hex))
         with gateway_process(s) as (proc, client), ThreadPoolExecutor(1) as pool, \
                 Session(get_engine(database_url)) as locker:
-            locker.execute(text("lock table inbound_events in exclusive mode"))  # the ingest waits on it
+            locker.execute(text("lock table inbound_events in exclusive mode"))  # the ledger write waits on it
             try:
                 answer = pool.submit(client.post, "/webhooks/discord", content=body, headers=headers).result(20)
                 assert answer.status_code == 200 and answer.json() == {"type": 5}, answer.text
                 os.killpg(proc.pid, signal.SIGTERM)  # a deploy, while the message is not stored yet
-                wait_until(lambda: not proc.alive() or "webhook ingest(s) answered" in proc.log(), timeout=30,
-                           message="the gateway to stop, or to say it waits for the ingest")
+                wait_until(lambda: not proc.alive() or "webhook events still to be recorded" in proc.log(),
+                           timeout=30, message="the gateway to stop, or to say it waits for the write")
             finally:
                 locker.commit()
             assert proc.popen.wait(30) in (0, -signal.SIGTERM), proc.log()
-        assert _count(database_url, "select count(*) from messages where content like :m", m=f"%{said}%") == 1
+        assert _count(database_url, "select count(*) from inbound_events where message->>'content' like :m",
+                      m=f"%{said}%") == 1  # for a worker to submit
     finally:
         discord.server.should_exit = True
         discord.server.stop()

@@ -1,6 +1,7 @@
 """The inbound ledger under any delivery pattern: however a platform repeats and reorders its
-webhook deliveries (sequentially or at the same moment), each event is stored exactly once, before
-the 200. Real gateway over HTTP, real Postgres (tests/support/platforms.py)."""
+webhook deliveries (sequentially or at the same moment), each event is recorded exactly once, before
+the 200, and its message submitted exactly once by a worker. Real gateway over HTTP, real Postgres
+and worker (tests/support/platforms.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.platforms import ChannelStack
+from tests.support.processes import wait_until
 
 _ids = itertools.count(7_000_000 + uuid.uuid4().int % 1_000_000 * 100)
 
@@ -34,7 +36,11 @@ def test_each_telegram_update_is_stored_once(channels: ChannelStack, copies: lis
     else:
         codes = [post(e) for e in deliveries]
     assert codes == [200] * len(deliveries)
-    for event_id, marker in events:
+    for event_id, _ in events:  # recorded before the 200
         assert channels.scalar("select count(*) from inbound_events where channel = 'telegram' and event_id = :e",
                                e=str(event_id)) == 1
+    for event_id, marker in events:
+        wait_until(lambda e=str(event_id): channels.scalar(
+            "select count(*) from inbound_events where event_id = :e and message is null", e=e),
+            message="the message's submission")
         assert channels.scalar("select count(*) from messages where role = 'USER' and content = :m", m=marker) == 1

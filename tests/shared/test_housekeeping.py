@@ -64,6 +64,9 @@ def _fill(s: Session) -> dict[str, str]:
     for i in range(5):  # more than one batch of 2
         s.add(InboundEvent(channel="telegram", event_id=f"old{i}", received_at=OLD))
     s.add(InboundEvent(channel="telegram", event_id="new", received_at=NEW))
+    # an old event whose message no worker has submitted yet (workers down for days): it stays
+    s.add(InboundEvent(channel="telegram", event_id="unsubmitted", received_at=OLD, session_key="telegram:1",
+                       message={"content": "still to submit"}))
     for key, status, when in (("o1", OutboxStatus.DELIVERED, OLD), ("o2", OutboxStatus.FAILED, OLD),
                               ("o3", OutboxStatus.PENDING, OLD), ("o4", OutboxStatus.DELIVERED, NEW)):
         s.add(Outbox(key=key, channel="telegram", chat_id="1", content="hi", status=status, created_at=when))
@@ -94,7 +97,7 @@ def test_a_pass_deletes_old_finished_records_and_keeps_memory_and_unfinished_wor
         assert set(s.exec(select(Run.id).where(Run.conversation_id == ids["conversation"])).all()) == \
             {ids["old_running"], ids["new_done"]}
         assert _count(s, RunStep) == _count(s, ToolCall) == 3  # of those two, and the busy subagent's run
-        assert s.exec(select(InboundEvent.event_id)).all() == ["new"]
+        assert set(s.exec(select(InboundEvent.event_id)).all()) == {"new", "unsubmitted"}
         assert set(s.exec(select(Outbox.key)).all()) == {"o3", "o4"}
         assert s.exec(select(CronReceipt.created_at)).one() > OLD
         assert _count(s, Message) == 4 + 4  # the transcript is memory: every message stays...
@@ -136,7 +139,7 @@ def test_zero_days_keeps_everything(make_stack: Callable[..., Stack]) -> None:
         _fill(s)
     assert housekeeping.prune(Runtime.build(stack.settings)) == {}
     with Session(get_engine(stack.settings.database_url)) as s:
-        assert (_count(s, Run), _count(s, InboundEvent), _count(s, Outbox), _count(s, Conversation)) == (5, 6, 4, 6)
+        assert (_count(s, Run), _count(s, InboundEvent), _count(s, Outbox), _count(s, Conversation)) == (5, 7, 4, 6)
 
 
 def test_beat_and_a_worker_run_the_retention_pass(make_stack: Callable[..., Stack]) -> None:
@@ -148,7 +151,7 @@ def test_beat_and_a_worker_run_the_retention_pass(make_stack: Callable[..., Stac
 
     def pruned() -> bool:
         with Session(get_engine(stack.settings.database_url)) as s:
-            return _count(s, InboundEvent) == 1 and _count(s, Run) == 3 and _count(s, Conversation) == 4
+            return _count(s, InboundEvent) == 2 and _count(s, Run) == 3 and _count(s, Conversation) == 4
 
     wait_until(pruned, timeout=60, message="the retention pass to delete the old records")
 

@@ -1,13 +1,20 @@
-"""Agent-queue tasks: LLM steps of turns, cron and heartbeat runs; compaction."""
+"""Agent-queue tasks: the submission of messages webhooks recorded, LLM steps of turns, cron and
+heartbeat runs; compaction."""
 
 from __future__ import annotations
 
 from celery import shared_task
 
 from shared.agent import memory, steps
-from shared.constants import T_AGENT_STEP, T_COMPACT
+from shared.channels import inbound
+from shared.constants import T_AGENT_STEP, T_COMPACT, T_INGEST
 from workers.base import NanofleetTask
 from workers.runtime import dispatch, runtime
+
+
+@shared_task(name=T_INGEST, base=NanofleetTask)
+def ingest(event_ids: list[int]) -> None:
+    dispatch(inbound.submit_recorded(runtime(), event_ids))
 
 
 @shared_task(name=T_AGENT_STEP, base=NanofleetTask)

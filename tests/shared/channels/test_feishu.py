@@ -71,7 +71,7 @@ def test_a_group_message_is_for_the_bot_only_when_it_mentions_the_bot(channel: F
 
 def test_a_private_chat_needs_no_bot_info(channel: FeishuChannel, fake: FakeFeishu) -> None:
     assert taken(channel, fake, "hello", chat_type="p2p") == ["hello"]
-    assert fake.bot_info_calls() == 0 and channel.parse_may_call_out()
+    assert fake.bot_info_calls() == 0 and channel.bot_open_id(ask=False) == ""
 
 
 def test_a_private_chat_that_mentions_the_bot_reads_without_it(channel: FeishuChannel, fake: FakeFeishu) -> None:
@@ -87,7 +87,7 @@ def test_bot_info_with_a_token_feishu_calls_invalid_fetches_a_fresh_one(channel:
     fake.revoke_tokens()
     assert taken(channel, fake, "@_user_1 hi", fake.mention(1)) == ["hi"]
     assert [c.status for c in fake.calls if c.op == "bot.info"] == [400, 200]
-    assert not channel.parse_may_call_out()
+    assert channel.bot_open_id(ask=False)
 
 
 def test_when_bot_info_fails_the_event_is_refused_for_feishu_to_send_again(

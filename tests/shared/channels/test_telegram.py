@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from gateway.app import create_app
 from shared.channels import telegram
 from shared.channels.base import WebhookError
+from shared.channels.clients import MustAsk, may_ask
 from shared.channels.telegram import TelegramChannel
 from shared.settings import Settings
 from tests.fakes.llm import FakeLLM, Reply
@@ -68,6 +69,26 @@ def test_a_private_chat_needs_no_username(fake: FakeTelegram) -> None:
     update = fake.update(chat=5, sender=1, text="hi")
     assert [m.content for m in without_username(fake).parse({}, json.dumps(update).encode()).messages] == ["hi"]
     assert get_mes(fake) == 0
+
+
+def test_where_asking_is_forbidden_a_group_update_says_it_must_ask_and_a_private_one_parses(
+        fake: FakeTelegram) -> None:
+    """The gateway parses on its event loop with asking forbidden: a private chat's update parses there
+    (no thread hop), and a group's, while the username is unknown, raises MustAsk to be parsed again in
+    a thread, where getMe may block."""
+    fake.reset()
+    ch = without_username(fake)
+    private = json.dumps(fake.update(chat=5, sender=1, text="hi")).encode()
+    group = json.dumps(fake.update(chat=-7, sender=1, text="@fleet_helper_bot hi", chat_type="group")).encode()
+    token = may_ask.set(False)
+    try:
+        assert [m.content for m in ch.parse({}, private).messages] == ["hi"]
+        with pytest.raises(MustAsk):
+            ch.parse({}, group)
+    finally:
+        may_ask.reset(token)
+    assert get_mes(fake) == 0
+    assert [m.content for m in ch.parse({}, group).messages] == ["hi"] and get_mes(fake) == 1
 
 
 def test_when_getme_fails_the_update_is_refused_for_telegram_to_send_again(

@@ -1,0 +1,82 @@
+"""Group commit for webhooks. The events of every request that arrives while a write is under way
+wait for it to end, then go to the ledger together: one statement, one commit and one enqueued task
+for them all. A lone webhook is written at once, so waiting adds nothing when the gateway is idle,
+and under load each request pays a share of a write instead of its own (a commit is a round trip,
+and a Celery publish is most of a millisecond of Python).
+
+A request is answered once its event is committed, as platforms send an unanswered event again.
+One that goes away (or, for Discord, whose deadline passes) leaves its event in the batch: it is
+recorded and its message submitted all the same."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import anyio.to_thread
+
+from shared.agent.runtime import Next
+from shared.channels import inbound
+from shared.channels.inbound import Entry, Recorded
+from shared.db import get_engine
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+Waiting = tuple[list[Entry], "asyncio.Future[list[bool]]"]
+
+
+class Ledger:
+    """One process's writer to the inbound ledger: one write in flight at a time."""
+
+    def __init__(self, settings: Settings, dispatch: Callable[[list[Next]], None]) -> None:
+        self.url = settings.database_url
+        self.grace = settings.runtime.lease_seconds  # a submission not done by then is enqueued again
+        self.dispatch = dispatch
+        self._waiting: list[Waiting] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    def record(self, entries: list[Entry]) -> asyncio.Future[list[bool]]:
+        """Queue `entries` for the next write; the future tells, per entry, whether it is new (not a
+        platform's retry), once committed and its submission enqueued."""
+        done: asyncio.Future[list[bool]] = asyncio.get_running_loop().create_future()
+        self._waiting.append((entries, done))
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write_all())
+        return done
+
+    async def drain(self, timeout: float) -> None:
+        """At shutdown: wait up to `timeout` seconds for the writes queued or under way (events of
+        requests answered at their deadline are among them), or they would be lost with the process."""
+        if self._writer is not None:
+            log.info("waiting for webhook events still to be recorded")
+            _, late = await asyncio.wait({self._writer}, timeout=timeout)
+            if late:
+                log.error("webhook events still not recorded after %ss are lost with this process", timeout)
+
+    async def _write_all(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                entries = [e for waiting, _ in batch for e in waiting]
+                try:
+                    recorded = await anyio.to_thread.run_sync(self._write, entries)
+                except Exception as err:
+                    log.exception("could not record %d webhook event(s); their platforms send them again", len(entries))
+                    for _, done in batch:
+                        if not done.done():
+                            done.set_exception(err)
+                    continue
+                at = 0
+                for waiting, done in batch:
+                    if not done.done():  # a request that went away cancelled its future
+                        done.set_result(recorded.new[at:at + len(waiting)])
+                    at += len(waiting)
+        finally:
+            self._writer = None
+
+    def _write(self, entries: list[Entry]) -> Recorded:
+        with get_engine(self.url).begin() as conn:
+            recorded = inbound.record(conn, entries, self.grace)
+        self.dispatch(inbound.submission(recorded))
+        return recorded

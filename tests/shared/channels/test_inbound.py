@@ -1,0 +1,82 @@
+"""The two halves of the inbound pipeline on real Postgres: the gateway's record (many events in
+one statement) and a worker's submission (each session's messages once, in the order they came);
+and, with a real worker and beat, a submission whose task was lost."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import text
+
+from shared.agent.runtime import Next, Runtime
+from shared.channels import inbound
+from shared.channels.inbound import Entry
+from shared.constants import T_AGENT_STEP, T_INGEST
+from shared.contracts import InboundMessage
+from shared.db import get_engine
+from tests.support.processes import wait_until
+from tests.support.stack import Stack
+
+
+def _msg(content: str, chat: str = "42", event: str | None = None) -> InboundMessage:
+    return InboundMessage(channel="telegram", chat_id=chat, sender_id="7", content=content, event_id=event or content)
+
+
+def _rows(rt: Runtime, sql: str, **params: object) -> list[tuple[object, ...]]:
+    with get_engine(rt.settings.database_url).connect() as conn:
+        return [tuple(r) for r in conn.execute(text(sql), params)]
+
+
+def test_one_statement_records_a_batch_and_tells_new_events_from_retries(make_stack: Callable[..., Stack]) -> None:
+    rt = Runtime.build(make_stack().settings)
+    engine = get_engine(rt.settings.database_url)
+    with engine.begin() as conn:
+        first = inbound.record(conn, [Entry(_msg("a"), True)], grace=60)
+    with engine.begin() as conn:  # a retry of "a", a denied sender, and "b" twice (a retry racing it)
+        batch = inbound.record(conn, [Entry(_msg("a"), True), Entry(_msg("denied"), False),
+                                      Entry(_msg("b"), True), Entry(_msg("b"), True)], grace=60)
+    with engine.begin() as conn:  # only denied senders: no message at all in the statement
+        denied = inbound.record(conn, [Entry(_msg("denied too"), False)], grace=60)
+    assert first.new == [True] and batch.new == [False, True, True, False] and denied.new == [True]
+    assert denied.to_submit == [] and inbound.submission(denied) == []
+    assert inbound.submission(batch) == [Next(T_INGEST, (batch.to_submit,))] and len(batch.to_submit) == 1
+    # the denied event keeps no message, as SQL NULL (a JSON null would count as one still to submit)
+    assert _rows(rt, "select event_id from inbound_events where message is null order by id") == \
+        [("denied",), ("denied too",)]
+    assert _rows(rt, "select message->>'content', session_key from inbound_events where message is not null "
+                     "order by id") == [("a", "telegram:42"), ("b", "telegram:42")]
+
+
+def test_a_sessions_messages_are_submitted_once_each_in_the_order_they_came(
+        make_stack: Callable[..., Stack]) -> None:
+    """Submissions of one session run one at a time, and the first takes the messages before its
+    own: tasks that run out of order (on two workers) keep the chat's order, and replays do nothing."""
+    rt = Runtime.build(make_stack().settings)
+    with get_engine(rt.settings.database_url).begin() as conn:
+        ids = inbound.record(conn, [Entry(_msg(c), True) for c in ("one", "two", "three")]
+                             + [Entry(_msg("elsewhere", chat="43"), True)], grace=60).to_submit
+    nexts = inbound.submit_recorded(rt, [ids[1]])  # the second message's task runs first
+    [(run_id,)] = _rows(rt, "select id from runs")
+    assert nexts == [Next(T_AGENT_STEP, (run_id, 0))]  # "two" waits in the mailbox of the turn "one" started
+    assert inbound.submit_recorded(rt, [ids[0], ids[1]]) == []  # replays and late tasks
+    assert inbound.submit_recorded(rt, [ids[2], ids[3]]) != []  # "three" to the mailbox; "elsewhere" starts a turn
+    assert _rows(rt, "select c.chat_id, m.content from messages m join conversations c on c.id = m.conversation_id "
+                     "where m.role = 'USER' order by m.id") == \
+        [("42", "one"), ("42", "two"), ("42", "three"), ("43", "elsewhere")]
+    assert _rows(rt, "select count(*) from inbound_events where message is not null") == [(0,)]
+
+
+def test_a_recorded_message_whose_task_was_lost_is_submitted_by_the_sweeper(
+        make_stack: Callable[..., Stack]) -> None:
+    """A gateway that died between its commit and its enqueue: beat's sweep enqueues the submission,
+    and the message gets its turn."""
+    stack = make_stack()
+    rt = Runtime.build(stack.settings)
+    with get_engine(rt.settings.database_url).begin() as conn:
+        inbound.record(conn, [Entry(_msg("nobody enqueued me"), True)], grace=0)  # and no task is sent
+    stack.worker(queues="agent,scheduler")
+    stack.beat()
+    wait_until(lambda: _rows(rt, "select status from runs") == [("succeeded",)], timeout=60,
+               message="the lost submission's turn to finish")
+    assert _rows(rt, "select content from messages where role = 'USER'") == [("nobody enqueued me",)]
+    assert _rows(rt, "select count(*) from inbound_events where message is not null") == [(0,)]
