@@ -58,24 +58,31 @@ class Ledger:
         try:
             while self._waiting:
                 batch, self._waiting = self._waiting, []
-                entries = [e for waiting, _ in batch for e in waiting]
-                try:
-                    recorded = await anyio.to_thread.run_sync(self._write, entries)
-                except Exception as err:
-                    log.exception("could not record %d webhook event(s); their platforms send them again", len(entries))
-                    for _, done in batch:
-                        if not done.done():
-                            done.set_exception(err)
-                    continue
-                at = 0
-                for waiting, done in batch:
-                    if not done.done():  # a request that went away cancelled its future
-                        done.set_result(recorded.new[at:at + len(waiting)])
-                    at += len(waiting)
+                if not await self._write(batch) and len(batch) > 1:
+                    for one in batch:  # one bad event must not fail the others: each request's alone
+                        await self._write([one])
         finally:
             self._writer = None
 
-    def _write(self, entries: list[Entry]) -> Recorded:
+    async def _write(self, batch: list[Waiting]) -> bool:
+        """Record the batch's events; False if that failed (a single request is then told why)."""
+        entries = [e for waiting, _ in batch for e in waiting]
+        try:
+            recorded = await anyio.to_thread.run_sync(self._commit, entries)
+        except Exception as err:
+            if len(batch) == 1:
+                log.exception("could not record %d webhook event(s); their platform sends them again", len(entries))
+                if not batch[0][1].done():
+                    batch[0][1].set_exception(err)
+            return False
+        at = 0
+        for waiting, done in batch:
+            if not done.done():  # a request that went away cancelled its future
+                done.set_result(recorded.new[at:at + len(waiting)])
+            at += len(waiting)
+        return True
+
+    def _commit(self, entries: list[Entry]) -> Recorded:
         with get_engine(self.url).begin() as conn:
             recorded = inbound.record(conn, entries, self.grace)
         self.dispatch(inbound.submission(recorded))

@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 NO_NUL = r"^[^\x00]*$"  # Postgres text cannot hold NUL: refuse it as invalid input, not as a database error
 
 
-def without_nul(value: Any) -> Any:
+def without_nul(value: Any, *, lone_surrogates: bool = False) -> Any:
     """`value` with NUL characters removed from every string in it: Postgres text and JSONB cannot
-    hold them, and no chat platform shows them."""
+    hold them, and no chat platform shows them. With `lone_surrogates`, a lone UTF-16 surrogate (JSON
+    may spell one; UTF-8, and so Postgres, cannot hold it) becomes U+FFFD, as a platform's message is
+    taken whatever it holds."""
     if isinstance(value, str):
-        return value.replace("\x00", "")
+        value = value.replace("\x00", "")
+        return LONE_SURROGATE.sub("\ufffd", value) if lone_surrogates else value
     if isinstance(value, dict):
-        return {without_nul(k): without_nul(v) for k, v in value.items()}
+        return {without_nul(k, lone_surrogates=lone_surrogates): without_nul(v, lone_surrogates=lone_surrogates)
+                for k, v in value.items()}
     if isinstance(value, list):
-        return [without_nul(v) for v in value]
+        return [without_nul(v, lone_surrogates=lone_surrogates) for v in value]
     return value
 
 
@@ -27,7 +33,7 @@ class InboundMessage(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _storable(cls, data: Any) -> Any:
-        return without_nul(data)
+        return without_nul(data, lone_surrogates=True)
 
     channel: str
     chat_id: str

@@ -465,3 +465,14 @@ def test_a_large_unsigned_body_is_checked_off_the_event_loop(channels: ChannelSt
         answer = channels.http.post("/webhooks/feishu", content=body, headers={"Content-Type": "application/json"})
         assert answer.status_code == 401, answer.text
     assert on_loop == [True, False]  # a small body stays on the loop: a thread hop costs every event
+
+
+def test_a_lone_surrogate_in_a_message_is_taken_as_a_replacement_character(
+        channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    """JSON may spell a lone UTF-16 surrogate, which Postgres cannot store: the message is taken with
+    U+FFFD in its place, not refused with a 500 (which the platform would send again and again)."""
+    d, chat, text = channels.driver("telegram"), channels.driver("telegram").new_chat(), marker()
+    r = channels.post("telegram", d.request(chat=chat, text=f"{text} \ud800!"))
+    assert r.status_code == 200, r.text
+    channels.settled(chat)
+    assert d.replies(chat) == [f"echo: {text} \ufffd!"]

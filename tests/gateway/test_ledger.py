@@ -1,0 +1,54 @@
+"""The gateway's group commit (gateway/ledger.py) on real Postgres: requests that arrive during a
+write share the next one, and one event that cannot be written fails its own request only."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import text
+
+from gateway.ledger import Ledger
+from shared.agent.runtime import Next
+from shared.channels.inbound import Entry, Recorded
+from shared.contracts import InboundMessage
+from shared.db import get_engine
+from tests.support.stack import Stack
+
+
+def _entry(event: str) -> Entry:
+    return Entry(InboundMessage(channel="telegram", chat_id=event, sender_id="7", content="hi", event_id=event), True)
+
+
+def test_a_burst_shares_writes_and_a_bad_event_fails_its_own_request_only(
+        make_stack: Callable[..., Stack], monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = make_stack().settings
+    sent: list[list[Next]] = []
+    ledger = Ledger(settings, sent.append)
+    commit = ledger._commit
+    writes: list[list[str]] = []
+
+    def failing_on_poison(entries: list[Entry]) -> Recorded:
+        writes.append([e.message.event_id for e in entries])
+        if any(e.message.event_id == "poison" for e in entries):
+            raise RuntimeError("this event cannot be stored")
+        return commit(entries)
+
+    monkeypatch.setattr(ledger, "_commit", failing_on_poison)
+
+    async def burst() -> list[object]:  # five requests at once: one write for them all
+        return await asyncio.gather(*(ledger.record([_entry(e)]) for e in ("e0", "e1", "poison", "e2", "e1")),
+                                    return_exceptions=True)
+
+    results = asyncio.run(burst())
+    assert results[:2] == [[True], [True]] and isinstance(results[2], RuntimeError)
+    assert results[3:] == [[True], [False]]  # the second "e1" is a platform's retry
+    # all five together, which failed; then each request alone
+    assert writes == [["e0", "e1", "poison", "e2", "e1"], ["e0"], ["e1"], ["poison"], ["e2"], ["e1"]]
+    with get_engine(settings.database_url).connect() as conn:
+        stored = conn.execute(text("select id, event_id from inbound_events order by id")).all()
+    assert [e for _, e in stored] == ["e0", "e1", "e2"]
+    ids = [i for i, _ in stored]
+    # a submission task per write that added events (e0, e1, e2); the retry's write adds none
+    assert [[n.args for n in nexts] for nexts in sent] == [[([i],)] for i in ids] + [[]]
