@@ -85,5 +85,5 @@ class Ledger:
     def _commit(self, entries: list[Entry]) -> Recorded:
         with get_engine(self.url).begin() as conn:
             recorded = inbound.record(conn, entries, self.grace)
-        self.dispatch(inbound.submission(recorded))
+        self.dispatch(inbound.submission(recorded.to_submit))
         return recorded

@@ -62,7 +62,7 @@ class Recorded:
 
 def record(conn: Connection, entries: list[Entry], grace: float) -> Recorded:
     """Add `entries` to the ledger in one statement (in the caller's transaction); the task that
-    submits the new messages is `submission(recorded)`, enqueued after the commit."""
+    submits the new messages is `submission(recorded.to_submit)`, enqueued after the commit."""
     rows = conn.execute(RECORD, {
         "channels": [e.message.channel for e in entries], "events": [e.message.event_id for e in entries],
         "messages": [e.message.model_dump_json() if e.allowed else None for e in entries],
@@ -78,16 +78,21 @@ def record(conn: Connection, entries: list[Entry], grace: float) -> Recorded:
     return Recorded(new, to_submit)
 
 
-def submission(recorded: Recorded) -> list[Next]:
-    return [Next(T_INGEST, (recorded.to_submit,))] if recorded.to_submit else []
+def submission(event_ids: list[int]) -> list[Next]:
+    """The task that submits the messages of these ledger events (none for none)."""
+    return [Next(T_INGEST, (event_ids,))] if event_ids else []
 
 
 def submit_recorded(rt: Runtime, event_ids: list[int]) -> list[Next]:
     """Submit the messages of these ledger events, each after its session's earlier ones; returns the
-    tasks to enqueue. Each session is its own transaction."""
+    tasks to enqueue. Each session is its own transaction, and one that fails (logged) leaves the others
+    to go on: its messages stay on the ledger for the sweeper to enqueue again."""
     nexts: list[Next] = []
     for event_id in event_ids:
-        nexts += _submit_through(rt, event_id)
+        try:
+            nexts += _submit_through(rt, event_id)
+        except Exception:
+            log.exception("inbound event %s: could not submit its message; the sweeper tries again", event_id)
     return nexts
 
 
@@ -143,4 +148,4 @@ def resubmit(rt: Runtime) -> list[Next]:
                              .values(recheck_at=func.now() + grace).returning(LEDGER.c.id)).scalars())
     if ids:
         log.warning("%d inbound message(s) waited too long to be submitted; enqueued again", len(ids))
-    return submission(Recorded([], sorted(ids)))
+    return submission(sorted(ids))

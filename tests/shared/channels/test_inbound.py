@@ -38,8 +38,8 @@ def test_one_statement_records_a_batch_and_tells_new_events_from_retries(make_st
     with engine.begin() as conn:  # only denied senders: no message at all in the statement
         denied = inbound.record(conn, [Entry(_msg("denied too"), False)], grace=60)
     assert first.new == [True] and batch.new == [False, True, True, False] and denied.new == [True]
-    assert denied.to_submit == [] and inbound.submission(denied) == []
-    assert inbound.submission(batch) == [Next(T_INGEST, (batch.to_submit,))] and len(batch.to_submit) == 1
+    assert denied.to_submit == [] and inbound.submission(denied.to_submit) == []
+    assert inbound.submission(batch.to_submit) == [Next(T_INGEST, (batch.to_submit,))] and len(batch.to_submit) == 1
     # the denied event keeps no message, as SQL NULL (a JSON null would count as one still to submit)
     assert _rows(rt, "select event_id from inbound_events where message is null order by id") == \
         [("denied",), ("denied too",)]
@@ -64,6 +64,20 @@ def test_a_sessions_messages_are_submitted_once_each_in_the_order_they_came(
                      "where m.role = 'USER' order by m.id") == \
         [("42", "one"), ("42", "two"), ("42", "three"), ("43", "elsewhere")]
     assert _rows(rt, "select count(*) from inbound_events where message is not null") == [(0,)]
+
+
+def test_a_message_that_cannot_be_submitted_holds_up_its_own_chat_only(make_stack: Callable[..., Stack]) -> None:
+    """One event that fails (here a stored message no longer readable) is logged and left for the
+    sweeper; the other sessions of the same task are submitted all the same."""
+    rt = Runtime.build(make_stack().settings)
+    with get_engine(rt.settings.database_url).begin() as conn:
+        [bad] = conn.execute(text("insert into inbound_events (channel, event_id, received_at, message, session_key) "
+                                  "values ('telegram', 'bad', now(), '{\"no\": \"message\"}', 'telegram:41') "
+                                  "returning id")).scalars()
+        good = inbound.record(conn, [Entry(_msg("fine", chat="43"), True)], grace=60).to_submit
+    assert len(inbound.submit_recorded(rt, [bad, *good])) == 1  # the good one's turn
+    assert _rows(rt, "select content from messages where role = 'USER'") == [("fine",)]
+    assert _rows(rt, "select event_id from inbound_events where message is not null") == [("bad",)]
 
 
 def test_a_recorded_message_whose_task_was_lost_is_submitted_by_the_sweeper(
