@@ -72,10 +72,7 @@ def redis_config(url: str) -> dict[str, Any]:
 def kombu_config(url: str) -> dict[str, Any]:
     """The broker settings for kombu's own Redis transport, for a reader of the broker URL (Flower's
     broker view knows redis://, rediss:// and redis+socket://, not nanofleet's transports)."""
-    config = redis_config(url)
-    broker_url = str(config["broker_url"])
-    return {"broker_url": f"redis+{broker_url}" if broker_url.startswith("socket://") else broker_url,
-            "broker_transport": None}
+    return {"broker_url": redis_config(url)["result_backend"], "broker_transport": None}  # the same URL
 
 
 def _socket_url(parts: SplitResult, query: list[tuple[str, str]]) -> str:

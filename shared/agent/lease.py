@@ -67,6 +67,12 @@ def until(seconds: float) -> Any:
     return func.now() + func.make_interval(0, 0, 0, 0, 0, 0, seconds)
 
 
+def db_now(s: Session) -> datetime:
+    """Postgres's clock: what leases and the sweeper's stamps are judged by, whatever this host's says."""
+    now: datetime = s.execute(select(func.now())).scalar_one()
+    return now
+
+
 def live(s: Session, run: Run) -> bool:
     """Whether the run's lease (as the session read it) has not run out, on Postgres's clock."""
     return run.lease_until is not None and bool(s.execute(select(func.now() < run.lease_until)).scalar())

@@ -76,17 +76,11 @@ def start_over(s: Session, conversation_id: str) -> bool:
     if summary is None:
         summary = Message(conversation_id=conversation_id, role=Role.SYSTEM, type=MessageType.SUMMARY)
     meta = summary.meta
-    now = _now(s).isoformat()
+    now = lease.db_now(s).isoformat()
     summary.meta = {**meta, prompt.COVERS: last, FROM: meta.get(FROM, prompt.covered(summary)), "reset": True,
                     DUE: now, ASKED: now}
     s.add(summary)
     return True
-
-
-def _now(s: Session) -> datetime:
-    """Postgres's clock, which the sweep reads the stamps of /new summaries with (resend_summaries)."""
-    now: datetime = s.execute(select(func.now())).scalar_one()
-    return now
 
 
 def compact(rt: Runtime, conversation_id: str, *, everything: bool = False, keep: int | None = None) -> bool:
@@ -232,7 +226,7 @@ def _failed_reset(rt: Runtime, conversation_id: str, err: LLMError) -> bool:
         summary = prompt.latest_summary(s, conversation_id, fresh=True) if _lock(s, conversation_id) else None
         if summary is None or DUE not in summary.meta:
             return False
-        asked, now = summary.meta.get(ASKED), _now(s)
+        asked, now = summary.meta.get(ASKED), lease.db_now(s)
         if asked is not None and now - datetime.fromisoformat(asked) >= GIVE_UP:
             log.error("gave up the /new summary of %s after %s: %s", conversation_id, GIVE_UP, err)
             _written(summary, prompt.covered(summary))

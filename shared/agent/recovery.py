@@ -122,7 +122,7 @@ def _recover(rt: Runtime, s: Session, run: Run, ready: list[tuple[str, int]], fa
 def _any_young(rt: Runtime, s: Session, calls: list[ToolCall]) -> bool:
     """Whether one of `calls` started within the last lease (on Postgres's clock, which stamped it):
     its worker may be alive and not have renewed yet."""
-    since = s.execute(select(func.now())).scalar_one() - timedelta(seconds=rt.settings.runtime.lease_seconds)
+    since = lease.db_now(s) - timedelta(seconds=rt.settings.runtime.lease_seconds)
     return any(c.started_at is not None and c.started_at > since for c in calls)
 
 
