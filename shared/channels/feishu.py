@@ -144,19 +144,9 @@ class FeishuChannel(BaseChannel):
 
     def _bot_info(self) -> object:
         """The bot's open_id, from bot/v3/info."""
-        data: dict[str, Any] = {}
-        for fresh_token in (False, True):  # a token Feishu calls invalid is fetched again, once
-            response = http(BOT_INFO_TIMEOUT).get(
-                f"{self.cfg.api_base.rstrip('/')}/bot/v3/info",
-                headers={"Authorization": f"Bearer {self.tenant_token(fresh=fresh_token, timeout=BOT_INFO_TIMEOUT)}"},
-            )
-            data = body(response)
-            if _code(data) not in TOKEN_INVALID:
-                _check(response, data, what="feishu bot/v3/info")
-                break
-        bot = data.get("bot")
-        if _code(data) != 0 or not isinstance(bot, dict):
-            raise PlatformError(f"feishu bot/v3/info: {data.get('code')} {data.get('msg')}")
+        bot = self._call("GET", "bot/v3/info", timeout=BOT_INFO_TIMEOUT).get("bot")
+        if not isinstance(bot, dict):
+            raise PlatformError("feishu bot/v3/info: no bot in the answer")
         return bot.get("open_id")
 
     # ------------------------------------------------------------------ outbound
@@ -169,22 +159,25 @@ class FeishuChannel(BaseChannel):
     def send(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
         payload = {"receive_id": chat_id, "msg_type": "text", "content": json.dumps({"text": text}),
                    "uuid": str(meta.get("outbox_id", ""))[:50]}  # Feishu drops a repeated uuid within an hour
-        data = self._post_message(payload, fresh_token=False)
-        if _code(data) in TOKEN_INVALID:
-            data = self._post_message(payload, fresh_token=True)
-        if _code(data) != 0:
-            raise PlatformError(f"feishu im/v1/messages: {data.get('code')} {data.get('msg')}")
+        data = self._call("POST", "im/v1/messages", timeout=self.settings.channels.delivery.send_timeout,
+                          params={"receive_id_type": "chat_id"}, json=payload)
         return SendResult(str((data.get("data") or {}).get("message_id") or "") or None)
 
-    def _post_message(self, payload: dict[str, Any], *, fresh_token: bool) -> dict[str, Any]:
-        response = http(self.settings.channels.delivery.send_timeout).post(
-            f"{self.cfg.api_base.rstrip('/')}/im/v1/messages", params={"receive_id_type": "chat_id"}, json=payload,
-            headers={"Authorization": f"Bearer {self.tenant_token(fresh=fresh_token)}"},
-        )
-        data = body(response)
-        if _code(data) in TOKEN_INVALID:
-            return data
-        _check(response, data, what="feishu im/v1/messages")
+    def _call(self, method: str, path: str, *, timeout: float, **kw: Any) -> dict[str, Any]:
+        """Feishu's answer to a call with the tenant token, once it says code 0 (else RateLimited,
+        Rejected or PlatformError); a token Feishu calls invalid is fetched again, once."""
+        what, data = f"feishu {path}", {}
+        for fresh_token in (False, True):
+            response = http(timeout).request(
+                method, f"{self.cfg.api_base.rstrip('/')}/{path}", **kw,
+                headers={"Authorization": f"Bearer {self.tenant_token(fresh=fresh_token, timeout=timeout)}"},
+            )
+            data = body(response)
+            if _code(data) not in TOKEN_INVALID:
+                _check(response, data, what=what)
+                break
+        if _code(data) != 0:
+            raise PlatformError(f"{what}: {data.get('code')} {data.get('msg')}")
         return data
 
     def tenant_token(self, *, fresh: bool = False, timeout: float | None = None) -> str:
