@@ -197,6 +197,8 @@ def _model_may_add(s: Session, settings: Settings, data: JobIn, columns: dict[st
     """The limits on jobs the model adds (each firing is a paid run, and a prompt injection may ask):
     no schedule faster than the minimum, no more than the maximum of jobs in the chat."""
     cfg = settings.scheduler
+    if cfg.tool_max_jobs == 0:  # before the rest: no other change to the job would let it in
+        raise Conflict("the operator has turned off adding cron jobs here (NANOFLEET_SCHEDULER__TOOL_MAX_JOBS=0)")
     minimum = timedelta(seconds=cfg.tool_min_interval)
     why = f"a job you add must fire at least {cfg.tool_min_interval} seconds apart"
     how = "(NANOFLEET_SCHEDULER__TOOL_MIN_INTERVAL; the operator can add faster ones through the REST API)"
@@ -210,8 +212,6 @@ def _model_may_add(s: Session, settings: Settings, data: JobIn, columns: dict[st
     s.execute(select(func.pg_advisory_xact_lock(func.hashtextextended(f"cron:{data.channel}:{data.chat_id}", 0))))
     held = s.exec(select(func.count()).select_from(CronJob).where(
         CronJob.channel == data.channel, CronJob.chat_id == data.chat_id, col(CronJob.system).is_(False))).one()
-    if cfg.tool_max_jobs == 0:
-        raise Conflict("the operator has turned off adding cron jobs here (NANOFLEET_SCHEDULER__TOOL_MAX_JOBS=0)")
     if held >= cfg.tool_max_jobs:
         raise Conflict(f"this chat has {held} cron jobs, the most you may add to (NANOFLEET_SCHEDULER__TOOL_MAX_JOBS): "
                        "remove one it no longer needs (action=list, then action=remove) before adding another")

@@ -84,8 +84,11 @@ def test_the_model_adds_at_most_the_maximum_of_jobs_to_a_chat(core: Core) -> Non
 
 def test_a_maximum_of_zero_turns_adding_off(core: Core) -> None:
     stack, _, _ = core(SCHEDULER__TOOL_MAX_JOBS="0")
-    off = cron(parent_call(stack, "cron"), action="add", message="m", every_seconds=3600)
+    ctx = parent_call(stack, "cron")
+    off = cron(ctx, action="add", message="m", every_seconds=3600)
     assert (off.ok, off.error) == (False, ErrorCode.NOT_ALLOWED) and "turned off" in off.message
+    fast = cron(ctx, "call_2", action="add", message="m", every_seconds=1)  # not "too often": nothing would let it in
+    assert (fast.ok, fast.error) == (False, ErrorCode.NOT_ALLOWED) and "turned off" in fast.message
 
 
 def test_calls_at_once_do_not_pass_the_maximum_together(core: Core) -> None:
