@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import psutil
 import psycopg
@@ -137,12 +138,21 @@ def _spawn(
     uid, gid = (user.pw_uid, user.pw_gid) if user else (None, None)
     groups = os.getgrouplist(user.pw_name, user.pw_gid) if user else None
     env = {k: v for k, v in os.environ.items() if k in SERVER_VARIABLES or k.startswith("LC_")}
-    with open(log_file, "ab") as out:
+    with _private_log(log_file) as out:
         # fmt: off
         return subprocess.Popen(argv, stdin=stdin, stdout=out,
                                 stderr=subprocess.STDOUT, cwd="/", process_group=0,
                                 user=uid, group=gid, extra_groups=groups, env=env)
         # fmt: on
+
+
+def _private_log(log_file: Path) -> BinaryIO:
+    """`log_file` for appending, readable by this user alone (one an older version made 0644 too): a
+    server's log quotes what it refused, which may be a conversation's data. Redis, which opens its
+    `logfile` itself, finds it made."""
+    fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")
 
 
 def _run(argv: list[str], log_file: Path, user: User = None, stdin: bytes | None = None) -> int:

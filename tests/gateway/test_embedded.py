@@ -195,6 +195,7 @@ def test_redis_answers_only_with_the_password_and_not_to_config(tmp_path: Path) 
         assert secret.encode() not in _cmdlines(service.process.pid)
         assert stat.S_IMODE((tmp_path / "redis" / "redis.conf").stat().st_mode) == 0o600
         assert stat.S_IMODE((tmp_path / "redis").stat().st_mode) == 0o700  # the AOF: every queued task
+        assert stat.S_IMODE((tmp_path / "redis.log").stat().st_mode) == 0o600
     finally:
         _assert_stopped(service)
 
@@ -213,6 +214,7 @@ def test_postgres_answers_only_with_a_password_and_not_as_a_superuser(shared_dir
                 conn.execute("COPY (SELECT 1) TO PROGRAM 'true'")
         secret = urlsplit(service.url).password
         assert secret and secret.encode() not in _cmdlines(service.process.pid)
+        assert stat.S_IMODE((shared_dir / "postgres.log").stat().st_mode) == 0o600  # quotes refused statements
     finally:
         _assert_stopped(service)
     assert "trust" not in _rules(shared_dir)
