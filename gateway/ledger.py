@@ -19,7 +19,7 @@ import anyio.to_thread
 from shared.agent.runtime import Next
 from shared.channels import inbound
 from shared.channels.inbound import Entry, Recorded
-from shared.db import get_engine
+from shared.db import get_engine, unavailable
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -58,29 +58,40 @@ class Ledger:
         try:
             while self._waiting:
                 batch, self._waiting = self._waiting, []
-                if not await self._write(batch) and len(batch) > 1:
-                    for one in batch:  # one bad event must not fail the others: each request's alone
-                        await self._write([one])
+                err = await self._write(batch)
+                if err is None:
+                    continue
+                if len(batch) == 1 or unavailable(err):  # the database, not an event: each would wait for it again
+                    self._fail(batch, err)
+                    continue
+                for one in batch:  # one bad event must not fail the others: each request's alone
+                    if (alone := await self._write([one])) is not None:
+                        self._fail([one], alone)
         finally:
             self._writer = None
 
-    async def _write(self, batch: list[Waiting]) -> bool:
-        """Record the batch's events; False if that failed (a single request is then told why)."""
+    async def _write(self, batch: list[Waiting]) -> Exception | None:
+        """Record the batch's events and tell their requests; what kept it from that, if anything."""
         entries = [e for waiting, _ in batch for e in waiting]
         try:
             recorded = await anyio.to_thread.run_sync(self._commit, entries)
         except Exception as err:
-            if len(batch) == 1:
-                log.exception("could not record %d webhook event(s); their platform sends them again", len(entries))
-                if not batch[0][1].done():
-                    batch[0][1].set_exception(err)
-            return False
+            return err
         at = 0
         for waiting, done in batch:
             if not done.done():  # a request that went away cancelled its future
                 done.set_result(recorded.new[at:at + len(waiting)])
             at += len(waiting)
-        return True
+        return None
+
+    @staticmethod
+    def _fail(batch: list[Waiting], err: Exception) -> None:
+        """Tell the batch's requests that their events could not be recorded (they answer 503)."""
+        events = sum(len(waiting) for waiting, _ in batch)
+        log.error("could not record %d webhook event(s); their platform sends them again", events, exc_info=err)
+        for _, done in batch:
+            if not done.done():
+                done.set_exception(err)
 
     def _commit(self, entries: list[Entry]) -> Recorded:
         with get_engine(self.url).begin() as conn:

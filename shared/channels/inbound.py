@@ -85,55 +85,61 @@ def submission(event_ids: list[int]) -> list[Next]:
 
 def submit_recorded(rt: Runtime, event_ids: list[int]) -> list[Next]:
     """Submit the messages of these ledger events, each after its session's earlier ones; returns the
-    tasks to enqueue. Each session is its own transaction, and one that fails (logged) leaves the others
-    to go on: its messages stay on the ledger for the sweeper to enqueue again."""
+    tasks to enqueue. Each message is its own transaction, and a session whose message fails (logged)
+    leaves the others to go on: its messages stay on the ledger for the sweeper to enqueue again."""
     nexts: list[Next] = []
     for event_id in event_ids:
         try:
-            nexts += _submit_through(rt, event_id)
+            _submit_through(rt, event_id, nexts)
         except Exception:
             log.exception("inbound event %s: could not submit its message; the sweeper tries again", event_id)
     return nexts
 
 
-def _submit_through(rt: Runtime, event_id: int) -> list[Next]:
-    """Submit, in order, the session's messages still on the ledger up to `event_id`. One submitter
-    per session at a time (an advisory lock), so a message is submitted once, after those before it."""
-    submitted: list[Submitted] = []
-    nexts: list[Next] = []
-    with rt.session() as s:
-        key = s.execute(select(LEDGER.c.session_key).where(LEDGER.c.id == event_id, PENDING)).scalar()
-        if key is None:  # submitted already (with an earlier one of its session, or by a replay)
-            return []
-        s.execute(select(func.pg_advisory_xact_lock(func.hashtextextended(f"inbound:{key}", 0))))
-        rows = s.execute(select(LEDGER.c.id, LEDGER.c.message)
-                         .where(LEDGER.c.session_key == key, PENDING, LEDGER.c.id <= event_id)
-                         .order_by(LEDGER.c.id)).all()
-        for row in rows:
-            nexts += _one(rt, s, InboundMessage.model_validate(row.message), submitted)
-        if rows:
-            s.execute(update(LEDGER).where(LEDGER.c.id.in_([r.id for r in rows])).values(message=None))
-    for sub in submitted:
-        after_commit(rt, sub)
-    return nexts
+def _submit_through(rt: Runtime, event_id: int, nexts: list[Next]) -> None:
+    """Submit, in order, the session's messages still on the ledger up to `event_id`, adding the tasks
+    to enqueue to `nexts` as each commits. One submitter per session at a time (an advisory lock), so
+    a message is submitted once, after those before it. One transaction per message: a message keeps
+    its conversation until its transaction ends, and a /stop after it in the same one would then lock
+    runs, an order that deadlocks with a step ending its run (conversations.find)."""
+    while True:
+        with rt.session() as s:
+            key = s.execute(select(LEDGER.c.session_key).where(LEDGER.c.id == event_id, PENDING)).scalar()
+            if key is None:  # submitted (with an earlier one of its session, or by a replay)
+                return
+            s.execute(select(func.pg_advisory_xact_lock(func.hashtextextended(f"inbound:{key}", 0))))
+            row = s.execute(select(LEDGER.c.id, LEDGER.c.message)
+                            .where(LEDGER.c.session_key == key, PENDING, LEDGER.c.id <= event_id)
+                            .order_by(LEDGER.c.id).limit(1)).first()
+            if row is None:  # another submitter took it while this one waited for the lock
+                return
+            submitted, added = _one(rt, s, InboundMessage.model_validate(row.message))
+            s.execute(update(LEDGER).where(LEDGER.c.id == row.id).values(message=None))
+        nexts += added
+        if submitted is not None:
+            after_commit(rt, submitted)
+        if row.id == event_id:
+            return
 
 
-def _one(rt: Runtime, s: Session, msg: InboundMessage, submitted: list[Submitted]) -> list[Next]:
+def _one(rt: Runtime, s: Session, msg: InboundMessage) -> tuple[Submitted | None, list[Next]]:
+    """Submit one message in the caller's transaction: what became of it (None for a notice), and the
+    tasks to enqueue after the commit."""
     if msg.unsupported:
-        return add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel,
-                         chat_id=msg.chat_id, text=UNSUPPORTED.format(what=msg.unsupported), meta=msg.reply_meta)
+        return None, add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel,
+                               chat_id=msg.chat_id, text=UNSUPPORTED.format(what=msg.unsupported),
+                               meta=msg.reply_meta)
     cid = conversations.find(s, msg.key(), keep=not command_of(msg.content)) or \
         conversations.get_or_create(s, session_key=msg.key(), channel=msg.channel, chat_id=msg.chat_id).id
     origin = {"channel": msg.channel, "chat_id": msg.chat_id, "sender_id": msg.sender_id,
               "event_id": msg.event_id, "reply_meta": msg.reply_meta,
               **({"sender_name": msg.sender_name} if msg.sender_name else {}), **({"group": True} if msg.group else {})}
     sub = submit(rt, s, cid, msg.content, origin=origin)
-    submitted.append(sub)
     if sub.reply is None:
-        return sub.nexts
+        return sub, sub.nexts
     # an in-chat command (/help, /stop, /new) answers at once
-    return sub.nexts + add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel,
-                                 chat_id=msg.chat_id, text=sub.reply, meta=msg.reply_meta)
+    return sub, sub.nexts + add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel,
+                                      chat_id=msg.chat_id, text=sub.reply, meta=msg.reply_meta)
 
 
 def resubmit(rt: Runtime) -> list[Next]:

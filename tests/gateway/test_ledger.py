@@ -13,7 +13,8 @@ from gateway.ledger import Ledger
 from shared.agent.runtime import Next
 from shared.channels.inbound import Entry, Recorded
 from shared.contracts import InboundMessage
-from shared.db import get_engine
+from shared.db import get_engine, unavailable
+from tests.fakes.server import free_port
 from tests.support.stack import Stack
 
 
@@ -52,3 +53,28 @@ def test_a_burst_shares_writes_and_a_bad_event_fails_its_own_request_only(
     ids = [i for i, _ in stored]
     # a submission task per write that added events (e0, e1, e2); the retry's write adds none
     assert [[n.args for n in nexts] for nexts in sent] == [[([i],)] for i in ids] + [[]]
+
+
+def test_a_burst_the_database_cannot_take_fails_in_one_write(make_stack: Callable[..., Stack],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the database does not answer, a failed batch was written again request by request: each
+    waits for the connect timeout (10 s), so a burst of N was answered after N + 1 of them, and the
+    requests behind it waited too (helper's review)."""
+    settings = make_stack().settings
+    down = settings.model_copy(update={"database_url": f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/none"})
+    ledger = Ledger(down, lambda nexts: None)
+    commit = ledger._commit
+    writes: list[int] = []
+
+    def counted(entries: list[Entry]) -> Recorded:
+        writes.append(len(entries))
+        return commit(entries)
+
+    monkeypatch.setattr(ledger, "_commit", counted)
+
+    async def burst() -> list[object]:
+        return await asyncio.gather(*(ledger.record([_entry(f"e{i}")]) for i in range(5)), return_exceptions=True)
+
+    results = asyncio.run(burst())
+    assert writes == [5]
+    assert all(isinstance(r, Exception) and unavailable(r) for r in results), results

@@ -4,6 +4,7 @@ and, with a real worker and beat, a submission whose task was lost."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from sqlalchemy import text
@@ -78,6 +79,44 @@ def test_a_message_that_cannot_be_submitted_holds_up_its_own_chat_only(make_stac
     assert len(inbound.submit_recorded(rt, [bad, *good])) == 1  # the good one's turn
     assert _rows(rt, "select content from messages where role = 'USER'") == [("fine",)]
     assert _rows(rt, "select event_id from inbound_events where message is not null") == [("bad",)]
+
+
+def test_a_message_then_stop_do_not_deadlock_with_a_step_ending_the_turn(make_stack: Callable[..., Stack]) -> None:
+    """A message keeps its conversation until its transaction ends; a /stop in the same transaction
+    then waited for the running turn's run, whose step, ending it, waited for the conversation: a
+    deadlock (helper's review). Each message now commits before the next is submitted."""
+    rt = Runtime.build(make_stack().settings)
+    engine = get_engine(rt.settings.database_url)
+    with engine.begin() as conn:
+        first = inbound.record(conn, [Entry(_msg("start a turn"), True)], grace=60).to_submit
+    inbound.submit_recorded(rt, first)
+    [(cid, turn)] = _rows(rt, "select id, active_run_id from conversations")
+    with engine.begin() as conn:  # the user writes again, then stops it: both wait on the ledger
+        stop = inbound.record(conn, [Entry(_msg("hello?"), True), Entry(_msg("/stop"), True)], grace=60).to_submit[1]
+    failed: list[BaseException] = []
+
+    def step_ending_the_turn() -> None:  # as finish() does: the run locked first, then its conversation
+        try:
+            with engine.begin() as conn:
+                conn.execute(text("select id from runs where id = :id for update"), {"id": turn})
+                locked.set()
+                wait_until(lambda: _rows(rt, "select count(*) from pg_stat_activity where wait_event_type = 'Lock' "
+                                             "and datname = current_database()") == [(1,)],
+                           timeout=30, message="the submission to wait for the run")
+                conn.execute(text("select id from conversations where id = :id for update"), {"id": cid})
+        except BaseException as err:
+            failed.append(err)
+
+    locked = threading.Event()
+    step = threading.Thread(target=step_ending_the_turn)
+    step.start()
+    assert locked.wait(30)
+    inbound.submit_recorded(rt, [stop])  # "hello?", then "/stop", which waits for the step's run
+    step.join(60)
+    assert failed == []
+    assert _rows(rt, "select count(*) from inbound_events where message is not null") == [(0,)]
+    assert _rows(rt, "select status from runs where id = :id", id=turn) == [("cancelled",)]
+    assert _rows(rt, "select content from messages where role = 'USER' order by id") == [("start a turn",), ("hello?",)]
 
 
 def test_a_recorded_message_whose_task_was_lost_is_submitted_by_the_sweeper(
