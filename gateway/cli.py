@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from shared.migrate import MigrationBlocked, UnknownRevision
 
 POOLS = ("threads", "prefork", "solo")  # Celery pools the workers are built and tested for
+# A TCP port, 0 for any free one (the resolver took 99999 as 34463 and the gateway listened there, saying 99999)
+Port = Annotated[int, typer.Option(min=0, max=65535)]
 
 # Plain help (no rich panels): those show a type even for flags, `--help <bool>`.
 app = typer.Typer(help="nanofleet: a self-hosted AI agent runtime.", no_args_is_help=True,
@@ -91,7 +93,8 @@ def _not_migrated(err: UnknownRevision | MigrationBlocked) -> NoReturn:
 
 
 @app.command()
-def gateway(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
+def gateway(host: str = "127.0.0.1", port: Port = 8000,
+            workers: Annotated[int, typer.Option(min=1)] = 1) -> None:
     """Run the HTTP gateway (REST API, webhooks, SSE)."""
     import uvicorn
 
@@ -118,7 +121,7 @@ def node_name(queues: list[str]) -> str:
 @app.command()
 def worker(
     queues: Annotated[str, typer.Option(help="comma-separated queues")] = ",".join(QUEUES),
-    concurrency: int = 32,
+    concurrency: Annotated[int, typer.Option(min=1)] = 32,
     pool: Annotated[str, typer.Option(help="threads, prefork or solo")] = "threads",
     hostname: Annotated[str | None, typer.Option(
         help="Celery node name, passed as given (default: nanofleet-<queues>-<pid>-<tag>@%h)")] = None,
@@ -196,8 +199,8 @@ def status() -> None:
 @app.command()
 def up(
     host: str = "127.0.0.1",
-    port: int = 8000,
-    concurrency: int = 32,
+    port: Port = 8000,
+    concurrency: Annotated[int, typer.Option(min=1)] = 32,
     embedded: Annotated[bool, typer.Option(help="use embedded Redis/PostgreSQL even if local ones answer")] = False,
 ) -> None:
     """Everything on one machine: migrations, gateway, a worker for all queues, beat.
