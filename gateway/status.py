@@ -184,10 +184,10 @@ def report(settings: Settings, echo: Callable[[str], None]) -> bool:
 def _plugins_line(settings: Settings, echo: Callable[[str], None]) -> bool:
     """`nanofleet status`'s line on NANOFLEET_TOOLS__PLUGINS, when it names any (a worker whose plugins
     do not load refuses to start, and says why only in its own log); whether they all load."""
+    if not settings.tools.plugins:  # before the import: the tools take seconds to import (litellm)
+        return True
     from shared.tools import check_plugins
 
-    if not settings.tools.plugins:
-        return True
     try:
         check_plugins(settings)
     except SettingsError as err:

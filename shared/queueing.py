@@ -74,6 +74,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_hijack_root_logger": False,
         "beat_scheduler": "redbeat.RedBeatScheduler",
         "redbeat_key_prefix": REDBEAT_PREFIX,
+        # Its own (none): redbeat passes the broker's transport options to no client, and says each
+        # time it reads them that it will stop reading them.
+        "redbeat_redis_options": {},
         "redbeat_lock_timeout": settings.scheduler.beat_lock_timeout,
         "beat_max_loop_interval": 1,
         "beat_schedule": beat_schedule(settings),
@@ -101,6 +104,8 @@ def plugin_timeouts(settings: Settings) -> list[float]:
     """The timeouts the plugin tools declare. Every process builds its Celery app, beat and `nanofleet
     status` too, which run no tool: a plugin that does not load is logged here, naming it, and left
     out; a worker refuses to start on it (workers/signals.py), as the gateway does."""
+    if not settings.tools.plugins:  # importing the tools takes seconds (litellm), which status and beat need not
+        return []
     from shared.tools import load_plugin  # the tools import this module
 
     timeouts = []

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import tempfile
 import uuid
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -24,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 from kombu import Connection
 from kombu.exceptions import OperationalError
-from redbeat.schedulers import get_redis
+from redbeat.schedulers import RedBeatConfig, get_redis
 
 from shared import broker
 from shared.queueing import make_celery
@@ -184,6 +185,16 @@ def _pool_classes(app: Celery) -> dict[str, type]:
         broker_class = conn.default_channel.pool.connection_class
     return {"broker": broker_class, "backend": app.backend.connparams["connection_class"],
             "redbeat": get_redis(app).connection_pool.connection_class}
+
+
+def test_redbeat_has_options_of_its_own(redis_server: str, redis_dbs: tuple[int, int]) -> None:
+    """Beat, and every cron task's mirror of its schedule, warned that redbeat will stop falling back
+    to the broker's transport options (helper's walkthrough)."""
+    app = _app(f"{redis_server}/{redis_dbs[1]}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        RedBeatConfig(app)
+    _round_trip(app)
 
 
 def test_rediss_uses_tls_everywhere(tls_redis: tuple[str, Path]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -99,3 +100,16 @@ def test_the_commands_that_need_the_plugins_refuse_in_a_line(command: list[str],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stderr.strip() == f"nanofleet: NANOFLEET_TOOLS__PLUGINS: cannot load '{SPEC}': RuntimeError: {FAULT}"
+
+
+def test_without_plugins_beat_and_status_do_not_import_the_tools() -> None:
+    """`nanofleet status` took 5 s, half of it importing the tools (and litellm with them) to find
+    that no plugin was named (helper's walkthrough); beat's Celery config did the same."""
+    code = ("import sys; from shared.settings import Settings; from shared.queueing import make_celery; "
+            "from gateway.status import _plugins_line; settings = Settings(); make_celery(settings); "
+            "assert _plugins_line(settings, print); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'litellm' or m.startswith('shared.tools'))[:3])")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NANOFLEET_")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
