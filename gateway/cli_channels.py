@@ -13,7 +13,7 @@ app.add_typer(telegram, name="telegram")
 
 @telegram.command("set-webhook")
 def set_webhook(
-    url: Annotated[str, typer.Argument(help="public HTTPS URL of POST /webhooks/telegram")],
+    url: Annotated[str, typer.Argument(metavar="URL", help="public HTTPS URL of POST /webhooks/telegram")],
     drop_pending: Annotated[bool, typer.Option(help="discard updates Telegram queued meanwhile")] = False,
 ) -> None:
     """Point the bot at URL, with NANOFLEET_CHANNELS__TELEGRAM__WEBHOOK_SECRET as its secret token."""
@@ -30,5 +30,6 @@ def set_webhook(
     try:
         typer.echo(f"telegram: {ch.set_webhook(url, drop_pending=drop_pending)}")
     except Exception as err:
-        typer.echo(f"nanofleet: setWebhook failed: {err}", err=True)
+        where = f"the Bot API at {ch.cfg.api_base} (NANOFLEET_CHANNELS__TELEGRAM__API_BASE)"  # no token in it
+        typer.echo(f"nanofleet: setWebhook failed: {err} ({where})", err=True)
         raise typer.Exit(1) from None

@@ -21,6 +21,7 @@ from shared.settings import Settings
 
 app = typer.Typer(help="Scheduled jobs: their results go to a chat (for api: a conversation, or their own session).",
                   no_args_is_help=True)
+JobId = Annotated[str, typer.Argument(metavar="JOB_ID", help="the job's id (see `nanofleet cron list`)")]
 
 
 # The core names the schedule's fields; the CLI names its own flags.
@@ -128,7 +129,7 @@ def add(
 
 
 @app.command()
-def remove(job_id: Annotated[str, typer.Argument(help="the job's id (see `nanofleet cron list`)")]) -> None:
+def remove(job_id: JobId) -> None:
     """Delete a job."""
     settings = _settings()
     try:
@@ -156,12 +157,12 @@ def _switch(job_id: str, *, enabled: bool) -> None:
 
 
 @app.command()
-def enable(job_id: Annotated[str, typer.Argument(help="the job's id (see `nanofleet cron list`)")]) -> None:
+def enable(job_id: JobId) -> None:
     """Switch a job on again: it counts from now (runs missed while it was off are not made up)."""
     _switch(job_id, enabled=True)
 
 
 @app.command()
-def disable(job_id: Annotated[str, typer.Argument(help="the job's id (see `nanofleet cron list`)")]) -> None:
+def disable(job_id: JobId) -> None:
     """Switch a job off; it stays listed until removed."""
     _switch(job_id, enabled=False)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.fakes.server import free_port
 from tests.fakes.telegram import FakeTelegram
 from tests.support.processes import ROOT
 
@@ -46,3 +47,13 @@ def test_set_webhook_names_what_is_missing() -> None:
                      NANOFLEET_CHANNELS__TELEGRAM__TOKEN="1:t")
     assert done.returncode == 2
     assert "NANOFLEET_CHANNELS__TELEGRAM__WEBHOOK_SECRET" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_set_webhook_that_cannot_reach_telegram_says_where_it_tried() -> None:
+    """Offline it said only "[Errno 111] Connection refused" (helper's walkthrough)."""
+    base = f"http://127.0.0.1:{free_port()}"
+    done = nanofleet("telegram", "set-webhook", "https://x.example.com/webhooks/telegram",
+                     NANOFLEET_CHANNELS__TELEGRAM__TOKEN="1:secret-token",
+                     NANOFLEET_CHANNELS__TELEGRAM__WEBHOOK_SECRET="s", NANOFLEET_CHANNELS__TELEGRAM__API_BASE=base)
+    assert done.returncode == 1 and f"the Bot API at {base}" in done.stderr, done.stderr
+    assert "secret-token" not in done.stderr and "Traceback" not in done.stderr
