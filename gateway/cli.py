@@ -177,7 +177,8 @@ def migrate() -> None:
 
     settings = database_or_exit(settings_or_exit(), may_create=True)
     try:
-        upgrade(settings.database_url)
+        if upgrade(settings.database_url):
+            typer.echo(f"created the database at {masked(settings.database_url)}")
     except UnknownRevision as err:  # not a failure: compose starts nothing after a failed migrate
         typer.echo(f"nanofleet: the database at {masked(err.url)} is at revision {err.revision}, which a newer "
                    "nanofleet migrated: left as it is (this version serves it, as in a rollback)", err=True)

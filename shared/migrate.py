@@ -77,10 +77,10 @@ def revision_problem(revision: str | None, *, serving: bool = False) -> str | No
     return f"is at revision {revision}, this nanofleet needs {head()}: run `nanofleet migrate`"
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Create the database if missing, then upgrade it to `revision`. Raises UnknownRevision for a
-    database a newer nanofleet migrated (this one cannot tell what it holds)."""
-    ensure_database(url)
+def upgrade(url: str, revision: str = "head") -> bool:
+    """Create the database if missing, then upgrade it to `revision`; True when it was created.
+    Raises UnknownRevision for a database a newer nanofleet migrated (this one cannot tell what it holds)."""
+    created = ensure_database(url)
     engine = create_engine(url, poolclass=NullPool)  # as the migrations connect: nothing kept open after
     try:
         with engine.connect() as conn:
@@ -90,6 +90,7 @@ def upgrade(url: str, revision: str = "head") -> None:
     if found is not None and found not in _known():
         raise UnknownRevision(url, found)
     command.upgrade(alembic_config(url), revision)
+    return created
 
 
 def revision_at(conn: Connection) -> str | None:

@@ -133,11 +133,22 @@ def test_masked_hides_only_the_password() -> None:
         "postgresql://me@db/x?sslpassword=***&application_name=nf")
 
 
-@pytest.mark.parametrize("args", [["gateway", "--port", "99999"], ["up", "--port", "65536"], ["gateway", "--port", "-1"],
-                                  ["worker", "--concurrency", "0"]], ids=["gateway", "up", "negative", "concurrency"])
+@pytest.mark.parametrize("args", [["gateway", "--port", "99999"], ["up", "--port", "65536"],
+                                  ["gateway", "--port", "-1"], ["worker", "--concurrency", "0"]],
+                         ids=["gateway", "up", "negative", "concurrency"])
 def test_a_port_or_count_out_of_range_is_refused_before_anything_starts(args: list[str], tmp_path: Path) -> None:
     """`--port 99999` was taken modulo 65536 by the resolver: the gateway listened on 34463 and said 99999."""
     done = _run(_env(tmp_path, database_url=_closed_url("postgresql+psycopg", "nanofleet"),
                      redis_url=_closed_url("redis", "0")), *args)
     assert done.returncode == 2 and "Invalid value for '--" in done.stderr, (done.stdout, done.stderr)
     assert "Traceback" not in done.stderr and "up at" not in done.stdout
+
+
+def test_migrate_says_when_it_created_the_database(tmp_path: Path) -> None:
+    """It said only "database at revision 0008" (helper's walkthrough); a second run creates nothing."""
+    with database_in("missing") as url:
+        env = _env(tmp_path, database_url=url, redis_url=CLOSED_REDIS)
+        first, again = _run(env, "migrate"), _run(env, "migrate")
+    assert first.returncode == 0 and again.returncode == 0, (first.stderr, again.stderr)
+    assert first.stdout.splitlines()[0] == f"created the database at {masked(url)}"
+    assert "created" not in again.stdout and "database at revision" in again.stdout
