@@ -167,8 +167,15 @@ class AsciiJSONResponse(JSONResponse):
 
 async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
     """FastAPI's 422, quoting at most a short scalar of the input (its default quotes all of it, a
-    whole body included, and fails with a 500 on what JSON cannot hold)."""
-    return AsciiJSONResponse({"detail": jsonable_encoder([_quoted(e) for e in err.errors()])}, status_code=422)
+    whole body included, and fails with a 500 on what JSON cannot hold). A body sent as anything but
+    JSON (curl -d sends a form) is told so: FastAPI's own words are about a dictionary."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    errors = [_quoted(e) for e in err.errors()]
+    if kind != "application/json" and not kind.endswith("+json"):
+        for error in errors:
+            if tuple(error.get("loc", ())) == ("body",):
+                error["msg"] = f"send the body as JSON, with Content-Type: application/json (not '{kind or 'none'}')"
+    return AsciiJSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
 
 
 def _quoted(error: dict[str, Any]) -> dict[str, Any]:

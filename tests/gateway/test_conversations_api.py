@@ -156,3 +156,16 @@ def test_a_conversation_is_deleted_while_a_stopped_tool_writes_its_result(stack:
 
     assert race_with_late_result(rt, late, delete) == {}
     assert statuses == [204] and set(_rows(stack, [late.conversation_id]).values()) == {0}
+
+
+def test_a_body_sent_as_a_form_is_told_to_be_json(api: Any) -> None:
+    """`curl -d '{"message": "hi"}'` sends a form: FastAPI's 422 spoke of "a valid dictionary or object
+    to extract fields from" (helper's walkthrough)."""
+    cid = _new(api)
+    for headers in ({"Content-Type": "application/x-www-form-urlencoded"}, {"Content-Type": "text/plain"}):
+        refused = api.post(f"/api/v1/conversations/{cid}/messages", content=b'{"message": "hi"}', headers=headers)
+        assert refused.status_code == 422
+        [error] = refused.json()["detail"]
+        assert "Content-Type: application/json" in error["msg"] and headers["Content-Type"] in error["msg"]
+    wrong = api.post(f"/api/v1/conversations/{cid}/messages", json={"text": "hi"})  # JSON, a wrong field: as before
+    assert wrong.status_code == 422 and "Content-Type" not in wrong.text
