@@ -2,8 +2,8 @@
 
 A skill is a Markdown file with YAML front matter (`name`, `description`, `metadata`). The system
 prompt carries a short index; the agent reads a skill's file with `read_file` when it needs it;
-skills marked `always` are inlined. A skill whose required binaries or variables are missing is
-listed as unavailable, with the reason.
+skills marked `always` are inlined. A skill whose required binaries, variables or tools are
+missing here is listed as unavailable, with the reason.
 """
 
 from __future__ import annotations
@@ -144,13 +144,33 @@ def _strings(value: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
-def missing_requirements(meta: dict[str, Any], settings: Settings) -> list[str]:
-    """What the skill needs that this deployment lacks: binaries on the exec PATH, exec variables."""
+def missing_requirements(meta: dict[str, Any], settings: Settings, *, always: bool = False) -> list[str]:
+    """What the skill needs that this deployment lacks: binaries on the exec PATH, exec variables,
+    and tools it may use (`requires.tools`, and read_file to read a skill not inlined)."""
     requires = _as_mapping(meta.get("requires"))
     path = settings.tools.exec.path
     missing = [f"bin {b}" for b in _strings(requires.get("bins")) if shutil.which(b, path=path) is None]
     missing += [f"env {e}" for e in _strings(requires.get("env")) if e not in settings.tools.exec.env]
-    return missing
+    tools = ([] if always else ["read_file"]) + [t for t in _strings(requires.get("tools")) if t != "read_file"]
+    return missing + [f"tool {t}" for t in _refused(tools, settings)]
+
+
+def _refused(names: list[str], settings: Settings) -> list[str]:
+    """Those of the tools `names` a call would be refused: not allowed, switched off, or wanting a
+    permission not granted (a tool that is not built in is judged by NANOFLEET_TOOLS__ALLOWED alone)."""
+    from shared.tools import builtin_tools  # shared.tools imports this module
+    from shared.tools.registry import decide, is_allowed
+
+    builtin = {t.name: t for t in builtin_tools(settings)}
+    off = set(settings.tools.disabled_groups)
+
+    def refused(name: str) -> bool:
+        tool = builtin.get(name)
+        if tool is None:
+            return not is_allowed(name, settings.tools.allowed)
+        return tool.group in off or decide(tool, settings) is not None
+
+    return [name for name in names if refused(name)]
 
 
 def _text(front: dict[str, Any], key: str, limit: int) -> str:
@@ -169,13 +189,14 @@ def read_skill(file: Path, source: str, settings: Settings) -> Skill:
     head, body = _split(_read(file, None if source == "builtin" else settings.workspace))
     front = parse_front_matter(head) if head is not None else {}
     meta = skill_metadata(front)
+    always = bool(meta.get("always") or front.get("always"))
     return Skill(
         name=_text(front, "name", MAX_NAME_CHARS) or file.parent.name,
         description=_text(front, "description", MAX_DESCRIPTION_CHARS),
         file=file,
         source=source,
-        always=bool(meta.get("always") or front.get("always")),
-        missing=missing_requirements(meta, settings),
+        always=always,
+        missing=missing_requirements(meta, settings, always=always),
         body=body[:MAX_SKILL_CHARS].strip(),
     )
 
@@ -233,8 +254,9 @@ def _builtin_identities() -> tuple[tuple[str, int, int], ...]:
 def _section_key(settings: Settings) -> tuple[object, ...]:
     """Everything the section depends on: each skill file's identity and what its requirements are
     checked against. A few stat calls in the workspace, where parsing every skill is milliseconds."""
-    exec_ = settings.tools.exec
-    return (str(settings.workspace), exec_.path, tuple(sorted(exec_.env)), _builtin_identities(),
+    exec_, tools = settings.tools.exec, settings.tools
+    return (str(settings.workspace), exec_.path, tuple(sorted(exec_.env)), tuple(tools.allowed),
+            tuple(tools.disabled_groups), tuple(sorted(settings.permissions.granted)), _builtin_identities(),
             _identities(settings.workspace / "skills"))
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from shared.agent.prompt import system_prompt
-from shared.settings import Settings, load_settings
+from shared.settings import Permission, Settings, load_settings
 from shared.skills import load_skills, split_front_matter
 from tests.support.stack import API_KEY, api_client
 
@@ -28,9 +28,13 @@ def bin_dir(tmp_path: Path) -> Path:
     return path
 
 
-def settings_for(workspace: Path, bin_dir: Path, **exec_settings: Any) -> Settings:
+def settings_for(workspace: Path, bin_dir: Path, *, tools: list[str] | None = None,
+                 granted: list[Permission] | None = None, **exec_settings: Any) -> Settings:
+    """Every tool allowed, with every permission, unless `tools` and `granted` say otherwise."""
     return load_settings(workspace=workspace, api_keys=[API_KEY],
-                         tools={"exec": {"path": str(bin_dir), **exec_settings}})
+                         tools={"allowed": ["*"] if tools is None else tools,
+                                "exec": {"path": str(bin_dir), **exec_settings}},
+                         permissions={"granted": list(Permission) if granted is None else granted})
 
 
 def install(bin_dir: Path, name: str) -> None:
@@ -51,6 +55,23 @@ def test_builtin_skills_and_their_requirements(tmp_path: Path, bin_dir: Path) ->
     install(bin_dir, "gh")
     ready = by_name(settings_for(tmp_path, bin_dir, env={"GH_TOKEN": "ghp_test"}))["github"]
     assert ready.available and ready.location == "skills/github/SKILL.md"
+
+
+def test_a_skill_the_tools_here_refuse_is_unavailable(tmp_path: Path, bin_dir: Path) -> None:
+    """Skills were listed available with read_file (how the agent reads one) or the tools they use
+    refused here: the model tried them, and the API said they could be used (helper's walkthrough)."""
+    write_skill(tmp_path, "inline", "name: inline\ndescription: d\nmetadata:\n  always: true")
+    write_skill(tmp_path, "mcp", "name: mcp\ndescription: d\nmetadata:\n  requires:\n    tools: [mcp_docs_search]")
+    nothing = by_name(settings_for(tmp_path, bin_dir, tools=[], granted=[]))  # the default: no tool at all
+    assert nothing["summarize-url"].missing == ["tool read_file", "tool web_fetch"]
+    assert nothing["inline"].available  # inlined in the prompt: nothing to read
+    no_grant = by_name(settings_for(tmp_path, bin_dir, tools=["read_file", "web_fetch", "mcp_*"], granted=[]))
+    assert no_grant["summarize-url"].missing == ["tool read_file", "tool web_fetch"]  # FS_READ, NET_HTTP
+    assert no_grant["mcp"].missing == ["tool read_file"]  # not built in: allowed by name is all that can be told
+    reading = by_name(settings_for(tmp_path, bin_dir, tools=["read_file", "time"], granted=[Permission.FS_READ]))
+    assert reading["daily-notes"].missing == ["tool write_file"] and reading["mcp"].missing == ["tool mcp_docs_search"]
+    text = system_prompt(settings_for(tmp_path, bin_dir, tools=["read_file"], granted=[Permission.FS_READ]))
+    assert "- summarize-url: " in text and "[unavailable: missing tool web_fetch]" in text
 
 
 def test_metadata_shapes(tmp_path: Path, bin_dir: Path) -> None:
