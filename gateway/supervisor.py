@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from gateway.embedded import EmbeddedService, port_open, start_postgres, start_redis
 from gateway.embedded_auth import write_private
 from gateway.status import Unavailable, masked, port_problem, require_database, require_redis
+from shared.constants import WORKER_ALIVE_FILE
 from shared.migrate import upgrade
 from shared.process_guard import libc
 from shared.settings import Settings
@@ -37,7 +38,7 @@ from shared.settings import Settings
 STOP_GRACE = 20.0
 RESTARTS = 5  # exits of one child within RESTART_WINDOW seconds that count as a crash loop
 RESTART_WINDOW = 60.0
-READY_PATIENCE = 60.0  # seconds to wait for the gateway's /healthz before saying it is slow
+READY_PATIENCE = 60.0  # seconds to wait for the gateway and the worker before saying they are slow
 LOCK_FILE = "up.lock"
 ENV_FILE = "embedded.env"  # the embedded servers' URLs, with their passwords, for other terminals
 _PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -163,6 +164,16 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def _not_ready(probe: str, alive: Path, since: float) -> list[str]:
+    """What does not answer yet: the gateway (its /healthz), the worker (no heartbeat since `since`)."""
+    waiting = [] if _healthy(probe) else [f"the gateway ({probe})"]
+    try:
+        beat = alive.stat().st_mtime >= since
+    except OSError:
+        beat = False
+    return waiting if beat else [*waiting, "the worker"]
+
+
 def _probe_url(host: str, port: int) -> str:
     """Where `up` itself asks the gateway for /healthz (a wildcard address is reached on loopback)."""
     host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
@@ -208,7 +219,8 @@ def run_all(
         try:
             upgrade(env_over.get("NANOFLEET_DATABASE_URL", settings.database_url))
             _check_port(host, port)  # again: migrations take a while
-            return _supervise(host, port, concurrency, {**os.environ, **env_over}, say)
+            return _supervise(host, port, concurrency, {**os.environ, **env_over}, say,
+                              alive=settings.data_dir / WORKER_ALIVE_FILE)
         finally:
             for svc in reversed(services):
                 svc.stop()
@@ -216,7 +228,7 @@ def run_all(
                 (settings.data_dir / ENV_FILE).unlink(missing_ok=True)
 
 
-def _supervise(host: str, port: int, concurrency: int, env: dict[str, str], say: Say) -> int:
+def _supervise(host: str, port: int, concurrency: int, env: dict[str, str], say: Say, *, alive: Path) -> int:
     stopping = False
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -227,17 +239,21 @@ def _supervise(host: str, port: int, concurrency: int, env: dict[str, str], say:
     roles = [["gateway", "--host", host, "--port", str(port)], ["worker", "--concurrency", str(concurrency)],
              ["beat"]]
     say("nanofleet: starting the gateway, a worker and beat")
+    since = time.time()
     children = _Supervisor(roles, env, say)
     probe, started, announced, slow = _probe_url(host, port), time.monotonic(), False, False
     try:
         while not stopping:
             if not children.restart_exited():
                 return 1
-            if not announced and (announced := _healthy(probe)):
-                say(f"nanofleet: up at http://{host}:{port} (Ctrl-C to stop)")
-            elif not announced and not slow and time.monotonic() - started > READY_PATIENCE:
-                slow = True
-                say(f"nanofleet: the gateway has not answered {probe} for {READY_PATIENCE:.0f}s; still waiting")
+            if not announced:
+                waiting = _not_ready(probe, alive, since)
+                if not waiting:
+                    announced = True
+                    say(f"nanofleet: up at http://{host}:{port} (Ctrl-C to stop)")
+                elif not slow and time.monotonic() - started > READY_PATIENCE:
+                    slow = True
+                    say(f"nanofleet: {' and '.join(waiting)} not ready after {READY_PATIENCE:.0f}s; still waiting")
             time.sleep(0.2)
         return 0
     finally:

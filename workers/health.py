@@ -15,9 +15,10 @@ from typing import Any
 
 from celery.signals import heartbeat_sent
 
+from shared.constants import WORKER_ALIVE_FILE
 from shared.settings import get_settings
 
-ALIVE_FILE = "worker.alive"
+ALIVE_FILE = WORKER_ALIVE_FILE
 _warned: list[Path] = []  # the liveness file this process could not touch, once said
 
 log = logging.getLogger(__name__)

@@ -24,6 +24,7 @@ import pytest
 
 from gateway.status import Unavailable
 from gateway.supervisor import owning
+from shared.constants import WORKER_ALIVE_FILE
 from tests.fakes.server import free_port
 from tests.support.legacy_postgres import trust_cluster
 from tests.support.processes import ROOT, wait_until
@@ -46,12 +47,15 @@ def _start_up(env: dict[str, str], log: Path, port: int, *extra: str) -> subproc
                                 stderr=subprocess.STDOUT)
 
 
-def _wait_up(proc: subprocess.Popen[bytes], log: Path, port: int) -> None:
-    """`up` says it is up once its gateway answers, then it becomes ready."""
+def _wait_up(proc: subprocess.Popen[bytes], log: Path, port: int, env: dict[str, str]) -> None:
+    """`up` says it is up once its gateway answers and its worker takes tasks, then it becomes ready."""
+    started = psutil.Process(proc.pid).create_time()
     wait_until(lambda: proc.poll() is not None or "nanofleet: up at" in log.read_text(), timeout=120,
                message="`up` to say it is up")
     assert proc.poll() is None, log.read_text()
     assert _ready(f"http://127.0.0.1:{port}/healthz"), "`up at` was printed before the gateway answered"
+    alive = Path(env["NANOFLEET_DATA_DIR"]) / WORKER_ALIVE_FILE
+    assert alive.exists() and alive.stat().st_mtime >= started, "`up at` was printed before the worker's heartbeat"
     wait_until(lambda: proc.poll() is not None or _ready(f"http://127.0.0.1:{port}/readyz"), timeout=120,
                message="/readyz to answer 200")
     assert proc.poll() is None, log.read_text()
@@ -61,7 +65,7 @@ def _up_and_down(env: dict[str, str], log: Path, *extra: str, while_up: WhileUp 
     port = free_port()
     proc = _start_up(env, log, port, *extra)
     try:
-        _wait_up(proc, log, port)
+        _wait_up(proc, log, port, env)
         family = psutil.Process(proc.pid).children(recursive=True)
         assert len(family) >= 3  # gateway, worker, beat (and their own children)
         if while_up is not None:
@@ -254,7 +258,7 @@ def test_every_child_dies_with_up(make_stack, tmp_path: Path) -> None:  # type: 
     proc = _start_up(s.env, log, port)
     family: list[psutil.Process] = []
     try:
-        _wait_up(proc, log, port)
+        _wait_up(proc, log, port, s.env)
         family = psutil.Process(proc.pid).children(recursive=True)
         assert len(family) >= 3
         proc.kill()
