@@ -158,6 +158,8 @@ def missing_requirements(meta: dict[str, Any], settings: Settings, *, always: bo
 def _refused(names: list[str], settings: Settings) -> list[str]:
     """Those of the tools `names` a call would be refused: not allowed, switched off, or wanting a
     permission not granted (a tool that is not built in is judged by NANOFLEET_TOOLS__ALLOWED alone)."""
+    if not names:
+        return []
     from shared.tools import builtin_tools  # shared.tools imports this module
     from shared.tools.registry import decide, is_allowed
 
