@@ -22,7 +22,7 @@ from gateway.deps import bearer_token, key_refusal
 from gateway.routes import conversations, cron, health, outbox, runs, skills, subagents, tools, web, webhooks
 from gateway.schemas import MAX_BODY
 from gateway.state import AppState
-from shared import db
+from shared import db, startup_checks
 from shared.errors import NanofleetError
 from shared.logs import configure_logging, new_request_id, request_id_var
 from shared.process_guard import guard_or_warn
@@ -51,6 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPIOffline(title="nanofleet", version="0.1.0", lifespan=lifespan, static_url=DOCS_ASSETS,
                          description="A self-hosted AI agent runtime: REST API, webhooks and event streams.")
     app.state.nanofleet = AppState.build(settings)
+    startup_checks.warn_gateway(settings)
     # webhooks first: a request is matched against the routes in order, and they come the most often
     for module in (webhooks, health, conversations, runs, subagents, cron, tools, skills, outbox, web):
         app.include_router(module.router)

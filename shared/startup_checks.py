@@ -149,9 +149,6 @@ def warn(settings: Settings, tool_names: Iterable[str]) -> None:
         hint = f"did you mean {meant}?" if meant else "see .env.example for every setting (as TOML tables)"
         log.warning("%s: %s is not a nanofleet setting, so it is ignored: %s",
                     os.environ.get(CONFIG_FILE_ENV), key, hint)
-    if not settings.api_keys:
-        log.warning("no API key is configured, so the REST API (/api/v1) refuses every request: set "
-                    "NANOFLEET_API_KEYS to a JSON list of keys, e.g. '[\"a-long-random-key\"]'")
     if wanted := missing_key(settings.llm):
         log.warning("no key is set for the model %s: its provider refuses every call without one, and each turn "
                     "ends with a reply saying so; set NANOFLEET_LLM__API_KEY (or %s), or "
@@ -164,3 +161,10 @@ def warn(settings: Settings, tool_names: Iterable[str]) -> None:
     for name, missing in half_configured(settings).items():
         log.warning("%s is off: some of its settings are set, but not %s (its webhook answers 404 until they are)",
                     name, ", ".join(missing))
+
+
+def warn_gateway(settings: Settings) -> None:
+    """The gateway's own likely mistakes (workers and `nanofleet agent` serve no API)."""
+    if not settings.api_keys:
+        log.warning("no API key is configured, so the REST API (/api/v1) refuses every request: set "
+                    "NANOFLEET_API_KEYS to a JSON list of keys, e.g. '[\"a-long-random-key\"]'")

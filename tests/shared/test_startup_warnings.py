@@ -1,7 +1,7 @@
 """Start-up warnings: a platform with some of its credentials set but not all is named with what is
-missing, a NANOFLEET_ variable that names no setting is named with the setting meant, and no API key
-at all is said, when the gateway starts and when a worker starts working (not only by a 404 or a
-401 later)."""
+missing and a NANOFLEET_ variable that names no setting is named with the setting meant, when the
+gateway starts and when a worker starts working; no API key at all is said by the gateway, which
+serves the API (not only by a 404 or a 401 later)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from gateway.app import create_app
 from shared.settings import load_settings
 from shared.startup_checks import half_configured, unknown_variables
+from shared.tools import build_registry
 from tests.support.processes import ROOT, wait_until
 from tests.support.stack import Stack
 
@@ -109,6 +110,10 @@ def test_no_api_key_is_said_once_with_the_variable_to_set(caplog: pytest.LogCapt
     warnings = warnings_at_gateway_start(caplog, api_keys=())
     [line] = [w for w in warnings if "API key" in w]
     assert "refuses every request" in line and "NANOFLEET_API_KEYS" in line
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # what a worker and `nanofleet agent` build: they serve no API
+        build_registry(load_settings(api_keys=[], llm={"api_key": "sk-0123456789"}))
+    assert not [r for r in caplog.records if "API key" in r.getMessage()], "`nanofleet agent` warned of it"
 
 
 def test_a_hosted_model_without_a_key_is_said_at_start(caplog: pytest.LogCaptureFixture,
