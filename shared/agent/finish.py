@@ -109,8 +109,12 @@ def _cancel_all(rt: Runtime, s: Session, which: ColumnElement[bool], conversatio
     its run and then conversations, so the two can wait for each other but never deadlock."""
     children = col(Run.parent_run_id).in_(select(Run.id).where(Run.conversation_id == conversation_id))
     # populate_existing: the runs as locked, not a copy the caller's session read before a step moved them
-    runs = s.exec(select(Run).where(or_(which, children), col(Run.status).in_(ACTIVE)).order_by(col(Run.id))
-                  .with_for_update().execution_options(populate_existing=True)).all()
+    active = (select(Run).where(col(Run.status).in_(ACTIVE)).order_by(col(Run.id)).with_for_update()
+              .execution_options(populate_existing=True))
+    runs = list(s.exec(active.where(or_(which, children))).all())
+    # A subagent spawned while that statement waited for its parent's lock is not in its snapshot, and
+    # would run on: a new statement sees it (the spawn committed before it let the parent go).
+    runs += s.exec(active.where(children, col(Run.id).not_in([r.id for r in runs]))).all()
     nexts: list[Next] = []
     for run in runs:
         if run.status not in TERMINAL:  # re-read under the lock

@@ -4,9 +4,14 @@ reconciliation, the daily summary job, replayed spawn and cron calls."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
+from typing import Any
 
+import pytest
+from sqlalchemy import text
 from sqlmodel import select
 
 from shared.agent import conversations, prompt
@@ -21,6 +26,7 @@ from shared.scheduling.schedules import whole_second
 from shared.tools.base import ErrorCode
 from shared.tools.cron import CronArgs, CronTool
 from shared.tools.spawn import SpawnArgs, SpawnTool
+from tests.support.processes import wait_until
 from tests.support.scheduling import call, db, parent_call, receipts, runs
 from tests.support.stack import Stack
 
@@ -188,3 +194,35 @@ def test_a_spawn_after_stop_starts_nothing(core: Core) -> None:
     result = asyncio.run(SpawnTool().run(SpawnArgs(task="t"), ctx))
     assert (result.ok, result.error) == (False, ErrorCode.NOT_ALLOWED) and "the turn was stopped" in result.message
     assert ctx.followups == [] and runs(stack, kind=RunKind.SUBAGENT) == []
+
+
+def test_a_stop_that_waited_for_a_spawn_stops_the_new_subagent_too(core: Core,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The /stop's statement waited for the parent run, which the spawn held; its snapshot predated
+    the child, so the parent was cancelled and the child ran on and reported (helper's review)."""
+    stack, rt, _ = core()
+    ctx = parent_call(stack, "spawn")
+    counted, holding = subagents.running, threading.Event()
+
+    def running_while_stop_waits(s: Any, cid: str) -> int:  # the spawn holds the parent run's lock here
+        holding.set()
+        wait_until(lambda: waiting_on_a_lock(stack) == 1, timeout=30, message="the /stop to wait for the parent")
+        return counted(s, cid)
+
+    monkeypatch.setattr(subagents, "running", running_while_stop_waits)
+    with ThreadPoolExecutor(1) as pool:
+        spawning = pool.submit(subagents.spawn, stack.settings, parent_run_id=ctx.run_id, call_id=ctx.call_id,
+                               task="a long job", label=None)
+        assert holding.wait(30)
+        cancelled: list[Any] = []
+        with db(stack) as s:
+            drain(rt, cancel_conversation(rt, s, ctx.conversation_id, cancelled))
+        child = spawning.result(30).run_id
+    assert {r.id for r in cancelled} == {ctx.run_id, child}
+    assert {r.id: r.status for r in runs(stack)} == {ctx.run_id: RunStatus.CANCELLED, child: RunStatus.CANCELLED}
+
+
+def waiting_on_a_lock(stack: Stack) -> int:
+    with db(stack) as s:
+        return int(s.exec(text("select count(*) from pg_stat_activity where wait_event_type = 'Lock' "
+                               "and datname = current_database()")).one()[0])
