@@ -20,6 +20,7 @@ from shared.channel_settings import ChannelBase, ChannelsSettings
 from shared.channels import get_channel
 from shared.db import session_scope
 from shared.models import Run
+from shared.scheduling.ids import call_key
 from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
 
 API = "api"
@@ -61,8 +62,10 @@ def _store(ctx: ToolContext, channel: str, chat_id: str, text: str, own_chat: bo
     origin = ctx.extra.get("origin") or {}
     meta = {**(origin.get("reply_meta", {}) if own_chat else {}), "run_id": ctx.run_id, "via": "message"}
     with session_scope(ctx.settings.database_url) as s:
-        nexts = add_reply(s, ctx.settings, key=f"{ctx.run_id}:msg:{ctx.call_id}", channel=channel,
-                          chat_id=chat_id, text=text, meta=meta, run_id=ctx.run_id or None)
+        # The call's step in the key: a model that reuses a call id in a later step sends a new message
+        key = f"{call_key(s, ctx.run_id, ctx.call_id)}:msg"
+        nexts = add_reply(s, ctx.settings, key=key, channel=channel, chat_id=chat_id, text=text, meta=meta,
+                          run_id=ctx.run_id or None)
         if own_chat and ctx.run_kind == "turn" and ctx.run_id:
             s.execute(update(Run).where(col(Run.id) == ctx.run_id).values(suppress_reply=True))
     return list(nexts)

@@ -12,7 +12,7 @@ from sqlmodel import Session, select
 
 from shared.constants import T_OUTBOUND_DELIVER
 from shared.db import get_engine
-from shared.models import Conversation, Outbox, Run, RunKind
+from shared.models import Conversation, Outbox, Run, RunKind, ToolCall
 from shared.settings import MessageSettings, Settings
 from shared.tools import build_registry
 from shared.tools.base import ErrorCode, ToolContext
@@ -86,7 +86,7 @@ def test_message_to_the_own_chat_replaces_the_final_reply(reg: ToolRegistry, mak
     assert result.ok
     [row] = rows(database_url)
     assert (row.channel, row.chat_id, row.content) == ("telegram", "42", "Working on it, back in a minute.")
-    assert row.key == f"{run.id}:msg:call_1:0" and row.meta["reply_to_message_id"] == 7
+    assert row.key == f"{run.id}:None:call_1:msg:0" and row.meta["reply_to_message_id"] == 7  # no journal row here
     assert [(n.task, n.args) for n in ctx.followups] == [(T_OUTBOUND_DELIVER, (row.id,))]
     assert suppressed(database_url, run.id)
 
@@ -129,6 +129,24 @@ def test_same_call_twice_writes_once(reg: ToolRegistry, make_run: Callable[..., 
     _, first = send(reg, run, {"content": "once"})
     _, again = send(reg, run, {"content": "once"})
     assert len(rows(database_url)) == 1 and again.followups == first.followups  # the same row, never a second
+
+
+def test_a_call_id_the_model_reuses_in_a_later_step_sends_a_new_message(
+        reg: ToolRegistry, make_run: Callable[..., Run], database_url: str) -> None:
+    """Some models reuse call ids: the second message shared the first one's outbox key, so it was
+    dropped (and the final reply suppressed), or only its later chunks went out (helper's review)."""
+    run = make_run()
+    long = "\n\n".join(f"Paragraph {i} " + "x" * 1500 for i in range(4))  # several Telegram chunks
+    for step, content in ((1, "Working on it."), (3, long)):
+        with Session(get_engine(database_url)) as s:  # the journal row of the executing call
+            s.add(ToolCall(run_id=run.id, step_seq=step, call_id="call_0", name="message"))
+            s.commit()
+        assert send(reg, run, {"content": content}, call_id="call_0")[0].ok
+    messages: dict[str, list[str]] = {}  # outbox key of a message -> its chunks in order
+    for row in sorted(rows(database_url), key=lambda r: int(r.meta["chunk"])):
+        messages.setdefault(row.key.rsplit(":", 1)[0], []).append(row.content)
+    assert sorted("".join(chunks).replace("\n", "") for chunks in messages.values()) == \
+        sorted(["Working on it.", long.replace("\n", "")])
 
 
 def test_api_channel_answers_in_the_result(reg: ToolRegistry, make_run: Callable[..., Run],
