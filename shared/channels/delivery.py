@@ -126,7 +126,7 @@ def _due(rt: Runtime, outbox_id: str) -> Outbox | None:
         if int(row.meta.get("chunk", 0)):
             previous = s.exec(select(Outbox.status).where(Outbox.key == chunk_key(row, -1))).first()
     if previous == OutboxStatus.FAILED:
-        _dead(rt, row, EARLIER_FAILED)
+        _dead(rt, row, EARLIER_FAILED, unless_claimed=True)
     return row if previous in (None, OutboxStatus.DELIVERED) else None
 
 
@@ -197,14 +197,20 @@ def _throttled(rt: Runtime, row: Outbox, err: RateLimited) -> list[Next]:
     raise Retryable(error, delay=err.retry_after, max_retries=UNBOUNDED)
 
 
-def _dead(rt: Runtime, row: Outbox, error: str, *, attempts: int | None = None) -> None:
-    """Dead-letter the row, and the rest of its reply so nothing arrives out of order."""
-    log.error("outbox %s (%s %s): giving up: %s", row.id, row.channel, row.chat_id, error)
+def _dead(rt: Runtime, row: Outbox, error: str, *, attempts: int | None = None, unless_claimed: bool = False) -> None:
+    """Dead-letter the row, if it is still pending, and the rest of its reply so nothing arrives out
+    of order. `unless_claimed`: not while another worker holds the row's claim (it may be sending it
+    right now: a dead letter of a chunk that went out would be sent again by a retry)."""
     later = [chunk_key(row, i) for i in range(1, int(row.meta.get("chunks", 1)) - int(row.meta.get("chunk", 0)))]
     with rt.session() as s:
-        s.execute(update(Outbox).where(col(Outbox.id) == row.id).values(
-            status=OutboxStatus.FAILED, last_error=error, next_attempt_at=None,
-            attempts=attempts if attempts is not None else row.attempts))
+        pending = [col(Outbox.id) == row.id, col(Outbox.status) == OutboxStatus.PENDING]
+        if unless_claimed:
+            pending.append(col(Outbox.next_attempt_at).is_(None) | (col(Outbox.next_attempt_at) <= func.now()))
+        if not s.connection().execute(update(Outbox).where(*pending).values(
+                status=OutboxStatus.FAILED, last_error=error, next_attempt_at=None,
+                attempts=attempts if attempts is not None else row.attempts)).rowcount:
+            return
+        log.error("outbox %s (%s %s): giving up: %s", row.id, row.channel, row.chat_id, error)
         if later:
             s.execute(update(Outbox)
                       .where(col(Outbox.key).in_(later), col(Outbox.status) == OutboxStatus.PENDING)
@@ -222,9 +228,10 @@ def _delivered(rt: Runtime, row: Outbox, result: SendResult, claimed_at: float) 
                                     "outbox %s: sent; marking it delivered failed, retrying: %s",
                                     row.id, state.outcome.exception() if state.outcome else None)):
             with attempt, rt.session() as s:
-                s.execute(update(Outbox).where(col(Outbox.id) == row.id, col(Outbox.status) == OutboxStatus.PENDING)
-                          .values(status=OutboxStatus.DELIVERED, platform_message_id=result.platform_message_id,
-                                  delivered_at=func.now(), next_attempt_at=None, last_error=None))
+                mark = (update(Outbox).where(col(Outbox.id) == row.id, col(Outbox.status) == OutboxStatus.PENDING)
+                        .values(status=OutboxStatus.DELIVERED, platform_message_id=result.platform_message_id,
+                                delivered_at=func.now(), next_attempt_at=None, last_error=None))
+                marked = s.connection().execute(mark).rowcount
     except Exception as err:
         if not unavailable(err):
             raise
@@ -232,11 +239,17 @@ def _delivered(rt: Runtime, row: Outbox, result: SendResult, claimed_at: float) 
         redis_client(rt.settings.redis_url).set(
             KEY_SENT + row.id, json.dumps({"platform_message_id": result.platform_message_id}), ex=SENT_TTL)
         raise
+    if not marked:  # dead-lettered or resent meanwhile: what the platform has is not the row's to say
+        log.warning("outbox %s: sent (platform id %s), but it was no longer pending: left as it is",
+                    row.id, result.platform_message_id)
+        return
     _reported_early(rt, row, result)
 
 
 def _sent_marker(rt: Runtime, outbox_id: str) -> SendResult | None:
-    raw = redis_client(rt.settings.redis_url).get(KEY_SENT + outbox_id)
+    """What a worker sent but could not mark, taken (a marker left behind would count a later send of
+    the row, after an operator's retry, as done); _delivered leaves it again if it cannot mark either."""
+    raw = redis_client(rt.settings.redis_url).getdel(KEY_SENT + outbox_id)
     return SendResult(json.loads(raw)["platform_message_id"]) if raw else None
 
 

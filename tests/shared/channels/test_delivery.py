@@ -294,5 +294,6 @@ def test_a_database_outage_right_after_the_send_does_not_resend(
     channels.settled(chat)
     status = channels.scalar("select status from outbox where id = :i", i=row)
     assert (status, len(slack.arrived(chat))) == ("delivered", 1)
-    marker = redis.Redis.from_url(channels.stack.settings.redis_url).exists(KEY_SENT + row)
-    assert marker == (outage == "longer than the claim")  # a short outage is bridged by the retry alone
+    # A short outage is bridged by the retry alone; past the claim, the next claimant took the marker
+    # (a marker left behind would count a later resend of the row as sent: test_delivery_claims.py)
+    assert not redis.Redis.from_url(channels.stack.settings.redis_url).exists(KEY_SENT + row)
