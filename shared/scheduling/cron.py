@@ -185,10 +185,19 @@ def reconcile(rt: Runtime, mirror: BeatMirror, now: datetime | None = None) -> l
                     mirror.arm(job.id, due)
         except Exception:
             log.exception("cron job %s: could not reconcile", job.id)
-    for stale in mirror.job_ids() - wanted:
+    for stale in _stale(rt, mirror.job_ids() - wanted):
         mirror.disarm(stale)
     post_waiting(rt, now)
     return nexts + unplanned_summaries(rt, now)
+
+
+def _stale(rt: Runtime, armed: set[str]) -> set[str]:
+    """Of the entries no job read at the start of the pass wanted, those no enabled job has now: a
+    job made, or switched on, since then was armed by whoever did it."""
+    if not armed:
+        return armed
+    with rt.session() as s:
+        return armed - set(s.exec(select(CronJob.id).where(col(CronJob.id).in_(armed), col(CronJob.enabled))).all())
 
 
 def unplanned_summaries(rt: Runtime, now: datetime) -> list[Next]:

@@ -49,9 +49,13 @@ def _recent(until: datetime) -> object:
 
 
 def plan(rt: Runtime, until: datetime) -> list[Next]:
-    """One summary task per conversation with messages in the 24 hours before `until`."""
+    """One summary task per conversation with messages in the 24 hours before `until`; none from a
+    copy of the task that finds the firing planned (reconcile sent it again while the first copy
+    waited in a backed-up agent queue: each would ask the model again for every conversation)."""
     with rt.session() as s:
-        receipt(s, PLANNED_ID, until)  # reconciliation stops re-sending this firing
+        if receipt(s, PLANNED_ID, until) is None:  # reconciliation stops re-sending this firing
+            log.info("daily summary for %s: planned already", until.isoformat())
+            return []
         ids = s.exec(select(Conversation.id).where(
             Conversation.channel != INTERNAL, col(Conversation.id).in_(_recent(until)),  # type: ignore[arg-type]
         )).all()
