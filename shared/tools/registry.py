@@ -13,11 +13,13 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
+from shared.db import unavailable
 from shared.settings import Settings
 from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
 
 audit = logging.getLogger("TOOL_AUDIT")
 log = logging.getLogger(__name__)
+MAX_RETRY_DELAY = 2.0  # seconds between tries of a tool whose database did not answer
 
 
 class ToolProvider(Protocol):
@@ -141,7 +143,7 @@ class ToolRegistry:
             return ToolResult.fail(ErrorCode.INVALID_ARGS, f"invalid arguments for '{name}': {err}")
         timeout = tool.timeout or self.settings.tools.default_timeout
         try:
-            result = await asyncio.wait_for(tool.run(args, ctx), timeout)
+            result = await asyncio.wait_for(_run(tool, args, ctx), timeout)
         except TimeoutError:
             return ToolResult.fail(ErrorCode.TIMEOUT, f"'{name}' did not finish within {timeout:g} s", retryable=True)
         except Exception as err:  # a tool must never take the run down
@@ -158,3 +160,19 @@ class ToolRegistry:
             else:
                 return ToolResult.fail(ErrorCode.TOO_LARGE, f"output exceeds {tool.max_output_bytes} bytes")
         return result
+
+
+async def _run(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
+    """The tool's result. An idempotent one that found nanofleet's database unreachable (cron, spawn,
+    message: a restart, a failover) runs again until it answers, within its timeout: told it failed,
+    the model may well not try again, and what the user asked for would never happen."""
+    delay = 0.1
+    while True:
+        try:
+            return await tool.run(args, ctx)
+        except Exception as err:
+            if not (tool.idempotent and unavailable(err)):
+                raise
+            log.warning("tool %s: the database did not answer (%s); trying again", tool.name, type(err).__name__)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, MAX_RETRY_DELAY)

@@ -7,12 +7,14 @@ import logging
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import BaseModel
+from sqlalchemy.exc import OperationalError
 
 from shared.aio import run_sync
 from shared.settings import Permission, Settings, SettingsError, load_settings
 from shared.startup_checks import unknown_allowed
 from shared.tools import build_registry
-from shared.tools.base import ErrorCode, ToolContext
+from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
 from shared.tools.registry import ToolRegistry, decide, is_allowed
 from shared.tools.time import TimeTool
 from tests.support.tools import ImpostorTool, RecordTool, ShellNeedingTool, SleepTool
@@ -144,3 +146,35 @@ def test_a_plugin_named_as_a_built_in_or_another_plugin_is_refused() -> None:
     replaced = build_registry(load_settings(tools={"plugins": [impostor], "disabled_groups": ["shell"]},
                                             api_keys=["k"]))
     assert isinstance(replaced.get("exec"), ImpostorTool)
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+class Flaky(Tool):
+    """Its first run finds the database gone (as the cron tool did during a PostgreSQL restart)."""
+
+    name = "flaky"
+    description = "Store something (test tool)."
+    Args = NoArgs
+    timeout = 10.0
+
+    def __init__(self, *, idempotent: bool) -> None:
+        self.idempotent, self.runs = idempotent, 0
+
+    async def run(self, args: NoArgs, ctx: ToolContext) -> ToolResult:
+        self.runs += 1
+        if self.runs == 1:
+            raise OperationalError("INSERT INTO cron_jobs ...", {}, Exception("server closed the connection"))
+        return ToolResult.success("stored")
+
+
+def test_an_idempotent_tool_runs_again_when_the_database_did_not_answer() -> None:
+    """Chaos: a cron call during a PostgreSQL restart was told it FAILED, and the model, like a user's
+    might, did not try again: the job was never made."""
+    again, once = Flaky(idempotent=True), Flaky(idempotent=False)
+    assert execute(ToolRegistry(settings(["flaky"]), [again]), "flaky", {}).ok  # type: ignore[attr-defined]
+    assert again.runs == 2
+    failed = execute(ToolRegistry(settings(["flaky"]), [once]), "flaky", {})  # may have taken effect: said so
+    assert failed.error == ErrorCode.FAILED and once.runs == 1  # type: ignore[attr-defined]
