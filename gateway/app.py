@@ -18,7 +18,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.deps import bearer_token, key_refusal
+from gateway.deps import bearer_token, key_refusal, redis_unavailable
 from gateway.routes import conversations, cron, health, outbox, runs, skills, subagents, tools, web, webhooks
 from gateway.schemas import MAX_BODY
 from gateway.state import AppState
@@ -56,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (webhooks, health, conversations, runs, subagents, cron, tools, skills, outbox, web):
         app.include_router(module.router)
     app.add_middleware(ApiGate, settings=settings)
+    app.add_middleware(webhooks.FastPath, state=app.state.nanofleet)  # webhooks skip FastAPI's routing
     app.add_middleware(RequestIds)  # added last, so outermost: every answer has an id and a log line
     app.add_exception_handler(NanofleetError, _nanofleet_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
@@ -194,12 +195,7 @@ async def _nanofleet_error(request: Request, err: NanofleetError) -> JSONRespons
 
 
 async def _redis_unavailable(request: Request, err: redis.ConnectionError) -> JSONResponse:
-    """Redis down, or every connection of the gateway's pool in use (gateway/state.py): a 503 to
-    try again, not a 500. After a stream has started, an error can only end it."""
-    busy = isinstance(err.__cause__, TimeoutError)  # the pool's wait for a free connection ran out
-    detail = ("every Redis connection is in use (too many open event streams or waiting chats)" if busy
-              else "Redis is unreachable")
-    return JSONResponse({"detail": f"{detail}; try again shortly"}, status_code=503, headers={"Retry-After": "5"})
+    return redis_unavailable(err)
 
 
 def factory() -> FastAPI:

@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated
 
+import redis
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
 from sqlmodel import Session
@@ -89,3 +91,12 @@ def only_params(*known: str) -> Callable[[Request], Awaitable[None]]:
                                            "msg": "unknown or repeated query parameter"} for k in bad])
 
     return check
+
+
+def redis_unavailable(err: redis.ConnectionError) -> JSONResponse:
+    """Redis down, or every connection of the gateway's pool in use (gateway/state.py): a 503 to
+    try again, not a 500. After a stream has started, an error can only end it."""
+    busy = isinstance(err.__cause__, TimeoutError)  # the pool's wait for a free connection ran out
+    detail = ("every Redis connection is in use (too many open event streams or waiting chats)" if busy
+              else "Redis is unreachable")
+    return JSONResponse({"detail": f"{detail}; try again shortly"}, status_code=503, headers={"Retry-After": "5"})

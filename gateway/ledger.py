@@ -1,10 +1,11 @@
 """Group commit for webhooks. The events of every request that arrives while a write is under way
-wait for it to end, then go to the ledger together: one statement, one commit and one enqueued task
-for them all. A lone webhook is written at once, so waiting adds nothing when the gateway is idle,
-and under load each request pays a share of a write instead of its own (a commit is a round trip,
-and a Celery publish is most of a millisecond of Python).
+wait for it to end, then go to the ledger together: one statement (its own transaction: one round
+trip) and one enqueued task for them all. A lone webhook is written at once, so waiting adds nothing
+when the gateway is idle, and under load each request pays a share of a write instead of its own (a
+commit is a round trip, and a Celery publish is most of a millisecond of Python).
 
-A request is answered once its event is committed, as platforms send an unanswered event again.
+A request is answered once its event is committed, as platforms send an unanswered event again; not
+later, while the task is enqueued (the sweeper enqueues one that is lost: shared.channels.inbound).
 One that goes away (or, for Discord, whose deadline passes) leaves its event in the batch: it is
 recorded and its message submitted all the same."""
 
@@ -18,7 +19,7 @@ import anyio.to_thread
 
 from shared.agent.runtime import Next
 from shared.channels import inbound
-from shared.channels.inbound import Entry, Recorded
+from shared.channels.inbound import Entry
 from shared.db import get_engine, unavailable
 from shared.settings import Settings
 
@@ -73,16 +74,24 @@ class Ledger:
     async def _write(self, batch: list[Waiting]) -> Exception | None:
         """Record the batch's events and tell their requests; what kept it from that, if anything."""
         entries = [e for waiting, _ in batch for e in waiting]
+        loop = asyncio.get_running_loop()
+
+        def tell(new: list[bool]) -> None:  # from the writer's thread
+            loop.call_soon_threadsafe(self._tell, batch, new)
+
         try:
-            recorded = await anyio.to_thread.run_sync(self._commit, entries)
+            await anyio.to_thread.run_sync(self._commit, entries, tell)
         except Exception as err:
             return err
+        return None
+
+    @staticmethod
+    def _tell(batch: list[Waiting], new: list[bool]) -> None:
         at = 0
         for waiting, done in batch:
             if not done.done():  # a request that went away cancelled its future
-                done.set_result(recorded.new[at:at + len(waiting)])
+                done.set_result(new[at:at + len(waiting)])
             at += len(waiting)
-        return None
 
     @staticmethod
     def _fail(batch: list[Waiting], err: Exception) -> None:
@@ -93,8 +102,15 @@ class Ledger:
             if not done.done():
                 done.set_exception(err)
 
-    def _commit(self, entries: list[Entry]) -> Recorded:
-        with get_engine(self.url).begin() as conn:
+    def _commit(self, entries: list[Entry], tell: Callable[[list[bool]], object]) -> None:
+        """Record `entries` and enqueue the submission of the new messages. The requests are told once
+        the events are committed, while the task is enqueued: the sweeper enqueues it if it is lost."""
+        # One statement: in autocommit it is its own transaction, one round trip (BEGIN and COMMIT were two more)
+        with get_engine(self.url).connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             recorded = inbound.record(conn, entries, self.grace)
-        self.dispatch(inbound.submission(recorded.to_submit))
-        return recorded
+        tell(recorded.new)
+        try:
+            self.dispatch(inbound.submission(recorded.to_submit))
+        except Exception:  # recorded all the same: a failure here is no failure of the requests
+            log.exception("could not enqueue the submission of %d message(s); the sweeper will",
+                          len(recorded.to_submit))

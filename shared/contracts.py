@@ -16,6 +16,8 @@ def without_nul(value: Any, *, lone_surrogates: bool = False) -> Any:
     hold them, and no chat platform shows them. With `lone_surrogates`, a lone UTF-16 surrogate (JSON
     may spell one; UTF-8, and so Postgres, cannot hold it) becomes U+FFFD, as a platform's message is
     taken whatever it holds."""
+    if isinstance(value, dict | list) and _clean(value, lone_surrogates=lone_surrogates):
+        return value
     if isinstance(value, str):
         value = value.replace("\x00", "")
         return LONE_SURROGATE.sub("\ufffd", value) if lone_surrogates else value
@@ -25,6 +27,14 @@ def without_nul(value: Any, *, lone_surrogates: bool = False) -> Any:
     if isinstance(value, list):
         return [without_nul(v, lone_surrogates=lone_surrogates) for v in value]
     return value
+
+
+def _clean(value: dict[Any, Any] | list[Any], *, lone_surrogates: bool) -> bool:
+    """Whether no string in `value` holds a NUL (or a lone surrogate): one pass in C over its repr,
+    which spells both escaped (\\x00, \\udXXX), instead of a Python call per string. It may say no
+    when the answer is yes (a printed "\\x00"), never the reverse."""
+    spelled = repr(value)
+    return "\\x00" not in spelled and not (lone_surrogates and "\\ud" in spelled)
 
 
 class InboundMessage(BaseModel):

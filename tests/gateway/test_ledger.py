@@ -4,6 +4,7 @@ write share the next one, and one event that cannot be written fails its own req
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -11,7 +12,7 @@ from sqlalchemy import text
 
 from gateway.ledger import Ledger
 from shared.agent.runtime import Next
-from shared.channels.inbound import Entry, Recorded
+from shared.channels.inbound import Entry
 from shared.contracts import InboundMessage
 from shared.db import get_engine, unavailable
 from tests.fakes.server import free_port
@@ -30,11 +31,11 @@ def test_a_burst_shares_writes_and_a_bad_event_fails_its_own_request_only(
     commit = ledger._commit
     writes: list[list[str]] = []
 
-    def failing_on_poison(entries: list[Entry]) -> Recorded:
+    def failing_on_poison(entries: list[Entry], tell: Callable[[list[bool]], object]) -> None:
         writes.append([e.message.event_id for e in entries])
         if any(e.message.event_id == "poison" for e in entries):
             raise RuntimeError("this event cannot be stored")
-        return commit(entries)
+        commit(entries, tell)
 
     monkeypatch.setattr(ledger, "_commit", failing_on_poison)
 
@@ -66,9 +67,9 @@ def test_a_burst_the_database_cannot_take_fails_in_one_write(make_stack: Callabl
     commit = ledger._commit
     writes: list[int] = []
 
-    def counted(entries: list[Entry]) -> Recorded:
+    def counted(entries: list[Entry], tell: Callable[[list[bool]], object]) -> None:
         writes.append(len(entries))
-        return commit(entries)
+        commit(entries, tell)
 
     monkeypatch.setattr(ledger, "_commit", counted)
 
@@ -78,3 +79,32 @@ def test_a_burst_the_database_cannot_take_fails_in_one_write(make_stack: Callabl
     results = asyncio.run(burst())
     assert writes == [5]
     assert all(isinstance(r, Exception) and unavailable(r) for r in results), results
+
+
+def test_requests_are_answered_once_recorded_while_their_submission_is_enqueued(
+        make_stack: Callable[..., Stack]) -> None:
+    """The answer waits for the commit, not for the broker: a publish that takes its time (a slow or
+    reconnecting Redis) delays no platform's 200, and the submission is enqueued all the same."""
+    settings = make_stack().settings
+    enqueuing, release = threading.Event(), threading.Event()
+    sent: list[list[Next]] = []
+
+    def slow_dispatch(nexts: list[Next]) -> None:
+        enqueuing.set()
+        assert release.wait(30), "the test never released the broker"
+        sent.append(nexts)
+
+    ledger = Ledger(settings, slow_dispatch)
+
+    async def record_while_enqueuing() -> list[bool]:
+        written = ledger.record([_entry("slow-broker")])
+        new = await asyncio.wait_for(written, 10)  # answered while the dispatch waits (before: a timeout)
+        assert not sent and await asyncio.to_thread(enqueuing.wait, 30)
+        release.set()
+        await ledger.drain(timeout=30)
+        return new
+
+    assert asyncio.run(record_while_enqueuing()) == [True]
+    with get_engine(settings.database_url).connect() as conn:
+        event = conn.execute(text("select id from inbound_events where event_id = 'slow-broker'")).scalar()
+    assert [[n.args for n in nexts] for nexts in sent] == [[([event],)]]

@@ -1,0 +1,59 @@
+"""Webhooks are answered before FastAPI routes anything (gateway/routes/webhooks.py FastPath): the
+same answers, request ids and access lines as every other request, behind a proxy's root path too;
+every other request goes on to FastAPI."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.routes.webhooks import _platform
+from shared.logs import ContextFilter
+from shared.settings import load_settings
+from tests.support.stack import API_KEY, api_client
+
+SECRET = "fast-path-secret-0123456789"
+
+
+def _scope(method: str, path: str, root_path: str = "") -> dict[str, Any]:
+    return {"type": "http", "method": method, "path": path, "root_path": root_path}
+
+
+@pytest.mark.parametrize(("method", "path", "root_path", "platform"), [
+    ("POST", "/webhooks/telegram", "", "telegram"),
+    ("POST", "/webhooks/discord", "", "discord"),
+    ("POST", "/bot/webhooks/slack", "/bot", "slack"),  # behind a proxy that strips nothing
+    ("POST", "/webhooks/slack", "/bot", "slack"),  # behind one that strips its prefix
+    ("GET", "/webhooks/whatsapp", "", None),  # Meta's handshake is FastAPI's route
+    ("POST", "/webhooks/telegram/", "", None),  # FastAPI redirects it
+    ("POST", "/webhooks/nosuch", "", None),
+    ("POST", "/api/v1/conversations", "", None),
+])
+def test_only_a_platforms_webhook_takes_the_fast_path(method: str, path: str, root_path: str,
+                                                      platform: str | None) -> None:
+    assert _platform(_scope(method, path, root_path)) == platform
+
+
+def test_a_webhook_keeps_its_request_id_access_line_and_answers(tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    caplog.handler.addFilter(ContextFilter())
+    settings = load_settings(workspace=tmp_path, api_keys=[API_KEY], channels={
+        "telegram": {"token": "123:abc", "webhook_secret": SECRET, "allow_from": ["*"]}})
+    for client in api_client(settings):
+        with caplog.at_level(logging.INFO, logger="gateway"):
+            forged = client.post("/webhooks/telegram", json={"update_id": 1},
+                                 headers={"x-request-id": "trace-webhook-1", "x-telegram-bot-api-secret-token": "no"})
+            unknown = client.post("/webhooks/telegram", json={"update_id": 2, "poll": {}},
+                                  headers={"x-telegram-bot-api-secret-token": SECRET})
+            off = client.post("/webhooks/slack", json={})
+            handshake = client.get("/webhooks/telegram")
+    assert (forged.status_code, forged.headers["x-request-id"]) == (401, "trace-webhook-1")
+    assert unknown.status_code == 200 and unknown.json() == {"ok": True}  # an event it ignores: nothing to store
+    assert off.status_code == 404 and "SLACK" in off.json()["detail"]  # names what to set
+    assert handshake.status_code == 405  # no GET route for Telegram: FastAPI's answer
+    lines = {r.getMessage().rsplit(" ", 1)[0]: r for r in caplog.records if r.name == "gateway"}
+    assert lines["POST /webhooks/telegram 401"].request_id == "trace-webhook-1"  # type: ignore[attr-defined]
+    assert {"POST /webhooks/telegram 200", "POST /webhooks/slack 404", "GET /webhooks/telegram 405"} <= set(lines)
