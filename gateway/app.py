@@ -31,6 +31,7 @@ from shared.settings import Settings, get_settings
 log = logging.getLogger("gateway")
 ECHO_CHARS = 100  # of a string input a 422 quotes back
 DOCS_ASSETS = "/docs/static"  # Swagger UI's and ReDoc's scripts, styles and icon
+WEBHOOK_LINE_EVERY = 1.0  # seconds: a platform's answered webhooks get at most one access line this often
 LATE_RECORDS = 10.0  # seconds shutdown waits for webhook events still to record (some answered already: Discord's)
 
 
@@ -67,12 +68,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 class RequestIds:
     """Pure ASGI middleware (Starlette's BaseHTTPMiddleware costs a task and a stream per request):
     a request id from `x-request-id` or a new one, set for logs and Celery headers, echoed back,
-    and one access log line per request."""
+    and one access log line per request. A platform's answered webhooks get at most one line a
+    second, which counts the others (at DEBUG): a busy bot's thousands a second would be most of
+    the gateway's work and of its log, and say nothing the count does not."""
 
     QUIET = ("/healthz", "/readyz")
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self.webhook_lines: dict[str, tuple[float, int]] = {}  # platform: when its last line went out, answers since
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -95,9 +99,23 @@ class RequestIds:
             await self.app(scope, receive, send_with_id)
         finally:
             if scope["path"] not in self.QUIET:  # before the reset: the line carries the request id
-                log.info("%s %s %d %.1fms", scope["method"], scope["path"], status,
-                         (time.perf_counter() - started) * 1000)
+                self._log(scope, status, (time.perf_counter() - started) * 1000)
             request_id_var.reset(token)
+
+    def _log(self, scope: Scope, status: int, ms: float) -> None:
+        platform = webhooks.platform_of(scope) if status < 400 else None
+        if platform is None:
+            log.info("%s %s %d %.1fms", scope["method"], scope["path"], status, ms)
+            return
+        now = time.monotonic()
+        last, since = self.webhook_lines.get(platform, (-WEBHOOK_LINE_EVERY, 0))
+        if now - last < WEBHOOK_LINE_EVERY:
+            self.webhook_lines[platform] = (last, since + 1)
+            log.debug("%s %s %d %.1fms", scope["method"], scope["path"], status, ms)
+            return
+        self.webhook_lines[platform] = (now, 0)
+        log.info("%s %s %d %.1fms%s", scope["method"], scope["path"], status, ms,
+                 f" (and {since} more answered since the last line)" if since else "")
 
 
 class ApiGate:

@@ -169,7 +169,7 @@ class FastPath:
         self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        name = _platform(scope)
+        name = platform_of(scope)
         if name is None:
             await self.app(scope, receive, send)
             return
@@ -182,7 +182,7 @@ class FastPath:
         await response(scope, receive, send)
 
 
-def _platform(scope: Scope) -> str | None:
+def platform_of(scope: Scope) -> str | None:
     """The platform of a webhook request; None for every other request."""
     if scope["type"] != "http" or scope["method"] != "POST":
         return None

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from gateway.routes.webhooks import _platform
+from gateway import app
+from gateway.routes.webhooks import platform_of
 from shared.logs import ContextFilter
-from shared.settings import load_settings
+from shared.settings import Settings, load_settings
 from tests.support.stack import API_KEY, api_client
 
 SECRET = "fast-path-secret-0123456789"
@@ -34,15 +35,18 @@ def _scope(method: str, path: str, root_path: str = "") -> dict[str, Any]:
 ])
 def test_only_a_platforms_webhook_takes_the_fast_path(method: str, path: str, root_path: str,
                                                       platform: str | None) -> None:
-    assert _platform(_scope(method, path, root_path)) == platform
+    assert platform_of(_scope(method, path, root_path)) == platform
+
+
+def _settings(tmp_path: Path) -> Settings:
+    return load_settings(workspace=tmp_path, api_keys=[API_KEY], channels={
+        "telegram": {"token": "123:abc", "webhook_secret": SECRET, "allow_from": ["*"]}})
 
 
 def test_a_webhook_keeps_its_request_id_access_line_and_answers(tmp_path: Path,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
     caplog.handler.addFilter(ContextFilter())
-    settings = load_settings(workspace=tmp_path, api_keys=[API_KEY], channels={
-        "telegram": {"token": "123:abc", "webhook_secret": SECRET, "allow_from": ["*"]}})
-    for client in api_client(settings):
+    for client in api_client(_settings(tmp_path)):
         with caplog.at_level(logging.INFO, logger="gateway"):
             forged = client.post("/webhooks/telegram", json={"update_id": 1},
                                  headers={"x-request-id": "trace-webhook-1", "x-telegram-bot-api-secret-token": "no"})
@@ -57,3 +61,22 @@ def test_a_webhook_keeps_its_request_id_access_line_and_answers(tmp_path: Path,
     lines = {r.getMessage().rsplit(" ", 1)[0]: r for r in caplog.records if r.name == "gateway"}
     assert lines["POST /webhooks/telegram 401"].request_id == "trace-webhook-1"  # type: ignore[attr-defined]
     assert {"POST /webhooks/telegram 200", "POST /webhooks/slack 404", "GET /webhooks/telegram 405"} <= set(lines)
+
+
+def test_a_platforms_answered_webhooks_get_one_line_a_second_that_counts_the_others(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(app, "WEBHOOK_LINE_EVERY", 3600.0)
+    ignored = {"update_id": 3, "poll": {}}
+    headers = {"x-telegram-bot-api-secret-token": SECRET}
+    for client in api_client(_settings(tmp_path)):
+        with caplog.at_level(logging.DEBUG, logger="gateway"):
+            answers = [client.post("/webhooks/telegram", json=ignored, headers=headers).status_code for _ in range(3)]
+            forged = client.post("/webhooks/telegram", json=ignored).status_code
+            monkeypatch.setattr(app, "WEBHOOK_LINE_EVERY", 0.0)
+            answers.append(client.post("/webhooks/telegram", json=ignored, headers=headers).status_code)
+    assert answers == [200] * 4 and forged == 401
+    lines = [(r.levelname, r.getMessage().split("ms", 1)[-1], r.getMessage().split()[2]) for r in caplog.records
+             if r.name == "gateway" and r.getMessage().startswith("POST /webhooks/telegram ")]
+    assert lines == [("INFO", "", "200"), ("DEBUG", "", "200"), ("DEBUG", "", "200"),
+                     ("INFO", "", "401"),  # a refusal always has its line
+                     ("INFO", " (and 2 more answered since the last line)", "200")]
