@@ -31,6 +31,7 @@ from shared.channels.base import BaseChannel, Channel, Parsed, WebhookError
 from shared.channels.clients import MustAsk, may_ask
 from shared.channels.inbound import Entry
 from shared.channels.whatsapp import WhatsAppChannel
+from shared.db import unavailable
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/webhooks", tags=["webhooks"])
@@ -44,8 +45,8 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"description": "malformed body"},
     404: {"description": "the platform is not configured"},
     413: {"description": "body over 1 MB"},
-    503: {"description": "the platform must be asked something first and did not answer (Telegram's getMe); "
-                         "nothing was stored: the platform sends the event again"},
+    503: {"description": "the database is unavailable, or the platform must be asked something first and did "
+                         "not answer (Telegram's getMe); nothing was stored: the platform sends the event again"},
 }
 
 
@@ -179,6 +180,12 @@ class FastPath:
             response = JSONResponse({"detail": err.detail}, status_code=err.status_code, headers=err.headers)
         except redis.ConnectionError as err:
             response = redis_unavailable(err)
+        except Exception as err:
+            if not unavailable(err):
+                raise
+            # logged by the ledger; the platform sends the event again (Telegram, Slack: after a 5xx)
+            response = JSONResponse({"detail": "the database is unavailable; try again shortly"}, status_code=503,
+                                    headers={"Retry-After": "5"})
         await response(scope, receive, send)
 
 

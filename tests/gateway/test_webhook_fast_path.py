@@ -14,6 +14,7 @@ from gateway import app
 from gateway.routes.webhooks import platform_of
 from shared.logs import ContextFilter
 from shared.settings import Settings, load_settings
+from tests.fakes.server import free_port
 from tests.support.stack import API_KEY, api_client
 
 SECRET = "fast-path-secret-0123456789"
@@ -80,3 +81,14 @@ def test_a_platforms_answered_webhooks_get_one_line_a_second_that_counts_the_oth
     assert lines == [("INFO", "", "200"), ("DEBUG", "", "200"), ("DEBUG", "", "200"),
                      ("INFO", "", "401"),  # a refusal always has its line
                      ("INFO", " (and 2 more answered since the last line)", "200")]
+
+
+def test_a_webhook_that_meets_the_database_down_gets_a_503_to_send_it_again(tmp_path: Path) -> None:
+    down = _settings(tmp_path).model_copy(
+        update={"database_url": f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/none"})
+    message = {"update_id": 4, "message": {"message_id": 1, "date": 0, "chat": {"id": 5, "type": "private"},
+                                           "from": {"id": 6, "is_bot": False, "first_name": "A"}, "text": "hi"}}
+    for client in api_client(down):
+        answer = client.post("/webhooks/telegram", json=message, headers={"x-telegram-bot-api-secret-token": SECRET})
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "5", answer.text
+    assert "database is unavailable" in answer.json()["detail"]
