@@ -64,8 +64,9 @@ class Recorded:
 
 
 def record(conn: Connection, entries: list[Entry], grace: float) -> Recorded:
-    """Add `entries` to the ledger in one statement (in the caller's transaction); the task that
-    submits the new messages is `submission(recorded.to_submit)`, enqueued after the commit."""
+    """Add `entries` to the ledger in one statement (in the caller's transaction, or its own in
+    autocommit); the task that submits the new messages is `submission(recorded.to_submit)`,
+    enqueued after the commit."""
     events = [[e.message.channel, e.message.event_id, e.message.model_dump_json() if e.allowed else None,
                e.message.key() if e.allowed else None] for e in entries]
     rows = conn.execute(RECORD, {"events": json.dumps(events), "grace": grace}).all()
