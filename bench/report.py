@@ -92,7 +92,8 @@ def git_commit() -> str:
             return ""
 
     commit = git("rev-parse", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    # the run's own outputs (plots, RESULTS.md, CHAOS.md) are not changes to what it measured
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/*.png", ":!bench/*.md")
     return commit + (" (with uncommitted changes)" if dirty else "")
 
 
