@@ -94,10 +94,17 @@ def test_an_idle_system_is_quiet_at_info_and_a_turn_is_not(make_stack: Callable[
         answer = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "hello"})
         assert answer.json()["assistantMessage"] == "echo: hello", answer.text
     client.close()
-    records = [json.loads(x) for p in (worker, beat) for x in p.log().splitlines() if x.startswith("{")]
-    assert not [r for r in records if T_SWEEP in r["message"] or "nanofleet-sweep" in r["message"]]
-    step = [r["message"] for r in records if r["level"] == "INFO" and f"Task {T_AGENT_STEP}[" in r["message"]]
-    assert any(m.endswith("received") for m in step) and any(" succeeded in " in m for m in step)
+
+    def records() -> list[dict[str, str]]:
+        return [json.loads(x) for p in (worker, beat) for x in p.log().splitlines() if x.startswith("{")]
+
+    def step() -> list[str]:
+        return [r["message"] for r in records() if r["level"] == "INFO" and f"Task {T_AGENT_STEP}[" in r["message"]]
+
+    # Celery writes a task's "succeeded" line once it has returned: after the reply the chat waited for
+    wait_until(lambda: any(" succeeded in " in m for m in step()), timeout=30, message="the step's succeeded line")
+    assert any(m.endswith("received") for m in step())
+    assert not [r for r in records() if T_SWEEP in r["message"] or "nanofleet-sweep" in r["message"]]
 
 
 def test_a_secret_is_masked_however_a_json_line_escapes_it() -> None:
