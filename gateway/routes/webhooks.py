@@ -183,7 +183,8 @@ class FastPath:
         except Exception as err:
             if not unavailable(err):
                 raise
-            # logged by the ledger; the platform sends the event again (Telegram, Slack: after a 5xx)
+            # the platform sends the event again (the ledger logged a failed write with its traceback)
+            log.warning("%s: the database is unavailable (%s); answered 503", name, type(err).__name__)
             response = JSONResponse({"detail": "the database is unavailable; try again shortly"}, status_code=503,
                                     headers={"Retry-After": "5"})
         await response(scope, receive, send)
