@@ -350,7 +350,10 @@ def test_the_summarize_strategy_summarises_what_the_token_guard_cut(make_stack: 
 
         assert wait_until(summary, timeout=30, message="a SUMMARY message").content.startswith("SUMMARY:")  # type: ignore[union-attr]
         api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "what do you remember?"})
-        system = [m["content"] for m in fake_llm.requests[-1]["messages"] if m["role"] == "system"]
+        # the turn's request: a compaction the turns enqueued may call the model after it
+        turn = [r for r in fake_llm.requests
+                if any(m["role"] == "user" and m["content"] == "what do you remember?" for m in r["messages"])]
+        system = [m["content"] for m in turn[-1]["messages"] if m["role"] == "system"]
         assert any("Summary of the earlier conversation" in c for c in system)
 
 
