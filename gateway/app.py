@@ -18,7 +18,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.deps import bearer_token, key_refusal, redis_unavailable
+from gateway.deps import bearer_token, database_unavailable, key_refusal, redis_unavailable
 from gateway.routes import conversations, cron, health, outbox, runs, skills, subagents, tools, web, webhooks
 from gateway.schemas import MAX_BODY
 from gateway.state import AppState
@@ -62,6 +62,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(NanofleetError, _nanofleet_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(redis.ConnectionError, _redis_unavailable)  # type: ignore[arg-type]
+    for unreachable in db.UNAVAILABLE:
+        app.add_exception_handler(unreachable, _database_unavailable)
     return app
 
 
@@ -214,6 +216,10 @@ async def _nanofleet_error(request: Request, err: NanofleetError) -> JSONRespons
 
 async def _redis_unavailable(request: Request, err: redis.ConnectionError) -> JSONResponse:
     return redis_unavailable(err)
+
+
+async def _database_unavailable(request: Request, err: Exception) -> JSONResponse:
+    return database_unavailable(err)
 
 
 def factory() -> FastAPI:

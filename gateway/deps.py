@@ -4,6 +4,7 @@ request and dependency."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated
 
@@ -21,6 +22,7 @@ from shared.channels.signing import same
 from shared.db import get_engine
 from shared.settings import Settings
 
+log = logging.getLogger(__name__)
 bearer = HTTPBearer(auto_error=False)
 
 
@@ -100,3 +102,12 @@ def redis_unavailable(err: redis.ConnectionError) -> JSONResponse:
     detail = ("every Redis connection is in use (too many open event streams or waiting chats)" if busy
               else "Redis is unreachable")
     return JSONResponse({"detail": f"{detail}; try again shortly"}, status_code=503, headers={"Retry-After": "5"})
+
+
+def database_unavailable(err: Exception) -> JSONResponse:
+    """The database unreachable, or no pooled connection free in time (shared.db.unavailable): a 503
+    to try again, not a 500. The line names the error's kind only: its text may quote the statement's
+    parameters, a message's words among them."""
+    log.warning("the database is unavailable (%s); answered 503", type(err).__name__)
+    return JSONResponse({"detail": "the database is unavailable; try again shortly"}, status_code=503,
+                        headers={"Retry-After": "5"})

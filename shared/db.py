@@ -91,10 +91,13 @@ def _ping_if_idle(dialect: Dialect, dbapi: Any, record: ConnectionPoolEntry, _pr
 NO_DATABASE = re.compile(r'database ".*" does not exist')  # libpq's reason when connecting to one that is not there
 
 
+UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout)  # what the database unreachable or busy raises
+
+
 def unavailable(err: BaseException) -> bool:
     """Whether `err` says the database could not be reached, or had no connection free (another
     try may well succeed), rather than that the statement was wrong."""
-    return isinstance(err, (OperationalError, InterfaceError, PoolTimeout)) or (
+    return isinstance(err, UNAVAILABLE) or (
         isinstance(err, DBAPIError) and err.connection_invalidated)
 
 

@@ -24,7 +24,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.deps import StateDep, app_state, redis_unavailable
+from gateway.deps import StateDep, app_state, database_unavailable, redis_unavailable
 from gateway.state import AppState
 from shared.channels import REGISTRY, delivery
 from shared.channels.base import BaseChannel, Channel, Parsed, WebhookError
@@ -183,10 +183,7 @@ class FastPath:
         except Exception as err:
             if not unavailable(err):
                 raise
-            # the platform sends the event again (the ledger logged a failed write with its traceback)
-            log.warning("%s: the database is unavailable (%s); answered 503", name, type(err).__name__)
-            response = JSONResponse({"detail": "the database is unavailable; try again shortly"}, status_code=503,
-                                    headers={"Retry-After": "5"})
+            response = database_unavailable(err)  # the platform sends the event again
         await response(scope, receive, send)
 
 

@@ -83,12 +83,15 @@ def test_a_platforms_answered_webhooks_get_one_line_a_second_that_counts_the_oth
                      ("INFO", " (and 2 more answered since the last line)", "200")]
 
 
-def test_a_webhook_that_meets_the_database_down_gets_a_503_to_send_it_again(tmp_path: Path) -> None:
+def test_a_request_that_meets_the_database_down_gets_a_503_to_try_again(tmp_path: Path) -> None:
+    """A webhook (its platform sends it again) and an API call alike; both were 500s with a traceback."""
     down = _settings(tmp_path).model_copy(
         update={"database_url": f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/none"})
     message = {"update_id": 4, "message": {"message_id": 1, "date": 0, "chat": {"id": 5, "type": "private"},
                                            "from": {"id": 6, "is_bot": False, "first_name": "A"}, "text": "hi"}}
     for client in api_client(down):
-        answer = client.post("/webhooks/telegram", json=message, headers={"x-telegram-bot-api-secret-token": SECRET})
-    assert answer.status_code == 503 and answer.headers["retry-after"] == "5", answer.text
-    assert "database is unavailable" in answer.json()["detail"]
+        webhook = client.post("/webhooks/telegram", json=message, headers={"x-telegram-bot-api-secret-token": SECRET})
+        api = client.post("/api/v1/conversations")
+    for answer in (webhook, api):
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "5", answer.text
+        assert "database is unavailable" in answer.json()["detail"]
