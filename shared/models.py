@@ -236,6 +236,11 @@ class InboundEvent(SQLModel, table=True):
     message: dict[str, Any] | None = Field(default=None, sa_column=Column(JSONB(none_as_null=True)))  # InboundMessage
     session_key: str | None = None
     recheck_at: datetime | None = _ts()  # when the sweeper enqueues its submission again if it is still here
+    # A message whose submission raised max_recoveries times is moved from `message` to `set_aside`,
+    # with the last error, so that the messages after it in its chat go on
+    failures: int = 0
+    set_aside: dict[str, Any] | None = Field(default=None, sa_column=Column(JSONB(none_as_null=True)))
+    error: str | None = Field(default=None, sa_column=Column(Text))
 
 
 class Outbox(SQLModel, table=True):

@@ -221,6 +221,7 @@ class RuntimeSettings(BaseModel):
     requeue_grace: float = 15.0  # after the sweeper re-enqueues a step, how long before it may again
     # A step (or idempotent tool call) that failed this many times (it raised, or its worker died in
     # it) fails its run instead of being tried again: something in it kills workers or always raises.
+    # An inbound message whose submission raised this many times is set aside (shared.channels.inbound).
     max_recoveries: int = Field(default=5, ge=1)
 
 

@@ -20,6 +20,7 @@ from sqlmodel import Session, select
 from shared.agent import conversations
 from shared.agent.runtime import Next, Runtime
 from shared.agent.service import Submitted, after_commit, command_of, submit
+from shared.agent.steps import transient
 from shared.constants import T_INGEST
 from shared.contracts import InboundMessage
 from shared.db import table_of
@@ -28,6 +29,9 @@ from shared.outbox import add_reply
 
 log = logging.getLogger(__name__)
 UNSUPPORTED = "Sorry, I can only read text for now, not {what}. Could you write it out?"
+SET_ASIDE = ("Sorry, I couldn't take in your message: something went wrong on my side each time I tried. "
+             "Send it again, or put it differently; if it keeps happening, the operator can find the error "
+             "in the worker log.")
 RESUBMIT_BATCH = 500
 
 LEDGER = table_of(InboundEvent)
@@ -89,7 +93,8 @@ def submission(event_ids: list[int]) -> list[Next]:
 def submit_recorded(rt: Runtime, event_ids: list[int]) -> list[Next]:
     """Submit the messages of these ledger events, each after its session's earlier ones; returns the
     tasks to enqueue. Each message is its own transaction, and a session whose message fails (logged)
-    leaves the others to go on: its messages stay on the ledger for the sweeper to enqueue again."""
+    leaves the others to go on: its messages stay on the ledger for the sweeper to enqueue again, until
+    the failing one is set aside (_failed)."""
     nexts: list[Next] = []
     for event_id in event_ids:
         try:
@@ -106,23 +111,78 @@ def _submit_through(rt: Runtime, event_id: int, nexts: list[Next]) -> None:
     its conversation until its transaction ends, and a /stop after it in the same one would then lock
     runs, an order that deadlocks with a step ending its run (conversations.find)."""
     while True:
-        with rt.session() as s:
-            key = s.execute(select(LEDGER.c.session_key).where(LEDGER.c.id == event_id, PENDING)).scalar()
-            if key is None:  # submitted (with an earlier one of its session, or by a replay)
+        taking: int | None = None
+        try:
+            with rt.session() as s:
+                key = s.execute(select(LEDGER.c.session_key).where(LEDGER.c.id == event_id, PENDING)).scalar()
+                if key is None:  # submitted (with an earlier one of its session, or by a replay)
+                    return
+                _lock(s, key)
+                row = s.execute(select(LEDGER.c.id, LEDGER.c.message)
+                                .where(LEDGER.c.session_key == key, PENDING, LEDGER.c.id <= event_id)
+                                .order_by(LEDGER.c.id).limit(1)).first()
+                if row is None:  # another submitter took it while this one waited for the lock
+                    return
+                taking = row.id
+                submitted, added = _one(rt, s, InboundMessage.model_validate(row.message))
+                s.execute(update(LEDGER).where(LEDGER.c.id == row.id).values(message=None))
+        except Exception as err:
+            if taking is None or transient(err) or not _failed(rt, taking, err, nexts):
+                raise
+            if taking == event_id:
                 return
-            s.execute(select(func.pg_advisory_xact_lock(func.hashtextextended(f"inbound:{key}", 0))))
-            row = s.execute(select(LEDGER.c.id, LEDGER.c.message)
-                            .where(LEDGER.c.session_key == key, PENDING, LEDGER.c.id <= event_id)
-                            .order_by(LEDGER.c.id).limit(1)).first()
-            if row is None:  # another submitter took it while this one waited for the lock
-                return
-            submitted, added = _one(rt, s, InboundMessage.model_validate(row.message))
-            s.execute(update(LEDGER).where(LEDGER.c.id == row.id).values(message=None))
+            continue
         nexts += added
         if submitted is not None:
             after_commit(rt, submitted)
         if row.id == event_id:
             return
+
+
+def _lock(s: Session, session_key: str) -> None:
+    """The session's submission lock, until the transaction ends."""
+    s.execute(select(func.pg_advisory_xact_lock(func.hashtextextended(f"inbound:{session_key}", 0))))
+
+
+def _failed(rt: Runtime, event_id: int, err: Exception, nexts: list[Next]) -> bool:
+    """Count a failure to submit the event's message (not one of the database or the broker: those
+    are no fault of the message). At max_recoveries failures the message is set aside with the error,
+    its sender is told, and its chat goes on with the messages after it: True (else the chat waits for
+    the sweeper's next try)."""
+    bound = rt.settings.runtime.max_recoveries
+    with rt.session() as s:
+        key = s.execute(select(LEDGER.c.session_key).where(LEDGER.c.id == event_id, PENDING)).scalar()
+        if key is None:  # another submitter took it meanwhile
+            return True
+        _lock(s, key)
+        row = s.execute(update(LEDGER).where(LEDGER.c.id == event_id, PENDING)
+                        .values(failures=LEDGER.c.failures + 1)
+                        .returning(LEDGER.c.failures, LEDGER.c.message, LEDGER.c.channel)).first()
+        if row is None:
+            return True
+        if row.failures < bound:
+            log.warning("inbound event %s: its message could not be submitted (%d of %d tries): %r",
+                        event_id, row.failures, bound, err)
+            return False
+        s.execute(update(LEDGER).where(LEDGER.c.id == event_id)
+                  .values(message=None, set_aside=row.message, error=f"{type(err).__name__}: {err}"[:1000]))
+        told = _tell_set_aside(rt, s, row.channel, event_id, row.message)
+    log.error("inbound event %s: its message failed %d times and is set aside (inbound_events.set_aside); "
+              "its chat goes on: %r", event_id, row.failures, err)
+    nexts += told
+    return True
+
+
+def _tell_set_aside(rt: Runtime, s: Session, channel: str, event_id: int, stored: object) -> list[Next]:
+    """The sender's notice that their message was set aside; none when it cannot even be read."""
+    try:
+        msg = InboundMessage.model_validate(stored)
+    except ValueError:
+        log.error("inbound event %s on %s: the message set aside cannot be read; its sender is not told",
+                  event_id, channel)
+        return []
+    return add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel, chat_id=msg.chat_id,
+                     text=SET_ASIDE, meta=msg.reply_meta)
 
 
 def _one(rt: Runtime, s: Session, msg: InboundMessage) -> tuple[Submitted | None, list[Next]]:

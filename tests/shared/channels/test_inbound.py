@@ -7,12 +7,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+from sqlmodel import Session
 
 from shared.agent.runtime import Next, Runtime
+from shared.agent.service import Submitted
 from shared.channels import inbound
 from shared.channels.inbound import Entry
-from shared.constants import T_AGENT_STEP, T_INGEST
+from shared.constants import T_AGENT_STEP, T_INGEST, T_OUTBOUND_DELIVER
 from shared.contracts import InboundMessage
 from shared.db import get_engine
 from tests.support.processes import wait_until
@@ -67,18 +71,60 @@ def test_a_sessions_messages_are_submitted_once_each_in_the_order_they_came(
     assert _rows(rt, "select count(*) from inbound_events where message is not null") == [(0,)]
 
 
-def test_a_message_that_cannot_be_submitted_holds_up_its_own_chat_only(make_stack: Callable[..., Stack]) -> None:
+def test_a_message_that_cannot_be_submitted_holds_up_its_own_chat_only_until_set_aside(
+        make_stack: Callable[..., Stack]) -> None:
     """One event that fails (here a stored message no longer readable) is logged and left for the
-    sweeper; the other sessions of the same task are submitted all the same."""
-    rt = Runtime.build(make_stack().settings)
+    sweeper; the other sessions of the same task are submitted all the same. Its own chat's later
+    messages wait behind it until it failed max_recoveries times; then it is set aside with the error
+    and they go on."""
+    rt = Runtime.build(make_stack(RUNTIME__MAX_RECOVERIES="3").settings)
     with get_engine(rt.settings.database_url).begin() as conn:
         [bad] = conn.execute(text("insert into inbound_events (channel, event_id, received_at, message, session_key) "
                                   "values ('telegram', 'bad', now(), '{\"no\": \"message\"}', 'telegram:41') "
                                   "returning id")).scalars()
         good = inbound.record(conn, [Entry(_msg("fine", chat="43"), True)], grace=60).to_submit
+        after = inbound.record(conn, [Entry(_msg("after it", chat="41"), True)], grace=60).to_submit
     assert len(inbound.submit_recorded(rt, [bad, *good])) == 1  # the good one's turn
     assert _rows(rt, "select content from messages where role = 'USER'") == [("fine",)]
-    assert _rows(rt, "select event_id from inbound_events where message is not null") == [("bad",)]
+    assert inbound.submit_recorded(rt, after) == []  # "after it" waits behind the bad one: its second failure
+    assert _rows(rt, "select event_id, failures from inbound_events where message is not null order by id") == \
+        [("bad", 2), ("after it", 0)]
+    assert len(inbound.submit_recorded(rt, after)) == 1  # the third: set aside; "after it" starts its turn
+    assert _rows(rt, "select content from messages where role = 'USER' order by id") == [("fine",), ("after it",)]
+    assert _rows(rt, "select event_id, failures, set_aside->>'no', error like '%ValidationError%' from inbound_events "
+                     "where set_aside is not null") == [("bad", 3, "message", True)]
+    assert _rows(rt, "select count(*) from inbound_events where message is not null") == [(0,)]
+    assert _rows(rt, "select count(*) from outbox") == [(0,)]  # nobody to tell: the message cannot be read
+
+
+def test_a_message_set_aside_is_told_to_its_sender(make_stack: Callable[..., Stack],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A readable message whose submission raises each time (a bug): once set aside, its sender gets
+    a notice through the outbox instead of silence. A failure of the database is no fault of the
+    message and is not counted."""
+    rt = Runtime.build(make_stack(RUNTIME__MAX_RECOVERIES="2").settings)
+    one = inbound._one
+
+    def failing(rt: Runtime, s: Session, msg: InboundMessage) -> tuple[Submitted | None, list[Next]]:
+        if msg.content == "poison":
+            raise RuntimeError("a bug meets this message")
+        if msg.content == "database down":
+            raise OperationalError("select", {}, Exception("connection refused"))
+        return one(rt, s, msg)
+
+    monkeypatch.setattr(inbound, "_one", failing)
+    with get_engine(rt.settings.database_url).begin() as conn:
+        ids = inbound.record(conn, [Entry(_msg("poison"), True), Entry(_msg("database down", chat="44"), True)],
+                             grace=60).to_submit
+    for _ in range(3):
+        assert inbound.submit_recorded(rt, [ids[1]]) == []
+    assert inbound.submit_recorded(rt, [ids[0]]) == []  # the first failure
+    [deliver] = inbound.submit_recorded(rt, [ids[0]])  # the second: set aside, and its sender told
+    assert deliver.task == T_OUTBOUND_DELIVER
+    assert _rows(rt, "select chat_id, content from outbox") == [("42", inbound.SET_ASIDE)]
+    assert _rows(rt, "select event_id, failures, message is null, set_aside->>'content' from inbound_events "
+                     "order by id") == [("poison", 2, True, "poison"), ("database down", 0, False, None)]
+    assert _rows(rt, "select count(*) from runs") == [(0,)]
 
 
 def test_a_message_then_stop_do_not_deadlock_with_a_step_ending_the_turn(make_stack: Callable[..., Stack]) -> None:
