@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Any, TypeVar
 
+import psycopg
 from sqlalchemy import Dialect, Engine, Table, Update, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
@@ -57,6 +58,14 @@ def connect_args(url: str) -> dict[str, Any]:
     return {name: value for name, value in defaults.items() if name not in given}
 
 
+async def async_connect(url: str) -> psycopg.AsyncConnection[tuple[Any, ...]]:
+    """A plain psycopg connection in autocommit, for a statement that is its own transaction on an
+    event loop (SQLAlchemy's async layer costs more Python than the statement), with the options
+    of get_engine's connections."""
+    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    return await psycopg.AsyncConnection.connect(conninfo, autocommit=True, **connect_args(url))
+
+
 @lru_cache(maxsize=8)
 def get_engine(url: str, pool_size: int | None = None) -> Engine:
     """One pooled engine per URL and process, of the configured size (configure) unless `pool_size`
@@ -91,7 +100,9 @@ def _ping_if_idle(dialect: Dialect, dbapi: Any, record: ConnectionPoolEntry, _pr
 NO_DATABASE = re.compile(r'database ".*" does not exist')  # libpq's reason when connecting to one that is not there
 
 
-UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout)  # what the database unreachable or busy raises
+# What the database unreachable or busy raises: through SQLAlchemy, or from psycopg itself (the
+# gateway's ledger writer: async_connect)
+UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout, psycopg.OperationalError, psycopg.InterfaceError)
 
 
 def unavailable(err: BaseException) -> bool:

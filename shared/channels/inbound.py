@@ -13,8 +13,10 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
-from sqlalchemy import Connection, func, text, update
+import psycopg
+from sqlalchemy import func, update
 from sqlmodel import Session, select
 
 from shared.agent import conversations
@@ -40,13 +42,13 @@ LEDGER = table_of(InboundEvent)
 # key] (one C-encoded parameter: text arrays cost Python work per element). A duplicate, in the ledger or
 # the batch, is skipped. One statement alone needs no transaction around it: the gateway runs it in
 # autocommit, a single round trip.
-RECORD = text("""
+RECORD = """
     INSERT INTO inbound_events (channel, event_id, message, session_key, received_at, recheck_at)
-    SELECT e.doc->>0, e.doc->>1, (e.doc->>2)::jsonb, e.doc->>3, now(), now() + make_interval(secs => :grace)
-    FROM jsonb_array_elements(CAST(:events AS jsonb)) WITH ORDINALITY AS e(doc, n)
+    SELECT e.doc->>0, e.doc->>1, (e.doc->>2)::jsonb, e.doc->>3, now(), now() + make_interval(secs => %(grace)s)
+    FROM jsonb_array_elements(CAST(%(events)s AS jsonb)) WITH ORDINALITY AS e(doc, n)
     ORDER BY e.n
     ON CONFLICT (channel, event_id) DO NOTHING
-    RETURNING id, channel, event_id""")
+    RETURNING id, channel, event_id"""
 PENDING = LEDGER.c.message.is_not(None)
 
 
@@ -67,21 +69,21 @@ class Recorded:
     to_submit: list[int]
 
 
-def record(conn: Connection, entries: list[Entry], grace: float) -> Recorded:
+async def record(conn: psycopg.AsyncConnection[tuple[Any, ...]], entries: list[Entry], grace: float) -> Recorded:
     """Add `entries` to the ledger in one statement (in the caller's transaction, or its own in
     autocommit); the task that submits the new messages is `submission(recorded.to_submit)`,
     enqueued after the commit."""
     events = [[e.message.channel, e.message.event_id, e.message.model_dump_json() if e.allowed else None,
                e.message.key() if e.allowed else None] for e in entries]
-    rows = conn.execute(RECORD, {"events": json.dumps(events), "grace": grace}).all()
-    ids = {(r.channel, r.event_id): r.id for r in rows}
+    cursor = await conn.execute(RECORD, {"events": json.dumps(events), "grace": grace}, prepare=True)
+    ids = {(channel, event_id): ledger_id for ledger_id, channel, event_id in await cursor.fetchall()}
     new: list[bool] = []
     to_submit: list[int] = []
     for e in entries:  # the same event twice in one batch (a retry racing the first) is new once
-        event_id = ids.pop((e.message.channel, e.message.event_id), None)
-        new.append(event_id is not None)
-        if event_id is not None and e.allowed:
-            to_submit.append(event_id)
+        ledger_id = ids.pop((e.message.channel, e.message.event_id), None)
+        new.append(ledger_id is not None)
+        if ledger_id is not None and e.allowed:
+            to_submit.append(ledger_id)
     return Recorded(new, to_submit)
 
 

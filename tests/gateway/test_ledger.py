@@ -12,7 +12,8 @@ from sqlalchemy import text
 
 from gateway.ledger import Ledger
 from shared.agent.runtime import Next
-from shared.channels.inbound import Entry
+from shared.channels.inbound import Entry, Recorded
+from shared.constants import T_INGEST
 from shared.contracts import InboundMessage
 from shared.db import get_engine, unavailable
 from tests.fakes.server import free_port
@@ -31,17 +32,19 @@ def test_a_burst_shares_writes_and_a_bad_event_fails_its_own_request_only(
     commit = ledger._commit
     writes: list[list[str]] = []
 
-    def failing_on_poison(entries: list[Entry], tell: Callable[[list[bool]], object]) -> None:
+    async def failing_on_poison(entries: list[Entry]) -> Recorded:
         writes.append([e.message.event_id for e in entries])
         if any(e.message.event_id == "poison" for e in entries):
             raise RuntimeError("this event cannot be stored")
-        commit(entries, tell)
+        return await commit(entries)
 
     monkeypatch.setattr(ledger, "_commit", failing_on_poison)
 
     async def burst() -> list[object]:  # five requests at once: one write for them all
-        return await asyncio.gather(*(ledger.record([_entry(e)]) for e in ("e0", "e1", "poison", "e2", "e1")),
-                                    return_exceptions=True)
+        answers: list[object] = await asyncio.gather(
+            *(ledger.record([_entry(e)]) for e in ("e0", "e1", "poison", "e2", "e1")), return_exceptions=True)
+        await ledger.drain(timeout=30)
+        return answers
 
     results = asyncio.run(burst())
     assert results[:2] == [[True], [True]] and isinstance(results[2], RuntimeError)
@@ -51,9 +54,34 @@ def test_a_burst_shares_writes_and_a_bad_event_fails_its_own_request_only(
     with get_engine(settings.database_url).connect() as conn:
         stored = conn.execute(text("select id, event_id from inbound_events order by id")).all()
     assert [e for _, e in stored] == ["e0", "e1", "e2"]
-    ids = [i for i, _ in stored]
-    # a submission task per write that added events (e0, e1, e2); the retry's write adds none
-    assert [[n.args for n in nexts] for nexts in sent] == [[([i],)] for i in ids] + [[]]
+    # each message's submission enqueued once, in order: the writes that end during an enqueue share the next
+    assert all(n.task == T_INGEST for nexts in sent for n in nexts)
+    assert [i for nexts in sent for n in nexts for i in n.args[0]] == [i for i, _ in stored]
+
+
+def test_a_connection_the_server_dropped_is_replaced_without_failing_a_request(
+        make_stack: Callable[..., Stack]) -> None:
+    """The writer keeps one connection; when the server ends it (a restart, an idle timeout), the
+    next write finds it dead, connects again and sends its statement again, and its requests get
+    their answer, not a 503."""
+    settings = make_stack().settings
+    ledger = Ledger(settings, lambda nexts: None)
+    engine = get_engine(settings.database_url)
+
+    async def twice() -> list[list[bool]]:
+        first = await ledger.record([_entry("before")])
+        assert ledger._conn is not None
+        with engine.begin() as conn:  # as a server restart does to every connection
+            ended = conn.execute(text("select pg_terminate_backend(:pid)"), {"pid": ledger._conn.info.backend_pid})
+            assert ended.scalar() is True
+        second = await ledger.record([_entry("after"), _entry("before")])
+        await ledger.drain(timeout=30)
+        return [first, second]
+
+    assert asyncio.run(twice()) == [[True], [True, False]]
+    with engine.connect() as conn:
+        assert conn.execute(text("select event_id from inbound_events order by id")).scalars().all() == \
+            ["before", "after"]
 
 
 def test_a_burst_the_database_cannot_take_fails_in_one_write(make_stack: Callable[..., Stack],
@@ -67,9 +95,9 @@ def test_a_burst_the_database_cannot_take_fails_in_one_write(make_stack: Callabl
     commit = ledger._commit
     writes: list[int] = []
 
-    def counted(entries: list[Entry], tell: Callable[[list[bool]], object]) -> None:
+    async def counted(entries: list[Entry]) -> Recorded:
         writes.append(len(entries))
-        commit(entries, tell)
+        return await commit(entries)
 
     monkeypatch.setattr(ledger, "_commit", counted)
 

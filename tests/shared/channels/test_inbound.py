@@ -4,6 +4,7 @@ and, with a real worker and beat, a submission whose task was lost."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 
@@ -15,16 +16,25 @@ from sqlmodel import Session
 from shared.agent.runtime import Next, Runtime
 from shared.agent.service import Submitted
 from shared.channels import inbound
-from shared.channels.inbound import Entry
+from shared.channels.inbound import Entry, Recorded
 from shared.constants import T_AGENT_STEP, T_INGEST, T_OUTBOUND_DELIVER
 from shared.contracts import InboundMessage
-from shared.db import get_engine
+from shared.db import async_connect, get_engine
 from tests.support.processes import wait_until
 from tests.support.stack import Stack
 
 
 def _msg(content: str, chat: str = "42", event: str | None = None) -> InboundMessage:
     return InboundMessage(channel="telegram", chat_id=chat, sender_id="7", content=content, event_id=event or content)
+
+
+def _record(rt: Runtime, entries: list[Entry], grace: float = 60) -> Recorded:
+    """The gateway's statement, on a connection of its own (as gateway/ledger.py runs it)."""
+    async def record() -> Recorded:
+        async with await async_connect(rt.settings.database_url) as conn:
+            return await inbound.record(conn, entries, grace)
+
+    return asyncio.run(record())
 
 
 def _rows(rt: Runtime, sql: str, **params: object) -> list[tuple[object, ...]]:
@@ -34,14 +44,11 @@ def _rows(rt: Runtime, sql: str, **params: object) -> list[tuple[object, ...]]:
 
 def test_one_statement_records_a_batch_and_tells_new_events_from_retries(make_stack: Callable[..., Stack]) -> None:
     rt = Runtime.build(make_stack().settings)
-    engine = get_engine(rt.settings.database_url)
-    with engine.begin() as conn:
-        first = inbound.record(conn, [Entry(_msg("a"), True)], grace=60)
-    with engine.begin() as conn:  # a retry of "a", a denied sender, and "b" twice (a retry racing it)
-        batch = inbound.record(conn, [Entry(_msg("a"), True), Entry(_msg("denied"), False),
-                                      Entry(_msg("b"), True), Entry(_msg("b"), True)], grace=60)
-    with engine.begin() as conn:  # only denied senders: no message at all in the statement
-        denied = inbound.record(conn, [Entry(_msg("denied too"), False)], grace=60)
+    first = _record(rt, [Entry(_msg("a"), True)])
+    # a retry of "a", a denied sender, and "b" twice (a retry racing it)
+    batch = _record(rt, [Entry(_msg("a"), True), Entry(_msg("denied"), False), Entry(_msg("b"), True),
+                         Entry(_msg("b"), True)])
+    denied = _record(rt, [Entry(_msg("denied too"), False)])  # only denied senders: no message in the statement
     assert first.new == [True] and batch.new == [False, True, True, False] and denied.new == [True]
     assert denied.to_submit == [] and inbound.submission(denied.to_submit) == []
     assert inbound.submission(batch.to_submit) == [Next(T_INGEST, (batch.to_submit,))] and len(batch.to_submit) == 1
@@ -57,9 +64,8 @@ def test_a_sessions_messages_are_submitted_once_each_in_the_order_they_came(
     """Submissions of one session run one at a time, and the first takes the messages before its
     own: tasks that run out of order (on two workers) keep the chat's order, and replays do nothing."""
     rt = Runtime.build(make_stack().settings)
-    with get_engine(rt.settings.database_url).begin() as conn:
-        ids = inbound.record(conn, [Entry(_msg(c), True) for c in ("one", "two", "three")]
-                             + [Entry(_msg("elsewhere", chat="43"), True)], grace=60).to_submit
+    ids = _record(rt, [Entry(_msg(c), True) for c in ("one", "two", "three")]
+                  + [Entry(_msg("elsewhere", chat="43"), True)]).to_submit
     nexts = inbound.submit_recorded(rt, [ids[1]])  # the second message's task runs first
     [(run_id,)] = _rows(rt, "select id from runs")
     assert nexts == [Next(T_AGENT_STEP, (run_id, 0))]  # "two" waits in the mailbox of the turn "one" started
@@ -82,8 +88,8 @@ def test_a_message_that_cannot_be_submitted_holds_up_its_own_chat_only_until_set
         [bad] = conn.execute(text("insert into inbound_events (channel, event_id, received_at, message, session_key) "
                                   "values ('telegram', 'bad', now(), '{\"no\": \"message\"}', 'telegram:41') "
                                   "returning id")).scalars()
-        good = inbound.record(conn, [Entry(_msg("fine", chat="43"), True)], grace=60).to_submit
-        after = inbound.record(conn, [Entry(_msg("after it", chat="41"), True)], grace=60).to_submit
+    good = _record(rt, [Entry(_msg("fine", chat="43"), True)]).to_submit
+    after = _record(rt, [Entry(_msg("after it", chat="41"), True)]).to_submit
     assert len(inbound.submit_recorded(rt, [bad, *good])) == 1  # the good one's turn
     assert _rows(rt, "select content from messages where role = 'USER'") == [("fine",)]
     assert inbound.submit_recorded(rt, after) == []  # "after it" waits behind the bad one: its second failure
@@ -113,9 +119,7 @@ def test_a_message_set_aside_is_told_to_its_sender(make_stack: Callable[..., Sta
         return one(rt, s, msg)
 
     monkeypatch.setattr(inbound, "_one", failing)
-    with get_engine(rt.settings.database_url).begin() as conn:
-        ids = inbound.record(conn, [Entry(_msg("poison"), True), Entry(_msg("database down", chat="44"), True)],
-                             grace=60).to_submit
+    ids = _record(rt, [Entry(_msg("poison"), True), Entry(_msg("database down", chat="44"), True)]).to_submit
     for _ in range(3):
         assert inbound.submit_recorded(rt, [ids[1]]) == []
     assert inbound.submit_recorded(rt, [ids[0]]) == []  # the first failure
@@ -133,12 +137,11 @@ def test_a_message_then_stop_do_not_deadlock_with_a_step_ending_the_turn(make_st
     deadlock (helper's review). Each message now commits before the next is submitted."""
     rt = Runtime.build(make_stack().settings)
     engine = get_engine(rt.settings.database_url)
-    with engine.begin() as conn:
-        first = inbound.record(conn, [Entry(_msg("start a turn"), True)], grace=60).to_submit
+    first = _record(rt, [Entry(_msg("start a turn"), True)]).to_submit
     inbound.submit_recorded(rt, first)
     [(cid, turn)] = _rows(rt, "select id, active_run_id from conversations")
-    with engine.begin() as conn:  # the user writes again, then stops it: both wait on the ledger
-        stop = inbound.record(conn, [Entry(_msg("hello?"), True), Entry(_msg("/stop"), True)], grace=60).to_submit[1]
+    # the user writes again, then stops it: both wait on the ledger
+    stop = _record(rt, [Entry(_msg("hello?"), True), Entry(_msg("/stop"), True)]).to_submit[1]
     failed: list[BaseException] = []
 
     def step_ending_the_turn() -> None:  # as finish() does: the run locked first, then its conversation
@@ -171,8 +174,7 @@ def test_a_recorded_message_whose_task_was_lost_is_submitted_by_the_sweeper(
     and the message gets its turn."""
     stack = make_stack()
     rt = Runtime.build(stack.settings)
-    with get_engine(rt.settings.database_url).begin() as conn:
-        inbound.record(conn, [Entry(_msg("nobody enqueued me"), True)], grace=0)  # and no task is sent
+    _record(rt, [Entry(_msg("nobody enqueued me"), True)], grace=0)  # and no task is sent
     stack.worker(queues="agent,scheduler")
     stack.beat()
     wait_until(lambda: _rows(rt, "select status from runs") == [("succeeded",)], timeout=60,
