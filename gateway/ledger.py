@@ -1,8 +1,7 @@
 """Group commit for webhooks. The events of every request that arrives while a write is under way
-wait for it to end, then go to the ledger together: one statement (its own transaction: one round
-trip, on the event loop) and one enqueued task for them all. A lone webhook is written at once, so
-waiting adds nothing when the gateway is idle, and under load each request pays a share of a write
-instead of its own.
+wait for it to end, then go to the ledger together: one statement for them all (its own transaction:
+one round trip, on the event loop). A lone webhook is written at once, so waiting adds nothing when
+the gateway is idle, and under load each request pays a share of a write instead of its own.
 
 A request is answered once its event is committed, as platforms send an unanswered event again; not
 later, while the task is enqueued (the sweeper enqueues one that is lost: shared.channels.inbound).
