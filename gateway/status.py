@@ -157,12 +157,26 @@ def _database_line(url: str) -> tuple[bool, str]:
     return True, f"database   ok (revision {revision})"
 
 
+def _failures_line(url: str) -> str:
+    """What waits for the operator: replies dead-lettered after their last retry, and inbound messages
+    set aside after failing max_recoveries times (docs/channels.md)."""
+    with _engine(url).connect() as conn:
+        replies, aside = conn.execute(text(
+            "select (select count(*) from outbox where status = 'failed'), "
+            "(select count(*) from inbound_events where set_aside is not null)")).one()
+    return (f"failures   {replies} repl{'y' if replies == 1 else 'ies'} dead-lettered "
+            f"(GET /api/v1/outbox?status=failed), {aside} inbound message{'' if aside == 1 else 's'} "
+            "set aside (inbound_events.set_aside)")
+
+
 def report(settings: Settings, echo: Callable[[str], None]) -> bool:
     """Print the database, Redis, live workers and queue depths; True when all is well."""
     from shared.queueing import make_celery
 
     ok, line = _database_line(settings.database_url)
     echo(line)
+    if ok:
+        echo(_failures_line(settings.database_url))
     if (problem := redis_problem(settings.redis_url)) is not None:
         echo(f"redis      DOWN: {masked(settings.redis_url)}: {problem} (check {REDIS_SETTING})")
         return False

@@ -11,9 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import text
 
 from gateway.status import NOT_TAKEN
 from shared.constants import BEAT_LOCK
+from shared.db import get_engine
 from tests.support.databases import database_in, reason
 from tests.support.processes import wait_until
 from tests.support.stack import Stack, answers, api_client, gateway_process
@@ -113,11 +115,20 @@ def test_status_names_a_queue_no_worker_takes_and_a_beat_that_is_not_running(
     assert f"queue      agent      0 waiting{NOT_TAKEN}" in done.stdout
     assert "queue      scheduler  0 waiting\n" in done.stdout
     assert f"beat       NOT RUNNING: nobody holds {BEAT_LOCK}" in done.stdout
+    assert "failures   0 replies dead-lettered (GET /api/v1/outbox?status=failed), 0 inbound messages set aside" \
+        in done.stdout
+    with get_engine(s.settings.database_url).begin() as conn:  # what waits for the operator is counted
+        conn.execute(text("insert into outbox (id, key, channel, chat_id, content, meta, status, attempts, created_at) "
+                          "values ('o1', 'k:0', 'telegram', '42', 'hi', '{}', 'failed', 5, now())"))
+        conn.execute(text("insert into inbound_events (channel, event_id, received_at, set_aside, failures) "
+                          "values ('telegram', 'e1', now(), '{}', 5), ('telegram', 'e2', now(), '{}', 5)"))
     s.worker(queues="agent,tools,subagents,outbound", concurrency=2)
     s.beat()
     done = wait_until(_status_once(s, lambda run: run.returncode == 0), timeout=60,
                       message="status to find every queue taken and beat running")
     assert "beat       ok" in done.stdout and "NO WORKER" not in done.stdout
+    assert "failures   1 reply dead-lettered (GET /api/v1/outbox?status=failed), 2 inbound messages set aside" \
+        in done.stdout
 
 
 def test_the_api_docs_load_nothing_from_outside(make_stack: Callable[..., Stack]) -> None:
