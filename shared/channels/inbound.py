@@ -116,10 +116,9 @@ def _submit_through(rt: Runtime, event_id: int, nexts: list[Next]) -> None:
         taking: int | None = None
         try:
             with rt.session() as s:
-                key = s.execute(select(LEDGER.c.session_key).where(LEDGER.c.id == event_id, PENDING)).scalar()
+                key = _locked_session(s, event_id)
                 if key is None:  # submitted (with an earlier one of its session, or by a replay)
                     return
-                _lock(s, key)
                 row = s.execute(select(LEDGER.c.id, LEDGER.c.message)
                                 .where(LEDGER.c.session_key == key, PENDING, LEDGER.c.id <= event_id)
                                 .order_by(LEDGER.c.id).limit(1)).first()
@@ -129,8 +128,10 @@ def _submit_through(rt: Runtime, event_id: int, nexts: list[Next]) -> None:
                 submitted, added = _one(rt, s, InboundMessage.model_validate(row.message))
                 s.execute(update(LEDGER).where(LEDGER.c.id == row.id).values(message=None))
         except Exception as err:
-            if taking is None or transient(err) or not _failed(rt, taking, err, nexts):
+            told = None if taking is None or transient(err) else _failed(rt, taking, err)
+            if told is None:
                 raise
+            nexts += told
             if taking == event_id:
                 return
             continue
@@ -141,38 +142,37 @@ def _submit_through(rt: Runtime, event_id: int, nexts: list[Next]) -> None:
             return
 
 
-def _lock(s: Session, session_key: str) -> None:
-    """The session's submission lock, until the transaction ends."""
-    s.execute(select(func.pg_advisory_xact_lock(func.hashtextextended(f"inbound:{session_key}", 0))))
+def _locked_session(s: Session, event_id: int) -> str | None:
+    """The session of the event, if its message is still to submit, with the session's submission
+    lock taken until the transaction ends."""
+    key = s.execute(select(LEDGER.c.session_key).where(LEDGER.c.id == event_id, PENDING)).scalar()
+    if key is not None:
+        s.execute(select(func.pg_advisory_xact_lock(func.hashtextextended(f"inbound:{key}", 0))))
+    return key
 
 
-def _failed(rt: Runtime, event_id: int, err: Exception, nexts: list[Next]) -> bool:
+def _failed(rt: Runtime, event_id: int, err: Exception) -> list[Next] | None:
     """Count a failure to submit the event's message (not one of the database or the broker: those
     are no fault of the message). At max_recoveries failures the message is set aside with the error,
-    its sender is told, and its chat goes on with the messages after it: True (else the chat waits for
-    the sweeper's next try)."""
+    its sender is told, and its chat goes on with the messages after it: the tasks that tell them
+    (none when another submitter took it meanwhile). None while the chat waits for the next try."""
     bound = rt.settings.runtime.max_recoveries
     with rt.session() as s:
-        key = s.execute(select(LEDGER.c.session_key).where(LEDGER.c.id == event_id, PENDING)).scalar()
-        if key is None:  # another submitter took it meanwhile
-            return True
-        _lock(s, key)
-        row = s.execute(update(LEDGER).where(LEDGER.c.id == event_id, PENDING)
-                        .values(failures=LEDGER.c.failures + 1)
-                        .returning(LEDGER.c.failures, LEDGER.c.message, LEDGER.c.channel)).first()
-        if row is None:
-            return True
+        row = None if _locked_session(s, event_id) is None else s.execute(
+            update(LEDGER).where(LEDGER.c.id == event_id, PENDING).values(failures=LEDGER.c.failures + 1)
+            .returning(LEDGER.c.failures, LEDGER.c.message, LEDGER.c.channel)).first()
+        if row is None:  # another submitter took it meanwhile (before the lock, or while this one waited for it)
+            return []
         if row.failures < bound:
             log.warning("inbound event %s: its message could not be submitted (%d of %d tries): %r",
                         event_id, row.failures, bound, err)
-            return False
+            return None
         s.execute(update(LEDGER).where(LEDGER.c.id == event_id)
                   .values(message=None, set_aside=row.message, error=f"{type(err).__name__}: {err}"[:1000]))
         told = _tell_set_aside(rt, s, row.channel, event_id, row.message)
     log.error("inbound event %s: its message failed %d times and is set aside (inbound_events.set_aside); "
               "its chat goes on: %r", event_id, row.failures, err)
-    nexts += told
-    return True
+    return told
 
 
 def _tell_set_aside(rt: Runtime, s: Session, channel: str, event_id: int, stored: object) -> list[Next]:
