@@ -131,7 +131,8 @@ class ToolRegistry:
     async def _execute(self, name: str, raw_args: dict[str, Any] | str, ctx: ToolContext) -> ToolResult:
         tool = self._tools.get(name)
         if tool is None:
-            available = ", ".join(self.names())
+            usable = [n for n, t in sorted(self._tools.items()) if decide(t, self.settings) is None]
+            available = ", ".join(usable) or "none"  # the ones offered: naming the denied would invite a try
             return ToolResult.fail(ErrorCode.NOT_FOUND, f"there is no tool named '{name}'; available: {available}")
         if (verdict := decide(tool, self.settings)) is not None:
             return verdict

@@ -55,6 +55,13 @@ def test_disabled_groups_drop_their_tools(registry: Callable[..., ToolRegistry])
     assert call(reg, "exec", {"command": "true"}).error == ErrorCode.NOT_FOUND
 
 
+def test_unknown_tool_names_only_the_tools_offered(registry: Callable[..., ToolRegistry]) -> None:
+    result = call(registry(allowed=["time", "read_file", "exec"], granted=["FS_READ"]), "nosuch", {})
+    assert result.error == ErrorCode.NOT_FOUND
+    assert result.message.endswith("available: read_file, time")  # exec is allowed, its SHELL not granted
+    assert call(registry(allowed=[]), "nosuch", {}).message.endswith("available: none")
+
+
 def test_rejected_calls_leave_no_side_effect(registry: Callable[..., ToolRegistry], workspace: Path) -> None:
     (workspace / "keep.txt").write_text("original")
     not_allowed = registry(allowed=["read_file"])
