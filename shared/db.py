@@ -16,6 +16,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.pool import ConnectionPoolEntry, NullPool
+from sqlalchemy.sql.selectable import ExecutableReturnsRows
 from sqlmodel import Session, SQLModel, select
 
 from shared.settings import DatabaseSettings
@@ -118,13 +119,16 @@ def table_of(model: type[SQLModel]) -> Table:
     return table
 
 
-def update_returning(s: Session, model: type[M], statement: Update) -> M | None:
-    """Run an UPDATE on `model`'s table and load the row it changed (None when none matched) into
-    the session. Several times cheaper than the ORM's own UPDATE ... RETURNING, which matters on
-    the hot path."""
-    returning = statement.returning(*table_of(model).c)
-    row: M | None = s.execute(select(model).from_statement(returning)).scalars().one_or_none()
-    return row
+def returning_row(model: type[M], statement: Update) -> ExecutableReturnsRows:
+    """An UPDATE on `model`'s table that loads the row it changed into the session: built once (with
+    bind parameters), run with `updated_row`. Several times cheaper than the ORM's own UPDATE ...
+    RETURNING, which matters on the hot path."""
+    return select(model).from_statement(statement.returning(*table_of(model).c))
+
+
+def updated_row(s: Session, query: ExecutableReturnsRows, params: dict[str, Any]) -> Any:
+    """The row `query` (a `returning_row`) changed, or None when none matched."""
+    return s.execute(query, params).scalars().one_or_none()
 
 
 @contextmanager

@@ -40,7 +40,7 @@ from gateway.waiting import last_event_id, wait_for_run
 from shared.agent import conversations, views
 from shared.agent.events import DELETED, RedisEvents, watch
 from shared.agent.events import read as read_events
-from shared.agent.service import Submitted, after_commit, submit
+from shared.agent.service import Submitted, after_commit, command_of, submit
 from shared.contracts import NO_NUL
 from shared.db import get_engine
 from shared.models import Conversation, RunStatus, new_id
@@ -131,7 +131,8 @@ def _submit(state: AppState, conversation_id: str, body: ChatIn) -> Submitted:
     if body.model and (refusal := state.settings.llm.refuses(body.model)):
         raise HTTPException(422, refusal)
     with Session(get_engine(state.settings.database_url), expire_on_commit=False) as s:
-        _conversation(s, conversation_id)
+        if command_of(body.message):  # answered without posting; a message to no conversation fails its insert
+            _conversation(s, conversation_id)
         try:
             out = submit(state.runtime, s, conversation_id, body.message, origin=_origin(conversation_id),
                          model=body.model)

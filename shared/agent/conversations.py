@@ -18,16 +18,18 @@ from shared.models import (
     Message,
     MessageType,
     Outbox,
+    Phase,
     Role,
     Run,
     RunKind,
+    RunStatus,
     RunStep,
     ToolCall,
     new_id,
     utcnow,
 )
 
-CONVERSATIONS, MESSAGES = table_of(Conversation), table_of(Message)
+CONVERSATIONS, MESSAGES, RUNS = table_of(Conversation), table_of(Message), table_of(Run)
 # Every inbound message runs these: Core statements built once (no unit of work, no statement building)
 FIND = select(CONVERSATIONS.c.id).where(CONVERSATIONS.c.session_key == bindparam("key"))
 # FOR KEY SHARE, what the foreign key of the message posted next takes anyway, only sooner: it waits
@@ -41,6 +43,15 @@ POST = insert(MESSAGES).values(
 TAKE_TURN = (update(CONVERSATIONS)
              .where(CONVERSATIONS.c.id == bindparam("cid"), CONVERSATIONS.c.active_run_id.is_(None))
              .values(active_run_id=bindparam("rid"), last_active_at=func.now()))
+# Every column a new run has (the model's defaults, written out: Core applies no Python ones). Its lease
+# is the sweeper's cue if the enqueue of its first step is lost, on Postgres's clock.
+START_RUN = insert(RUNS).values(
+    id=bindparam("rid"), conversation_id=bindparam("cid"), kind=bindparam("kind"), status=RunStatus.QUEUED,
+    phase=Phase.LLM, step_seq=0, iteration=0, max_iterations=bindparam("max_iterations"), model=bindparam("model"),
+    task=bindparam("task"), origin=bindparam("origin"), suppress_reply=False, announced=False, recoveries=0,
+    prompt_tokens=0, completion_tokens=0, cost=0.0, created_at=bindparam("now"),
+    lease_until=lease.until_param("lease"),
+)
 
 
 @dataclass(frozen=True)
@@ -89,11 +100,11 @@ def post_message(
     """Store a user message in the mailbox and start a turn unless one is running."""
     message_id = s.connection().execute(
         POST, {"cid": conversation_id, "text": content, "info": meta or {}, "now": utcnow()}).scalar_one()
-    run = try_start_turn(
+    run_id = try_start_turn(
         s, conversation_id, origin=origin, lease_seconds=lease_seconds,
         model=(meta or {}).get("model"), max_iterations=max_iterations,
     )
-    return Posted(message_id=message_id, conversation_id=conversation_id, run_id=run.id if run else None)
+    return Posted(message_id=message_id, conversation_id=conversation_id, run_id=run_id)
 
 
 def try_start_turn(
@@ -106,20 +117,18 @@ def try_start_turn(
     model: str | None = None,
     max_iterations: int = 20,
     task: str | None = None,
-) -> Run | None:
-    """Take the conversation's turn lock and create the run, or None when a turn is active."""
+) -> str | None:
+    """Take the conversation's turn lock and create the run; its id, or None when a turn is active.
+    Core, not the unit of work (the hot path of every message): a Conversation loaded in this session
+    keeps its old active_run_id (the lock is the row's), and objects added to the session are not
+    flushed by it."""
     run_id = new_id()
-    # Core, so a Conversation loaded in this session keeps its old active_run_id: the lock is the row's
-    if s.connection().execute(TAKE_TURN, {"cid": conversation_id, "rid": run_id}).rowcount != 1:
+    conn = s.connection()
+    if conn.execute(TAKE_TURN, {"cid": conversation_id, "rid": run_id}).rowcount != 1:
         return None
-    run = Run(id=run_id, conversation_id=conversation_id, kind=kind, origin=origin, model=model,
-              max_iterations=max_iterations, task=task)
-    # The sweeper's cue if the enqueue is lost, on its clock (an SQL expression, expired by the flush:
-    # reading it loads it, so only while the session is open)
-    run.lease_until = lease.until(lease_seconds)
-    s.add(run)
-    s.flush()
-    return run
+    conn.execute(START_RUN, {"rid": run_id, "cid": conversation_id, "kind": kind, "max_iterations": max_iterations,
+                             "model": model, "task": task, "origin": origin, "now": utcnow(), "lease": lease_seconds})
+    return run_id
 
 
 def pending_messages(s: Session, conversation_id: str) -> list[Message]:

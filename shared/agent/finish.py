@@ -73,11 +73,11 @@ def release_turn(rt: Runtime, s: Session, conv: Conversation, run: Run) -> list[
     if not waiting:
         return []
     origin = waiting[0].meta.get("origin") or run.origin
-    nxt = conversations.try_start_turn(
+    run_id = conversations.try_start_turn(
         s, conv.id, origin=origin, lease_seconds=rt.settings.runtime.lease_seconds,
         model=waiting[0].meta.get("model"), max_iterations=rt.settings.agent.max_iterations,
     )
-    return [Next(T_AGENT_STEP, (nxt.id, 0))] if nxt else []
+    return [Next(T_AGENT_STEP, (run_id, 0))] if run_id else []
 
 
 def publish_final(rt: Runtime, run: Run) -> None:

@@ -22,10 +22,10 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import bindparam, func, text, update
+from sqlalchemy import ColumnElement, Float, bindparam, func, text, update
 from sqlmodel import Session, select
 
-from shared.db import get_engine, table_of, update_returning
+from shared.db import get_engine, returning_row, table_of, updated_row
 from shared.models import ACTIVE, Phase, Run, RunStatus
 
 log = logging.getLogger(__name__)
@@ -62,9 +62,14 @@ class Held(NamedTuple):
     step: int | None
 
 
-def until(seconds: float) -> Any:
+def until(seconds: float | ColumnElement[float]) -> Any:
     """`seconds` from now on Postgres's clock, which the sweeper compares leases with."""
     return func.now() + func.make_interval(0, 0, 0, 0, 0, 0, seconds)
+
+
+def until_param(name: str) -> Any:
+    """`until` for a statement built once: the seconds are its parameter `name`."""
+    return until(bindparam(name, type_=Float))
 
 
 def db_now(s: Session) -> datetime:
@@ -78,26 +83,26 @@ def live(s: Session, run: Run) -> bool:
     return run.lease_until is not None and bool(s.execute(select(func.now() < run.lease_until)).scalar())
 
 
+_RUNS = table_of(Run)
+ACQUIRE = returning_row(Run, update(_RUNS).where(
+    _RUNS.c.id == bindparam("rid"),
+    _RUNS.c.step_seq == bindparam("seq"),
+    _RUNS.c.phase == bindparam("in_phase"),
+    _RUNS.c.status.in_([a.value for a in ACTIVE]),
+    _RUNS.c.lease_owner.is_(None) | (_RUNS.c.lease_until < func.now()),
+).values(
+    lease_owner=bindparam("owner"),
+    lease_until=until_param("lease"),
+    status=RunStatus.RUNNING.value,
+    started_at=func.coalesce(_RUNS.c.started_at, func.now()),
+))
+
+
 def acquire(s: Session, *, run_id: str, seq: int, phase: Phase, owner: str, seconds: float) -> Run | None:
     """Take the lease for step `seq` unless a live holder has it; marks the run running and returns it."""
-    runs = table_of(Run)
-    statement = (
-        update(runs)
-        .where(
-            runs.c.id == run_id,
-            runs.c.step_seq == seq,
-            runs.c.phase == phase.value,
-            runs.c.status.in_([a.value for a in ACTIVE]),
-            runs.c.lease_owner.is_(None) | (runs.c.lease_until < func.now()),
-        )
-        .values(
-            lease_owner=owner,
-            lease_until=until(seconds),
-            status=RunStatus.RUNNING.value,
-            started_at=func.coalesce(runs.c.started_at, func.now()),
-        )
-    )
-    return update_returning(s, Run, statement)
+    run: Run | None = updated_row(s, ACQUIRE, {"rid": run_id, "seq": seq, "in_phase": phase.value, "owner": owner,
+                                               "lease": seconds})
+    return run
 
 
 class LeaseKeeper:

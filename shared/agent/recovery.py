@@ -160,10 +160,10 @@ def _start_orphans(rt: Runtime, s: Session, conversation_id: str | None) -> list
     nexts = []
     for cid in ids:
         first = conversations.pending_messages(s, cid)[0]
-        run = conversations.try_start_turn(
+        run_id = conversations.try_start_turn(
             s, cid, origin=first.meta.get("origin", {}), lease_seconds=rt.settings.runtime.lease_seconds,
             model=first.meta.get("model"), max_iterations=rt.settings.agent.max_iterations,
         )
-        if run:
-            nexts.append(Next(T_AGENT_STEP, (run.id, 0)))
+        if run_id:
+            nexts.append(Next(T_AGENT_STEP, (run_id, 0)))
     return nexts

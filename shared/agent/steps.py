@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 from kombu.exceptions import OperationalError as BrokerError
-from sqlalchemy import func, insert, update
+from sqlalchemy import bindparam, func, insert, update
 from sqlmodel import Session, col, select
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
@@ -20,7 +20,7 @@ from shared.agent.finish import NOT_RUN, finish, publish_final, recorded, tool_m
 from shared.agent.runtime import Next, Runtime
 from shared.aio import run_sync
 from shared.constants import T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EXECUTE
-from shared.db import table_of, unavailable, update_returning
+from shared.db import returning_row, table_of, unavailable, updated_row
 from shared.errors import Retryable
 from shared.llm import LLMError, LLMResponse
 from shared.models import (
@@ -262,14 +262,21 @@ def _release(run: Run, lease_seconds: float) -> None:
     run.lease_until = lease.until(lease_seconds)
 
 
+_CALLS = table_of(ToolCall)
+CLAIM_CALL = returning_row(ToolCall, update(_CALLS).where(
+    _CALLS.c.id == bindparam("call"), _CALLS.c.status == ToolStatus.PENDING.value,
+).values(status=ToolStatus.RUNNING.value, attempts=_CALLS.c.attempts + 1, started_at=func.now()))
+
+WRITE_RESULT = update(_CALLS).where(
+    _CALLS.c.id == bindparam("call"), _CALLS.c.status == ToolStatus.RUNNING.value,
+).values(status=bindparam("outcome"), result=bindparam("output"), elapsed_ms=bindparam("elapsed"),
+         finished_at=func.now())
+
+
 def tool_step(rt: Runtime, tool_call_id: str) -> list[Next]:
     """Execute one tool call, unless the journal already has its result."""
-    calls = table_of(ToolCall)
     with rt.session() as s:
-        call = update_returning(s, ToolCall, update(calls)
-                                .where(calls.c.id == tool_call_id, calls.c.status == ToolStatus.PENDING.value)
-                                .values(status=ToolStatus.RUNNING.value, attempts=calls.c.attempts + 1,
-                                        started_at=func.now()))
+        call: ToolCall | None = updated_row(s, CLAIM_CALL, {"call": tool_call_id})
         claimed = call is not None
         call = call or s.get(ToolCall, tool_call_id)
         run = s.get(Run, call.run_id) if call else None
@@ -304,17 +311,12 @@ def _journal(rt: Runtime, call: ToolCall, result: ToolResult) -> list[Next] | No
 
 
 def _write_result(rt: Runtime, call: ToolCall, result: ToolResult) -> list[Next] | None:
-    calls = table_of(ToolCall)
     with rt.session() as s:  # the run first, as the sweeper, cancellation and a deletion lock (shared.agent.lease)
         locked = s.get(Run, call.run_id, with_for_update=True)
         if locked is None:
             return None
-        s.execute(
-            update(calls)
-            .where(calls.c.id == call.id, calls.c.status == ToolStatus.RUNNING.value)
-            .values(status=result.status, result=result.model_dump(mode="json"), elapsed_ms=result.elapsed_ms,
-                    finished_at=func.now())
-        )
+        s.execute(WRITE_RESULT, {"call": call.id, "outcome": result.status, "output": result.model_dump(mode="json"),
+                                 "elapsed": result.elapsed_ms})
         return _advance(rt, s, locked, call.step_seq)
 
 

@@ -73,18 +73,18 @@ def _start(rt: Runtime, s: Session, job: CronJob, at: datetime, rec: CronReceipt
         return [Next(T_DAILY_SUMMARY, (at.isoformat(),))] if job.id == DAILY_SUMMARY_ID else []
     conv = conversations.get_or_create(s, session_key=SESSION_PREFIX + job.id, channel=INTERNAL, chat_id=job.id)
     origin = {**job.origin, "cron_job_id": job.id}
-    run = conversations.try_start_turn(
+    run_id = conversations.try_start_turn(
         s, conv.id, origin=origin, lease_seconds=rt.settings.runtime.lease_seconds, kind=RunKind.CRON,
         max_iterations=rt.settings.agent.max_iterations, task=job.message,
     )
-    if run is None:
+    if run_id is None:
         log.warning("cron job %s: its session is busy; the firing for %s is dropped", job.id, at.isoformat())
         return []
-    s.add(Message(conversation_id=conv.id, run_id=run.id, role=Role.USER, content=_prompt(job, at),
+    s.add(Message(conversation_id=conv.id, run_id=run_id, role=Role.USER, content=_prompt(job, at),
                   meta={"origin": origin, "cron_job_id": job.id, "scheduled_for": at.isoformat()}))
-    rec.run_id = run.id
+    rec.run_id = run_id
     s.add(rec)
-    return [Next(T_AGENT_STEP, (run.id, 0))]
+    return [Next(T_AGENT_STEP, (run_id, 0))]
 
 
 def _fire_locked(rt: Runtime, s: Session, job: CronJob, until: datetime) -> tuple[list[Next], bool]:

@@ -151,16 +151,16 @@ def beat(rt: Runtime, now: datetime | None = None, *, delivery: str | None = Non
 def _start(rt: Runtime, s: Session, conversation_id: str, todo: str, now: datetime) -> list[Next]:
     trim(s, conversation_id)
     origin = target(s)
-    run = conversations.try_start_turn(
+    run_id = conversations.try_start_turn(
         s, conversation_id, origin=origin, lease_seconds=rt.settings.runtime.lease_seconds, kind=RunKind.HEARTBEAT,
         max_iterations=rt.settings.agent.max_iterations, task=todo,
     )
-    if run is None:
+    if run_id is None:
         return []
     content = ACT.format(now=now.isoformat(timespec="minutes"), tasks=todo, quiet=QUIET)
-    s.add(Message(conversation_id=conversation_id, run_id=run.id, role=Role.USER, content=content,
+    s.add(Message(conversation_id=conversation_id, run_id=run_id, role=Role.USER, content=content,
                   meta={"origin": origin}))
-    return [Next(T_AGENT_STEP, (run.id, 0))]
+    return [Next(T_AGENT_STEP, (run_id, 0))]
 
 
 def on_finish(rt: Runtime, s: Session, run: Run) -> list[Next]:

@@ -132,9 +132,10 @@ def announce(rt: Runtime, s: Session, child: Run) -> list[Next]:
     child.announced = True
     s.add(child)
     s.flush()
-    run = conversations.try_start_turn(s, parent_conv, origin=origin, lease_seconds=rt.settings.runtime.lease_seconds,
-                                       max_iterations=rt.settings.agent.max_iterations)
-    return [Next(T_AGENT_STEP, (run.id, 0))] if run else []
+    run_id = conversations.try_start_turn(s, parent_conv, origin=origin,
+                                          lease_seconds=rt.settings.runtime.lease_seconds,
+                                          max_iterations=rt.settings.agent.max_iterations)
+    return [Next(T_AGENT_STEP, (run_id, 0))] if run_id else []
 
 
 def listing(s: Session, *, conversation_id: str | None = None, status: RunStatus | None = None,

@@ -78,12 +78,12 @@ def parent_call(stack: Stack, name: str) -> ToolContext:
     """A turn whose step 1 journals a call of `name`, and the context that call runs with."""
     with db(stack) as s:
         conv = conversations.get_or_create(s, session_key="api:p", chat_id="p")
-        run = conversations.try_start_turn(s, conv.id, origin={"channel": "api", "chat_id": conv.id},
-                                           lease_seconds=2)
-        assert run is not None
-        s.add(ToolCall(run_id=run.id, step_seq=1, call_id="call_1", name=name))
-        return ToolContext(settings=stack.settings, run_id=run.id, conversation_id=conv.id, channel="api",
-                           chat_id=conv.id, call_id="call_1", extra={"origin": run.origin})
+        origin = {"channel": "api", "chat_id": conv.id}
+        run_id = conversations.try_start_turn(s, conv.id, origin=origin, lease_seconds=2)
+        assert run_id is not None
+        s.add(ToolCall(run_id=run_id, step_seq=1, call_id="call_1", name=name))
+        return ToolContext(settings=stack.settings, run_id=run_id, conversation_id=conv.id, channel="api",
+                           chat_id=conv.id, call_id="call_1", extra={"origin": origin})
 
 
 def call(name: str, **args: Any) -> str:
