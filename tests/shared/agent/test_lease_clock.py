@@ -14,7 +14,7 @@ from sqlalchemy import text
 from shared import models
 from shared.agent import conversations, finish, recovery, steps
 from shared.agent.runtime import Runtime
-from shared.models import Run
+from shared.models import Run, RunKind
 from shared.scheduling import subagents
 from tests.support.locks import tools_phase
 from tests.support.stack import Stack
@@ -76,3 +76,20 @@ def test_a_new_subagent_leases_from_postgres_now(rt: Runtime) -> None:
     _, run_id, _ = tools_phase(rt, session_key="t:clock-parent", tool="spawn", arguments='{"task": "look"}')
     spawned = subagents.spawn(rt.settings, parent_run_id=run_id, call_id="c0", task="look", label=None)
     assert _a_lease_from_now(_left(rt, spawned.run_id))
+
+
+def test_a_new_run_has_every_default_of_the_model(rt: Runtime) -> None:
+    """A turn is started with a Core INSERT that spells out the model's defaults: a column added to
+    Run with a default of its own must be added there too, or new runs would lack it."""
+    with rt.session() as s:
+        cid = conversations.get_or_create(s, session_key="t:defaults").id
+        run_id = conversations.try_start_turn(s, cid, origin={"channel": "api"}, lease_seconds=LEASE,
+                                              kind=RunKind.CRON, model="m", max_iterations=7, task="do")
+    assert run_id is not None
+    with rt.session() as s:
+        stored = s.get_one(Run, run_id).model_dump()
+    expected = Run(id=run_id, conversation_id=cid, origin={"channel": "api"}, kind=RunKind.CRON, model="m",
+                   max_iterations=7, task="do").model_dump()
+    assert set(stored) == set(expected)
+    differ = {k for k in stored if stored[k] != expected[k]}
+    assert differ == {"created_at", "lease_until"}  # now, on each clock
