@@ -82,17 +82,17 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return sorted(self._tools)
 
+    def offered(self) -> list[Tool]:
+        """The tools the model is offered (and may run), by name: allowed, with their permissions granted."""
+        return [t for _, t in sorted(self._tools.items()) if decide(t, self.settings) is None]
+
     def specs(self, *, exclude: Iterable[str] = ()) -> list[dict[str, Any]]:
         """Schemas of the tools that may run, for the model. Denied tools are not offered. Built once
         per set of exclusions (a JSON schema costs a fraction of a millisecond per tool, every step);
         each caller gets its own copy."""
         skip = frozenset(exclude)
         if skip not in self._specs:
-            self._specs[skip] = json.dumps([
-                t.schema()
-                for name, t in sorted(self._tools.items())
-                if name not in skip and decide(t, self.settings) is None
-            ])
+            self._specs[skip] = json.dumps([t.schema() for t in self.offered() if t.name not in skip])
         return list(json.loads(self._specs[skip]))
 
     def describe(self) -> list[dict[str, Any]]:
@@ -131,8 +131,7 @@ class ToolRegistry:
     async def _execute(self, name: str, raw_args: dict[str, Any] | str, ctx: ToolContext) -> ToolResult:
         tool = self._tools.get(name)
         if tool is None:
-            usable = [n for n, t in sorted(self._tools.items()) if decide(t, self.settings) is None]
-            available = ", ".join(usable) or "none"  # the ones offered: naming the denied would invite a try
+            available = ", ".join(t.name for t in self.offered()) or "none"  # naming a denied one invites a try
             return ToolResult.fail(ErrorCode.NOT_FOUND, f"there is no tool named '{name}'; available: {available}")
         if (verdict := decide(tool, self.settings)) is not None:
             return verdict
