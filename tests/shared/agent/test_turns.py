@@ -137,6 +137,8 @@ def test_post_returns_at_once_and_the_run_can_be_read(stack: Stack, api: Any) ->
 
 def test_unknown_conversation_and_bad_body(stack: Stack, api: Any) -> None:
     assert api.post("/api/v1/conversations/nope/chat", json={"message": "x"}).status_code == 404
+    assert api.post("/api/v1/conversations/nope/messages", json={"message": "x"}).status_code == 404
+    assert api.post("/api/v1/conversations/nope/chat", json={"message": "/help"}).status_code == 404
     assert api.get("/api/v1/conversations/nope/messages").status_code == 404
     cid = new_conversation(api)
     assert api.post(f"/api/v1/conversations/{cid}/chat", json={"message": ""}).status_code == 422
