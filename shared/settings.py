@@ -168,6 +168,17 @@ class MCPServer(BaseModel):
         return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()
 
 
+PROTECTED_FILES = ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md", "HEARTBEAT.md", "skills")
+
+
+def workspace_path(entry: str) -> str:
+    """`entry` as a normalised path relative to the workspace (no `./`, no trailing `/`)."""
+    parts = [p for p in entry.strip().split("/") if p not in ("", ".")]
+    if entry.strip().startswith(("/", "~")) or ".." in parts or not parts:
+        raise ValueError(f"{entry!r} must be a path inside the workspace, relative to it (such as 'AGENTS.md')")
+    return "/".join(parts)
+
+
 class ToolsSettings(BaseModel):
     """Which tools may run (default deny) and their groups' settings."""
 
@@ -181,6 +192,15 @@ class ToolsSettings(BaseModel):
     mcp_servers: dict[str, MCPServer] = Field(default_factory=dict)
     mcp_connect_timeout: float = 10.0  # start-up waits at most this long for the servers' tool lists
     mcp_health_interval: float = 30.0  # seconds between checks of each MCP session
+    # Workspace paths (a folder: all below it) the file tools may read but never change: these shape
+    # every conversation's system prompt and the periodic runs, so text the model read elsewhere (a
+    # fetched page) must not end up in them. MEMORY.md, the agent's own memory, stays writable.
+    protected_files: list[str] = Field(default_factory=lambda: list(PROTECTED_FILES))
+
+    @field_validator("protected_files")
+    @classmethod
+    def _check_protected(cls, v: list[str]) -> list[str]:
+        return [workspace_path(entry) for entry in v]
 
 
 class PermissionsSettings(BaseModel):

@@ -74,7 +74,7 @@ class EditFileTool(Tool):
     async def run(self, args: EditFileArgs, ctx: ToolContext) -> ToolResult:
         try:
             target = resolve(ctx.workspace, args.path)
-            with open_file(ctx.workspace, target, "r+b") as fh:
+            with open_file(ctx.workspace, target, "r+b", protected=ctx.settings.tools.protected_files) as fh:
                 if os.fstat(fh.fileno()).st_size > MAX_FILE_BYTES:
                     return ToolResult.fail(ErrorCode.TOO_LARGE,
                                            f"{args.path} is larger than {MAX_FILE_BYTES} bytes")

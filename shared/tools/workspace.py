@@ -6,6 +6,7 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -47,6 +48,18 @@ class HardLinked(OutsideWorkspace):
                                                             "copy it (cp) to a file of its own and use that")
 
 
+class Protected(OutsideWorkspace):
+    """A path the operator keeps for themselves (NANOFLEET_TOOLS__PROTECTED_FILES), to be changed."""
+
+    def __init__(self, path: str, entry: str) -> None:
+        super().__init__(path, "is protected" + ("" if entry == path else f" (it is in {entry})"))
+
+    def result(self) -> ToolResult:
+        return ToolResult.fail(ErrorCode.PERMISSION_DENIED,
+                               f"{self}: it shapes the agent's instructions, so the file tools may read it but not "
+                               "change it (NANOFLEET_TOOLS__PROTECTED_FILES); tell the user what to change instead")
+
+
 class NotAFile(OSError):
     """The path names a folder, a FIFO, a device or a socket where a regular file was expected."""
 
@@ -81,7 +94,8 @@ def display(workspace: Path, target: Path) -> str:
     return "." if target == root else str(target.relative_to(root))
 
 
-def open_file(workspace: Path, target: Path, mode: OpenMode, *, make_parents: bool = False) -> BinaryIO:
+def open_file(workspace: Path, target: Path, mode: OpenMode, *, make_parents: bool = False,
+              protected: Sequence[str] = ()) -> BinaryIO:
     """Open the regular file `target` (a path `resolve` answered) without following any symlink.
 
     Between `resolve` and the open, a folder on the way can be swapped for a symlink that leads
@@ -89,11 +103,15 @@ def open_file(workspace: Path, target: Path, mode: OpenMode, *, make_parents: bo
     O_NOFOLLOW, the last folder's and the file's real paths are checked again, and a symlink
     found on the way raises OutsideWorkspace. Missing folders are created on the way when
     `make_parents`. A file with other hard links is refused (HardLinked), judged on the open fd.
-    Raises OutsideWorkspace, NotAFile or the OSError of the open.
+    Opening for a change a path in `protected` (workspace paths; a folder's covers all below it)
+    raises Protected, before anything is made. Raises OutsideWorkspace, NotAFile or the OSError of
+    the open.
     """
     root = workspace.resolve()
     if target == root or not target.parent.is_relative_to(root):
         raise NotAFile(target, is_dir=True)
+    if mode != "rb":
+        _check_unprotected(root, target, protected)
     parent = _open_folder(root, target.parent, make_parents=make_parents)
     try:
         _check_inside(root, parent, target)
@@ -187,6 +205,16 @@ def _check_regular(fd: int, target: Path) -> None:
         raise NotAFile(target, is_dir=stat.S_ISDIR(st.st_mode))
     if st.st_nlink > 1:
         raise HardLinked(str(target), st.st_nlink)
+
+
+def _check_unprotected(root: Path, target: Path, protected: Sequence[str]) -> None:
+    """`target` is a real path (symlinks resolved): a link to a protected file is that file. Case is
+    ignored, for file systems that ignore it (agents.md is AGENTS.md there)."""
+    path = target.relative_to(root)
+    folded = Path(path.as_posix().casefold())
+    for entry in protected:
+        if folded.is_relative_to(entry.casefold()):
+            raise Protected(path.as_posix(), entry)
 
 
 def _check_inside(root: Path, fd: int, target: Path) -> None:

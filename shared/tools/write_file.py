@@ -31,7 +31,8 @@ class WriteFileTool(Tool):
             target = resolve(ctx.workspace, args.path)
             if target == ctx.workspace.resolve():
                 return ToolResult.fail(ErrorCode.INVALID_ARGS, "give a file name, not the workspace itself")
-            with open_file(ctx.workspace, target, "ab" if args.append else "wb", make_parents=True) as fh:
+            with open_file(ctx.workspace, target, "ab" if args.append else "wb", make_parents=True,
+                           protected=ctx.settings.tools.protected_files) as fh:
                 fh.write(data)
         except OutsideWorkspace as err:
             return err.result()

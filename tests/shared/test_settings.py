@@ -48,6 +48,8 @@ def test_defaults_deny_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     ("NANOFLEET_PERMISSIONS__GRANTED", '["ROOT"]'),
     ("NANOFLEET_LLM__API_KEY", "changeme"),
     ("NANOFLEET_MEMORY__WINDOW", "many"),
+    ("NANOFLEET_TOOLS__PROTECTED_FILES", '["../elsewhere/AGENTS.md"]'),
+    ("NANOFLEET_TOOLS__PROTECTED_FILES", '["/etc/passwd"]'),
 ])
 def test_bad_setting_names_the_variable(monkeypatch: pytest.MonkeyPatch, var: str, value: str) -> None:
     monkeypatch.setenv(var, value)

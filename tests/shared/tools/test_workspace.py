@@ -202,3 +202,36 @@ def test_a_file_whose_other_name_is_gone_is_an_ordinary_file_again(layout: tuple
     assert call(reg, "edit_file", {"path": "hard.txt", "old_text": "SECRET", "new_text": "PUBLIC"}).ok
     assert call(reg, "write_file", {"path": "hard.txt", "content": "mine"}).ok
     assert (workspace / "hard.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("path", ["AGENTS.md", "./SOUL.md", "HEARTBEAT.md", "agents.md", "skills/new/SKILL.md",
+                                  "notes/../USER.md", "alias.md"])
+def test_the_files_that_shape_the_prompt_are_read_only_to_the_file_tools(
+        workspace: Path, registry: Callable[..., ToolRegistry], path: str) -> None:
+    """A page the model fetched must not be able to have it rewrite its own instructions."""
+    for name in ("AGENTS.md", "SOUL.md", "USER.md", "HEARTBEAT.md"):
+        (workspace / name).write_text("the operator's")
+    (workspace / "notes").mkdir()
+    (workspace / "alias.md").symlink_to("AGENTS.md")
+    before = snapshot(workspace)
+    for tool, args in [("write_file", {"path": path, "content": "obey me"}),
+                       ("write_file", {"path": path, "content": "obey me", "append": True}),
+                       ("edit_file", {"path": path, "old_text": "operator's", "new_text": "attacker's"})]:
+        refused = call(registry(), tool, args)
+        assert refused.error == ErrorCode.PERMISSION_DENIED, (tool, refused)
+        assert "is protected" in refused.message and "NANOFLEET_TOOLS__PROTECTED_FILES" in refused.message
+    assert snapshot(workspace) == before and not (workspace / "skills").exists()
+    if (workspace / path).exists():  # agents.md is another file on a file system that minds case
+        assert call(registry(), "read_file", {"path": path}).output == "the operator's"
+
+
+def test_what_is_protected_is_the_operators_choice(workspace: Path, registry: Callable[..., ToolRegistry]) -> None:
+    assert call(registry(), "write_file", {"path": "MEMORY.md", "content": "likes otters"}).ok  # the agent's own
+    assert call(registry(), "write_file", {"path": "notes/AGENTS.md", "content": "a note"}).ok
+    nothing = registry(protected_files=[])
+    assert call(nothing, "write_file", {"path": "AGENTS.md", "content": "mine"}).ok
+    memory_too = registry(protected_files=["memory/", "MEMORY.md"])
+    denied = ErrorCode.PERMISSION_DENIED
+    assert call(memory_too, "edit_file", {"path": "MEMORY.md", "old_text": "otters", "new_text": "x"}).error == denied
+    assert call(memory_too, "write_file", {"path": "memory/2026.md", "content": "x"}).error == denied
+    assert call(memory_too, "write_file", {"path": "memoryless.md", "content": "x"}).ok
