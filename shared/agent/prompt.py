@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,10 +40,38 @@ spawn other agents or schedule jobs. Your workspace is {workspace}."""
 
 # Files skipped for a reason already logged: the prompt is built on every step, the warning is said once.
 _skipped: dict[Path, str] = {}
+# Each file's text as last read, by the identity it had then: every LLM step asks for them, and a stat
+# is a tenth of a checked read. A file changed within SETTLE seconds is read again each time, as a
+# change within the file system's timestamp granularity could keep every field of that identity.
+_read: dict[Path, tuple[tuple[int, ...], str]] = {}
+SETTLE_NS = 2_000_000_000
 
 
 def _workspace_files(workspace: Path) -> list[str]:
-    return [f"## {name}\n\n{body}" for name in BOOTSTRAP_FILES if (body := _workspace_file(workspace, name))]
+    return [f"## {name}\n\n{body}" for name in BOOTSTRAP_FILES if (body := _cached_file(workspace, name))]
+
+
+def _cached_file(workspace: Path, name: str) -> str:
+    """_workspace_file, read again only when the file (what a symlink leads to) changed."""
+    path = workspace / name
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        _read.pop(path, None)
+        if isinstance(err, FileNotFoundError):  # as the checked read would find it (a dangling link too)
+            _skipped.pop(path, None)
+            return ""
+        return _workspace_file(workspace, name)  # which says why it cannot be read
+    identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink, st.st_mode)
+    cached = _read.get(path)
+    if cached is not None and cached[0] == identity:
+        return cached[1]
+    body = _workspace_file(workspace, name)
+    if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > SETTLE_NS:
+        _read[path] = (identity, body)
+    else:
+        _read.pop(path, None)
+    return body
 
 
 def _workspace_file(workspace: Path, name: str) -> str:

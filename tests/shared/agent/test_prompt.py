@@ -273,3 +273,32 @@ def test_a_long_workspace_file_is_cut_and_the_prompt_says_so(tmp_path: Path) -> 
     assert prompt.system_prompt(settings) == text
     (tmp_path / "MEMORY.md").write_text("short")
     assert "cut here" not in prompt.system_prompt(settings)
+
+
+def test_a_workspace_file_is_read_again_only_when_it_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every LLM step builds the system prompt: a file is read (path-checked) only when its identity
+    changed, or while it may still be changing within the file system's timestamp granularity."""
+    reads: list[str] = []
+    checked_read = prompt.read_text_start
+    monkeypatch.setattr(prompt, "read_text_start", lambda *a: reads.append(a[1]) or checked_read(*a))
+    monkeypatch.setattr(prompt, "SETTLE_NS", 0)
+    agents = tmp_path / "AGENTS.md"
+    agents.write_text("Spell AAAA.")
+    settings = load_settings(workspace=tmp_path)
+    first = prompt.system_prompt(settings)
+    assert prompt.system_prompt(settings) == first and "Spell AAAA." in first
+    assert reads == ["AGENTS.md"]  # once; and the missing files are not opened at all
+    mtime = agents.stat().st_mtime_ns
+    agents.write_text("Spell BBBB.")  # the same size, and the same mtime: its ctime still tells
+    os.utime(agents, ns=(mtime, mtime))
+    assert "Spell BBBB." in prompt.system_prompt(settings)
+    agents.unlink()
+    agents.symlink_to(tmp_path.parent / "elsewhere.md")
+    (tmp_path.parent / "elsewhere.md").write_text(SECRET)
+    assert SECRET not in prompt.system_prompt(settings)
+    agents.unlink()
+    assert "## AGENTS.md" not in prompt.system_prompt(settings)
+    monkeypatch.setattr(prompt, "SETTLE_NS", 10**18)  # a file changed a moment ago is read each time
+    agents.write_text("Spell CCCC.")
+    reads.clear()
+    assert all("Spell CCCC." in prompt.system_prompt(settings) for _ in range(3)) and len(reads) == 3
