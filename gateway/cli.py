@@ -140,7 +140,7 @@ def worker(
     migrated_or_exit(settings)
     queues = ",".join(names)
     argv = [sys.executable, "-m", "celery", "-A", "workers.app:app", "worker", "-Q", queues,
-            "-c", str(concurrency), "-P", pool, "-n", hostname or node_name(names), "-E", "--without-mingle",
+            "-c", str(concurrency), "-P", pool, "-n", hostname or node_name(names), "--without-mingle",
             "--without-gossip"]
     os.execvp(argv[0], argv)
 

@@ -73,7 +73,7 @@ def start_worker(env: dict[str, str], settings: Settings, log_dir: Path, *, queu
     name = f"test-{uuid.uuid4().hex[:6]}@%h"
     queues = queues or "agent,tools,subagents,outbound,scheduler"
     argv = [sys.executable, "-m", "celery", "-A", "workers.app:app", "worker", "-Q", queues, "-P", pool,
-            "-c", str(concurrency), "-n", name, "--without-mingle", "--without-gossip", "-E", "-l", "INFO"]
+            "-c", str(concurrency), "-n", name, "--without-mingle", "--without-gossip", "-l", "INFO"]
     proc = Proc(argv, env, log_dir / f"worker-{name.split('@')[0]}.log")
     control = make_celery(settings).control
     full = name.replace("%h", os.uname().nodename)

@@ -3,7 +3,10 @@ ignore results, as nothing in nanofleet waits on one: the worker's log shows the
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+from typing import Any
 
 from shared.constants import T_PING
 from shared.logs import request_id_var
@@ -38,3 +41,34 @@ def test_secrets_never_reach_the_worker_log(stack: Stack) -> None:
     worker = next(p for p in stack.procs if p.alive())
     wait_until(lambda: "key=***" in worker.log(), timeout=30, message="the redacted log line")
     assert secret not in worker.log()
+
+
+def test_task_events_flow_once_a_monitor_asks_for_them(stack: Stack) -> None:
+    """A worker publishes no task events until a monitor asks (Flower broadcasts enable_events every
+    5 s while it runs): unwatched, each would cost every task three Redis publishes. Its heartbeats
+    (Flower's worker list, compose's healthcheck) go on regardless."""
+    app = make_celery(stack.settings)
+    seen: list[dict[str, Any]] = []
+    listening = threading.Event()
+
+    def listen() -> None:
+        with app.connection_for_read() as conn:
+            receiver = app.events.Receiver(conn, handlers={"*": seen.append})
+            listening.set()
+            with contextlib.suppress(Exception):  # the connection goes with the test
+                receiver.capture(limit=None, timeout=None, wakeup=False)
+
+    threading.Thread(target=listen, daemon=True).start()
+    assert listening.wait(10)
+    wait_until(lambda: any(e["type"] == "worker-heartbeat" for e in seen), timeout=30,
+               message="a worker heartbeat event")
+    worker = next(p for p in stack.procs if p.alive())
+    unwatched = Producer(app).send(T_PING, "unwatched")
+    wait_until(lambda: "ping unwatched" in worker.log(), timeout=30, message="the unwatched task to run")
+    replies = app.control.broadcast("enable_events", reply=True, timeout=5)
+    assert replies and all("enabled" in str(r) for r in replies), replies
+    watched = Producer(app).send(T_PING, "watched")
+    wait_until(lambda: any(e.get("uuid") == watched and e["type"] == "task-succeeded" for e in seen), timeout=30,
+               message="the watched task's task-succeeded event")
+    assert {e["type"] for e in seen if e.get("uuid") == watched} >= {"task-received", "task-started"}
+    assert not [e for e in seen if e.get("uuid") == unwatched]
