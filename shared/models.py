@@ -171,7 +171,8 @@ class Run(SQLModel, table=True):
     lease_until: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True), index=True))
     recoveries: int = 0  # times step `recovered_seq` failed: it raised, or its worker died in it
     recovered_seq: int | None = None
-    request_id: str | None = None  # written by nothing now; dropping it would fail the queries of a rolling deploy's old workers
+    # Written by nothing now; dropping it would fail the queries of a rolling deploy's old workers.
+    request_id: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost: float = 0.0
