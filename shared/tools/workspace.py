@@ -49,7 +49,7 @@ class HardLinked(OutsideWorkspace):
 
 
 class Protected(OutsideWorkspace):
-    """A path the operator keeps for themselves (NANOFLEET_TOOLS__PROTECTED_FILES), to be changed."""
+    """A path the file tools may not change: the operator's (NANOFLEET_TOOLS__PROTECTED_FILES)."""
 
     def __init__(self, path: str, entry: str) -> None:
         super().__init__(path, "is protected" + ("" if entry == path else f" (it is in {entry})"))
@@ -208,12 +208,13 @@ def _check_regular(fd: int, target: Path) -> None:
 
 
 def _check_unprotected(root: Path, target: Path, protected: Sequence[str]) -> None:
-    """`target` is a real path (symlinks resolved): a link to a protected file is that file. Case is
-    ignored, for file systems that ignore it (agents.md is AGENTS.md there)."""
+    """`target` is a real path (symlinks resolved): a link to a protected file is that file, and so is
+    the file a protected name links to (AGENTS.md -> notes/agents.md protects notes/agents.md). Case
+    is ignored, for file systems that ignore it (agents.md is AGENTS.md there)."""
     path = target.relative_to(root)
     folded = Path(path.as_posix().casefold())
     for entry in protected:
-        if folded.is_relative_to(entry.casefold()):
+        if folded.is_relative_to(entry.casefold()) or target.is_relative_to((root / entry).resolve()):
             raise Protected(path.as_posix(), entry)
 
 

@@ -235,3 +235,20 @@ def test_what_is_protected_is_the_operators_choice(workspace: Path, registry: Ca
     assert call(memory_too, "edit_file", {"path": "MEMORY.md", "old_text": "otters", "new_text": "x"}).error == denied
     assert call(memory_too, "write_file", {"path": "memory/2026.md", "content": "x"}).error == denied
     assert call(memory_too, "write_file", {"path": "memoryless.md", "content": "x"}).ok
+
+
+def test_what_a_protected_name_links_to_is_protected_too(workspace: Path,
+                                                        registry: Callable[..., ToolRegistry]) -> None:
+    """The prompt reads AGENTS.md through a link that stays inside the workspace: its target is the
+    file the model must not change."""
+    (workspace / "notes").mkdir()
+    (workspace / "notes" / "agents.md").write_text("the operator's")
+    (workspace / "AGENTS.md").symlink_to("notes/agents.md")
+    (workspace / "my-skills").mkdir()
+    (workspace / "skills").symlink_to("my-skills")
+    for path in ("notes/agents.md", "my-skills/evil/SKILL.md"):
+        refused = call(registry(), "write_file", {"path": path, "content": "obey me"})
+        assert refused.error == ErrorCode.PERMISSION_DENIED, (path, refused)
+    assert (workspace / "notes" / "agents.md").read_text() == "the operator's"
+    assert not (workspace / "my-skills" / "evil").exists()
+    assert call(registry(), "write_file", {"path": "notes/today.md", "content": "fine"}).ok
