@@ -3,10 +3,11 @@ ignore results, as nothing in nanofleet waits on one: the worker's log shows the
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 from typing import Any
+
+from celery import Celery
 
 from shared.constants import T_PING
 from shared.logs import request_id_var
@@ -49,17 +50,18 @@ def test_task_events_flow_once_a_monitor_asks_for_them(stack: Stack) -> None:
     (Flower's worker list, compose's healthcheck) go on regardless."""
     app = make_celery(stack.settings)
     seen: list[dict[str, Any]] = []
-    listening = threading.Event()
+    with app.connection_for_read() as conn:
+        receiver = app.events.Receiver(conn, handlers={"*": seen.append})
+        listener = threading.Thread(target=receiver.capture, kwargs={"limit": None, "wakeup": False}, daemon=True)
+        listener.start()
+        try:
+            _events_once_asked(stack, app, seen)
+        finally:
+            receiver.should_stop = True  # seen after the next event: heartbeats come every 2 s
+            listener.join(10)
 
-    def listen() -> None:
-        with app.connection_for_read() as conn:
-            receiver = app.events.Receiver(conn, handlers={"*": seen.append})
-            listening.set()
-            with contextlib.suppress(Exception):  # the connection goes with the test
-                receiver.capture(limit=None, timeout=None, wakeup=False)
 
-    threading.Thread(target=listen, daemon=True).start()
-    assert listening.wait(10)
+def _events_once_asked(stack: Stack, app: Celery, seen: list[dict[str, Any]]) -> None:
     wait_until(lambda: any(e["type"] == "worker-heartbeat" for e in seen), timeout=30,
                message="a worker heartbeat event")
     worker = next(p for p in stack.procs if p.alive())
