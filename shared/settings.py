@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import tomllib
 from enum import StrEnum
@@ -25,6 +23,7 @@ from shared.channel_settings import PLACEHOLDERS, ChannelsSettings, not_placehol
 from shared.redis_urls import redis_url_problem
 from shared.settings_errors import SettingsError as SettingsError  # raised here; callers import it from here
 from shared.settings_errors import describe_unparsable, describe_validation
+from shared.tool_settings import ToolsSettings
 
 CONFIG_FILE_ENV = "NANOFLEET_CONFIG_FILE"
 POSTGRES_SCHEMES = ("postgresql+psycopg", "postgresql", "postgres")  # hosted Postgres URLs often say postgres://
@@ -108,99 +107,6 @@ class LLMSettings(LLMProfile):
         choices = ", ".join(sorted({self.model, *self.profiles, *self.allowed_models}))
         why = "names a URL, and only a listed one may" if "://" in model else "is not allowed here"
         return f"model {model!r} {why}; ask for one of: {choices} (NANOFLEET_LLM__ALLOWED_MODELS lists more)"
-
-
-class ExecSettings(BaseModel):
-    """The shell tool's limits."""
-
-    default_timeout: int = 60
-    max_timeout: int = 600
-    max_output_chars: int = 10_000
-    run_as_user: str = "nobody"
-    path: str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # PATH of commands
-    env: dict[str, SecretStr] = Field(default_factory=dict)  # extra variables for commands (e.g. GH_TOKEN)
-
-
-class WebSettings(BaseModel):
-    """Outbound HTTP from tools: timeouts, size caps, search backend, SSRF allowlist."""
-
-    http_timeout: float = 3.0
-    fetch_timeout: float = 10.0
-    max_response_bytes: int = 2_000_000
-    search_backend: Literal["duckduckgo", "brave"] = "duckduckgo"
-    brave_api_key: SecretStr | None = None
-    brave_api_base: str = "https://api.search.brave.com/res/v1"
-    allow_hosts: list[str] = Field(default_factory=list)  # host or host:port that skip the SSRF guard
-
-
-class MessageSettings(BaseModel):
-    """Where the message tool may send besides the chat it is used in."""
-
-    # "channel:chat_id", or "channel:*" for every chat there. Empty: the current chat only, so text
-    # the model read (a fetched page, a file) cannot have it write to other people.
-    send_to: list[str] = Field(default_factory=list, examples=[["slack:C0123456", "telegram:*"]])
-
-    def allows(self, channel: str, chat_id: str) -> bool:
-        return f"{channel}:{chat_id}" in self.send_to or f"{channel}:*" in self.send_to
-
-
-class MCPServer(BaseModel):
-    """An MCP server: stdio (command) or streamable HTTP (url)."""
-
-    command: str | None = None
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, SecretStr] = Field(default_factory=dict)  # tokens, mostly: kept out of logs and reprs
-    cwd: str | None = None
-    url: SecretStr | None = None  # may carry a token in its query
-    headers: dict[str, SecretStr] = Field(default_factory=dict)
-    timeout: float = 30.0
-
-    def plain_env(self) -> dict[str, str] | None:
-        return {k: v.get_secret_value() for k, v in self.env.items()} or None
-
-    def plain_headers(self) -> dict[str, str] | None:
-        return {k: v.get_secret_value() for k, v in self.headers.items()} or None
-
-    def fingerprint(self) -> str:
-        """The whole configuration, secrets included, as a digest: equal for equal configurations."""
-        plain = {**self.model_dump(mode="json"), "env": self.plain_env(), "headers": self.plain_headers(),
-                 "url": self.url.get_secret_value() if self.url else None}
-        return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()
-
-
-PROTECTED_FILES = ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md", "HEARTBEAT.md", "skills")
-
-
-def workspace_path(entry: str) -> str:
-    """`entry` as a normalised path relative to the workspace (no `./`, no trailing `/`)."""
-    parts = [p for p in entry.strip().split("/") if p not in ("", ".")]
-    if entry.strip().startswith(("/", "~")) or ".." in parts or not parts:
-        raise ValueError(f"{entry!r} must be a path inside the workspace, relative to it (such as 'AGENTS.md')")
-    return "/".join(parts)
-
-
-class ToolsSettings(BaseModel):
-    """Which tools may run (default deny) and their groups' settings."""
-
-    allowed: list[str] = Field(default_factory=list, examples=[["time", "read_file"]])
-    plugins: list[str] = Field(default_factory=list, examples=[["mytools.weather:WeatherTool"]])  # your own tools
-    disabled_groups: list[str] = Field(default_factory=list)
-    default_timeout: float = 60.0
-    exec: ExecSettings = Field(default_factory=ExecSettings)
-    web: WebSettings = Field(default_factory=WebSettings)
-    message: MessageSettings = Field(default_factory=MessageSettings)
-    mcp_servers: dict[str, MCPServer] = Field(default_factory=dict)
-    mcp_connect_timeout: float = 10.0  # start-up waits at most this long for the servers' tool lists
-    mcp_health_interval: float = 30.0  # seconds between checks of each MCP session
-    # Workspace paths (a folder: all below it) the file tools may read but never change: these shape
-    # every conversation's system prompt and the periodic runs, so text the model read elsewhere (a
-    # fetched page) must not end up in them. MEMORY.md, the agent's own memory, stays writable.
-    protected_files: list[str] = Field(default_factory=lambda: list(PROTECTED_FILES))
-
-    @field_validator("protected_files")
-    @classmethod
-    def _check_protected(cls, v: list[str]) -> list[str]:
-        return [workspace_path(entry) for entry in v]
 
 
 class PermissionsSettings(BaseModel):

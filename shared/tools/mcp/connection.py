@@ -18,7 +18,7 @@ from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from shared.settings import MCPServer
+from shared.tool_settings import MCPServer
 from shared.tools.base import ErrorCode, ToolResult
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,8 @@ from sqlmodel import Session, select
 from shared.constants import T_OUTBOUND_DELIVER
 from shared.db import get_engine
 from shared.models import Conversation, Outbox, Run, RunKind, ToolCall
-from shared.settings import MessageSettings, Settings
+from shared.settings import Settings
+from shared.tool_settings import MessageSettings
 from shared.tools import build_registry
 from shared.tools.base import ErrorCode, ToolContext
 from shared.tools.registry import ToolRegistry
