@@ -58,7 +58,7 @@ def _cached_file(workspace: Path, name: str) -> str:
         st = os.stat(path)
     except OSError as err:
         _read.pop(path, None)
-        if isinstance(err, FileNotFoundError):  # as the checked read would find it (a dangling link too)
+        if isinstance(err, FileNotFoundError):  # missing, or a link to nothing: nothing to read or warn of
             _skipped.pop(path, None)
             return ""
         return _workspace_file(workspace, name)  # which says why it cannot be read
