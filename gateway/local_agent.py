@@ -16,6 +16,7 @@ from shared.migrate import upgrade
 from shared.models import ACTIVE, Run, RunKind, RunStatus
 from shared.scheduling import hooks
 from shared.settings import Settings
+from shared.startup_checks import warn_model_key
 
 
 @dataclass
@@ -33,6 +34,7 @@ def _stalled(rt: Runtime, conversation_id: str) -> bool:
 def one_turn(settings: Settings, *, message: str, session: str, model: str | None = None) -> Answer:
     """The answer to `message`, and the reports of any subagents it started (they run inline too)."""
     upgrade(settings.database_url)
+    warn_model_key(settings)
     rt = hooks.install(Runtime.build(settings))  # a subagent's report starts a turn, as in workers
     with rt.session() as s:
         conv = conversations.get_or_create(s, session_key=session, channel="cli", chat_id=session)

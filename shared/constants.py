@@ -9,6 +9,7 @@ Q_SUBAGENTS = "subagents"
 Q_OUTBOUND = "outbound"
 Q_SCHEDULER = "scheduler"
 QUEUES = (Q_AGENT, Q_TOOLS, Q_SUBAGENTS, Q_OUTBOUND, Q_SCHEDULER)
+MODEL_QUEUES = (Q_AGENT, Q_SUBAGENTS)  # the queues whose tasks call the model (see TASK_ROUTES)
 
 INTERNAL = "internal"  # the channel of sessions nobody chats in (cron jobs, subagents, the heartbeat)
 

@@ -16,41 +16,53 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+
+from shared.settings import LLMProfile, LLMSettings
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the cost map at import
 # OpenAI-compatible calls through litellm's own httpx handler rather than the openai SDK, whose
 # request transform walks every message and tool schema: about half the cost of a call (15 -> 7 ms
 # against the loopback fake with 12 tools). Set it to "False" in the environment for the SDK path.
 os.environ.setdefault("EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER", "True")
 
-import httpx
-import litellm
-
-from shared.settings import LLMProfile, LLMSettings
-
 log = logging.getLogger(__name__)
 # litellm's own handler builds a pydantic schema that warns, once per process, about a ReadOnly item
 warnings.filterwarnings("ignore", message="Item .* is using the `ReadOnly` qualifier", category=UserWarning)
-litellm.suppress_debug_info = True  # no provider banners on stdout (keys and bases stay per call)
-# litellm hands every streamed chunk to its logging callbacks (which nanofleet does not use) in a
-# thread that starts an event loop per chunk: most of the cost of a streamed call.
-litellm.disable_streaming_logging = True
 
-RETRYABLE = (
-    litellm.RateLimitError,
-    litellm.APIConnectionError,
-    litellm.Timeout,
-    litellm.InternalServerError,
-    litellm.ServiceUnavailableError,
-    litellm.BadGatewayError,
-)
-LITELLM_ERRORS: tuple[type[Exception], ...] = (*RETRYABLE, *(
-    t for t in litellm.LITELLM_EXCEPTION_TYPES if issubclass(t, Exception) and not issubclass(t, RETRYABLE)))
+
+@functools.cache
+def _litellm() -> Any:  # the litellm module
+    """litellm, imported and set up on first use: about 2.5 s of CPU and 170 MiB of memory that the
+    processes calling no model (the gateway, beat, the tools and outbound workers) never pay."""
+    import litellm
+
+    litellm.suppress_debug_info = True  # no provider banners on stdout (keys and bases stay per call)
+    # litellm hands every streamed chunk to its logging callbacks (which nanofleet does not use) in a
+    # thread that starts an event loop per chunk: most of the cost of a streamed call.
+    litellm.disable_streaming_logging = True
+    return litellm
+
+
+@functools.cache
+def _retryable_errors() -> tuple[type[Exception], ...]:
+    lib = _litellm()
+    return (lib.RateLimitError, lib.APIConnectionError, lib.Timeout, lib.InternalServerError,
+            lib.ServiceUnavailableError, lib.BadGatewayError)
+
+
+@functools.cache
+def _litellm_errors() -> tuple[type[Exception], ...]:
+    """Every error litellm raises for a provider's answer (or its absence), the retryable first."""
+    retry = _retryable_errors()
+    return (*retry, *(t for t in _litellm().LITELLM_EXCEPTION_TYPES
+                      if issubclass(t, Exception) and not issubclass(t, retry)))
 
 
 def retryable(err: Exception) -> bool:
     """A fault that may pass: rate limits, timeouts, connection errors and any 5xx (a 520 or 529
     from a proxy arrives as a plain APIError). Anything else the provider would answer the same again."""
-    return isinstance(err, RETRYABLE) or (getattr(err, "status_code", None) or 0) >= 500
+    return isinstance(err, _retryable_errors()) or (getattr(err, "status_code", None) or 0) >= 500
 
 
 @dataclass
@@ -91,7 +103,7 @@ def missing_key(settings: LLMSettings) -> list[str]:
     if settings.api_key or settings.api_base:
         return []
     try:
-        wanted = litellm.validate_environment(model=settings.model).get("missing_keys") or []
+        wanted = _litellm().validate_environment(model=settings.model).get("missing_keys") or []
     except Exception:  # a model string litellm cannot place: the first call says what is wrong
         return []
     return [k for k in wanted if k.endswith("_API_KEY")]  # not cloud credentials (AWS_...) or bases
@@ -122,8 +134,9 @@ def _pool(max_connections: int) -> None:
     openai SDK's through `client_session`, its own handler's through `sync_transport` (transport
     only: keys and bases stay per call)."""
     transport = _ProcessTransport(limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=100))
-    litellm.client_session = httpx.Client(transport=transport, follow_redirects=True)
-    litellm.sync_transport = transport
+    lib = _litellm()
+    lib.client_session = httpx.Client(transport=transport, follow_redirects=True)
+    lib.sync_transport = transport
 
 
 class _Relay:
@@ -142,7 +155,6 @@ class LLMClient:
 
     def __init__(self, settings: LLMSettings) -> None:
         self.settings = settings
-        _pool(settings.max_connections)
 
     def profile(self, model: str | None = None) -> LLMProfile:
         """A named profile, a raw litellm model string on the default endpoint, or the default. A
@@ -178,7 +190,10 @@ class LLMClient:
         while True:
             try:
                 return self._call(profile, messages, tools, relay)
-            except LITELLM_ERRORS as err:
+            except Exception as err:
+                if not isinstance(err, _litellm_errors()):  # a fault in the client itself: a reply, not a hang
+                    log.exception("LLM call failed unexpectedly")
+                    raise LLMError(f"{type(err).__name__}: {err}", user_message=_user_message(err)) from err
                 attempt += 1
                 wait = retry_after(err)
                 if not retryable(err) or attempt > self.settings.max_retries or (relay and relay.sent) \
@@ -189,9 +204,6 @@ class LLMClient:
                                     self.settings.retry_max_delay)
                 log.warning("LLM call failed (%s); retry %d in %.1fs", type(err).__name__, attempt, delay)
                 time.sleep(delay)
-            except Exception as err:  # a fault in the client itself: the turn ends with a reply, not a hang
-                log.exception("LLM call failed unexpectedly")
-                raise LLMError(f"{type(err).__name__}: {err}", user_message=_user_message(err)) from err
 
     def _call(
         self,
@@ -200,6 +212,7 @@ class LLMClient:
         tools: list[dict[str, Any]] | None,
         on_delta: Callable[[str], None] | None,
     ) -> LLMResponse:
+        _pool(self.settings.max_connections)
         kwargs: dict[str, Any] = {
             "model": profile.model,
             "messages": messages,
@@ -216,10 +229,10 @@ class LLMClient:
         if profile.max_tokens is not None:
             kwargs["max_tokens"] = profile.max_tokens
         if on_delta is None:
-            answer = _parse(litellm.completion(**kwargs), profile.model)
+            answer = _parse(_litellm().completion(**kwargs), profile.model)
         else:
             kwargs.update(stream=True, stream_options={"include_usage": True})
-            answer = _streamed(litellm.completion(**kwargs), on_delta, profile.model)
+            answer = _streamed(_litellm().completion(**kwargs), on_delta, profile.model)
         price_in, price_out = profile.input_cost_per_token, profile.output_cost_per_token
         if price_in is not None and price_out is not None:  # wins over litellm's map, kept out of its globals
             answer.usage.cost = answer.usage.prompt_tokens * price_in + answer.usage.completion_tokens * price_out
@@ -232,7 +245,7 @@ class LLMClient:
         tool = {"type": "function", "function": {"name": "warm_up", "parameters": {"type": "object"}}}
         messages = [{"role": "user", "content": "warm-up"}]
         try:
-            litellm.completion(model=self.settings.model, messages=messages, tools=[tool], mock_response="ok")
+            _litellm().completion(model=self.settings.model, messages=messages, tools=[tool], mock_response="ok")
         except Exception as err:  # a model string litellm cannot map fails later, with a reply
             log.debug("LLM warm-up skipped: %s", err)
         self.count_tokens(messages)
@@ -241,7 +254,8 @@ class LLMClient:
                      tools: list[dict[str, Any]] | None = None) -> int:
         """Prompt tokens for these messages (tool calls included) and tool schemas, as the model would count."""
         try:
-            return int(litellm.token_counter(model=self.profile(model).model, messages=messages, tools=tools or None))
+            counted = _litellm().token_counter(model=self.profile(model).model, messages=messages, tools=tools or None)
+            return int(counted)
         except Exception:  # unknown tokenizer: a safe over-estimate
             return sum(len(json.dumps(m, default=str)) for m in [*messages, *(tools or [])]) // 3
 
@@ -257,7 +271,7 @@ def _parse(response: Any, model: str) -> LLMResponse:
     cost = hidden.get("response_cost")  # litellm priced it already, or found no price (None): no second try
     if cost is None and "response_cost" not in hidden:
         try:
-            cost = litellm.completion_cost(completion_response=response, model=model)
+            cost = _litellm().completion_cost(completion_response=response, model=model)
         except Exception:  # models without a price in the map
             cost = 0.0
     return LLMResponse(
@@ -297,7 +311,7 @@ def _streamed(stream: Any, on_delta: Callable[[str], None], model: str) -> LLMRe
     prompt = getattr(usage, "prompt_tokens", 0) or 0
     completion = getattr(usage, "completion_tokens", 0) or 0
     try:
-        cost = sum(litellm.cost_per_token(model=model, prompt_tokens=prompt, completion_tokens=completion))
+        cost = sum(_litellm().cost_per_token(model=model, prompt_tokens=prompt, completion_tokens=completion))
     except Exception:  # models without a price in the map
         cost = 0.0
     tool_calls = [LLMToolCall(id=c.id or f"call_{uuid.uuid4().hex[:24]}", name=c.name, arguments=c.arguments or "{}")
@@ -337,7 +351,7 @@ def _user_message(err: Exception, wait: float | None = None) -> str:
     if retryable(err):
         when = f"in {wait:.0f} seconds" if wait else "in a moment"
         return f"Sorry, I couldn't get an answer from the language model right now ({kind}). Please try again {when}."
-    if not isinstance(err, LITELLM_ERRORS):
+    if not isinstance(err, _litellm_errors()):
         return f"Sorry, something went wrong calling the language model ({kind}); the logs say more."
     hint = HINTS.get(kind, "the request was refused; trying again will not help")
     return f"Sorry, the language model refused the request ({kind}): {hint}."

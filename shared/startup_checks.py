@@ -1,7 +1,7 @@
 """Start-up warnings for settings that load but are likely mistakes: allowed tool names that name no
 tool, platforms with some of their credentials set but not all (such a platform is off), NANOFLEET_
 variables and config file keys that name no setting (a typo is otherwise ignored), no API key at
-all, and no key for a model whose provider wants one."""
+all, and (in the processes that call the model) no key for a model whose provider wants one."""
 
 from __future__ import annotations
 
@@ -149,11 +149,6 @@ def warn(settings: Settings, tool_names: Iterable[str]) -> None:
         hint = f"did you mean {meant}?" if meant else "see .env.example for every setting (as TOML tables)"
         log.warning("%s: %s is not a nanofleet setting, so it is ignored: %s",
                     os.environ.get(CONFIG_FILE_ENV), key, hint)
-    if wanted := missing_key(settings.llm):
-        log.warning("no key is set for the model %s: its provider refuses every call without one, and each turn "
-                    "ends with a reply saying so; set NANOFLEET_LLM__API_KEY (or %s), or "
-                    "NANOFLEET_LLM__API_BASE for a server of your own that needs none",
-                    settings.llm.model, " or ".join(wanted))
     known = sorted(set(tool_names))
     if unknown := unknown_allowed(settings, known):
         log.warning("NANOFLEET_TOOLS__ALLOWED: %s match no known tool, so nothing they name can run; known tools: %s",
@@ -161,6 +156,16 @@ def warn(settings: Settings, tool_names: Iterable[str]) -> None:
     for name, missing in half_configured(settings).items():
         log.warning("%s is off: some of its settings are set, but not %s (its webhook answers 404 until they are)",
                     name, ", ".join(missing))
+
+
+def warn_model_key(settings: Settings) -> None:
+    """Where the model is called (agent and subagent workers, `nanofleet agent`): a hosted model
+    without a key. Asking litellm loads it, which the other processes do without."""
+    if wanted := missing_key(settings.llm):
+        log.warning("no key is set for the model %s: its provider refuses every call without one, and each turn "
+                    "ends with a reply saying so; set NANOFLEET_LLM__API_KEY (or %s), or "
+                    "NANOFLEET_LLM__API_BASE for a server of your own that needs none",
+                    settings.llm.model, " or ".join(wanted))
 
 
 def warn_gateway(settings: Settings) -> None:

@@ -6,10 +6,11 @@ import logging
 from typing import Any
 
 from celery import Task
-from celery.signals import setup_logging, task_postrun, task_prerun, worker_init
+from celery.signals import celeryd_after_setup, setup_logging, task_postrun, task_prerun, worker_init
+from celery.worker import WorkController
 from sqlalchemy import text
 
-from shared.constants import REQUEST_ID_HEADER
+from shared.constants import MODEL_QUEUES, REQUEST_ID_HEADER
 from shared.logs import configure_logging, request_id_var
 from shared.settings import get_settings
 from workers import health
@@ -51,15 +52,19 @@ def _check_plugins(**_: Any) -> None:
         raise SystemExit(f"nanofleet: the worker cannot start: {err}") from None
 
 
-def _warm(**_: Any) -> None:
-    """Before this worker takes its first task, so a restart does not slow the first turn by a
-    second: litellm, and the database driver (about 0.15 s on first use). The connection is closed
-    again, so a prefork pool forks none (each child opens its own)."""
+def _warm(instance: WorkController, **_: Any) -> None:
+    """Once logging is set up, before this worker takes its first task, so a restart does not slow the first turn by a
+    second: litellm where this worker's queues call the model (the others never load it), and the
+    database driver (about 0.15 s on first use). The connection is closed again, so a prefork pool
+    forks none (each child opens its own)."""
     from shared.db import get_engine
     from shared.llm import LLMClient
+    from shared.startup_checks import warn_model_key
 
     settings = get_settings()
-    LLMClient(settings.llm).warm()
+    if set(instance.app.amqp.queues.consume_from) & set(MODEL_QUEUES):
+        warn_model_key(settings)
+        LLMClient(settings.llm).warm()
     engine = get_engine(settings.database_url)
     try:
         with engine.connect() as conn:
@@ -76,4 +81,4 @@ def connect() -> None:
     task_postrun.connect(_postrun, weak=False)
     worker_init.connect(_guard, weak=False)
     worker_init.connect(_check_plugins, weak=False)
-    worker_init.connect(_warm, weak=False)
+    celeryd_after_setup.connect(_warm, weak=False)

@@ -41,7 +41,7 @@ def json_lines() -> Iterator[Lines]:
 def test_uvicorn_lines_carry_no_junk_fields(json_lines: Lines, monkeypatch: pytest.MonkeyPatch) -> None:
     """litellm stamps records of loggers it filters (uvicorn.error among them) with a bare object,
     and uvicorn adds a copy of the message with terminal colours."""
-    import litellm._logging  # noqa: F401  (what the gateway imports through the LLM client)
+    import litellm._logging  # noqa: F401  (what a process that calls the model imports)
 
     for name in ("uvicorn", "uvicorn.error"):  # as `nanofleet gateway` runs uvicorn (log_config=None), even
         logger = logging.getLogger(name)       # after another test ran a server with uvicorn's own config

@@ -15,7 +15,7 @@ import pytest
 
 from gateway.app import create_app
 from shared.settings import load_settings
-from shared.startup_checks import half_configured, unknown_variables
+from shared.startup_checks import half_configured, unknown_variables, warn_model_key
 from shared.tools import build_registry
 from tests.support.processes import ROOT, wait_until
 from tests.support.stack import Stack
@@ -116,13 +116,23 @@ def test_no_api_key_is_said_once_with_the_variable_to_set(caplog: pytest.LogCapt
     assert not [r for r in caplog.records if "API key" in r.getMessage()], "`nanofleet agent` warned of it"
 
 
-def test_a_hosted_model_without_a_key_is_said_at_start(caplog: pytest.LogCaptureFixture,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def model_key_warnings(caplog: pytest.LogCaptureFixture, llm: dict[str, str]) -> list[str]:
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        warn_model_key(load_settings(llm=llm))
+    return [r.getMessage() for r in caplog.records if "no key is set for the model" in r.getMessage()]
+
+
+def test_a_hosted_model_without_a_key_is_said_where_the_model_is_called(caplog: pytest.LogCaptureFixture,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """By the agent and subagent workers (test_a_worker_names_a_misspelt_variable) and `nanofleet
+    agent`; the gateway, which calls no model, does not load litellm to ask."""
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    [line] = [w for w in warnings_at_gateway_start(caplog, llm={"model": "anthropic/claude-sonnet-4"})
-              if "no key is set for the model" in w]
+    [line] = model_key_warnings(caplog, {"model": "anthropic/claude-sonnet-4"})
     assert "NANOFLEET_LLM__API_KEY (or ANTHROPIC_API_KEY)" in line and "NANOFLEET_LLM__API_BASE" in line
     caplog.clear()
+    assert not [w for w in warnings_at_gateway_start(caplog, llm={"model": "anthropic/claude-sonnet-4"})
+                if "no key is set" in w]
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-0123456789")  # litellm reads the provider's own variable
     monkeypatch.setenv("TOGETHERAI_API_KEY", "tg-0123456789")
     for llm in ({"model": "anthropic/claude-sonnet-4"}, {"model": "claude-3-5-sonnet-latest"},
@@ -130,7 +140,7 @@ def test_a_hosted_model_without_a_key_is_said_at_start(caplog: pytest.LogCapture
                 {"model": "openai/qwen3", "api_base": "http://127.0.0.1:8001/v1"}, {"model": "ollama/llama3"},
                 {"model": "bedrock/anthropic.claude-v2"},  # cloud credentials may come from the machine's role
                 {"model": "openai/gpt-4.1", "api_key": "sk-0123456789"}):
-        assert not [w for w in warnings_at_gateway_start(caplog, llm=llm) if "no key is set" in w], llm
+        assert not model_key_warnings(caplog, llm), llm
 
 
 def test_settings_and_the_variables_read_elsewhere_are_not_warned_about() -> None:
@@ -145,11 +155,16 @@ def test_settings_and_the_variables_read_elsewhere_are_not_warned_about() -> Non
     assert unknown_variables({name: "x" for name in names} | {"PATH": "/bin", "NANO_X": "y"}) == {}
 
 
-def test_a_worker_names_a_misspelt_variable(make_stack: Callable[..., Stack]) -> None:
-    s = make_stack(LLM__APIKEY="sk-only-in-the-typo")
+def test_a_worker_names_a_misspelt_variable(make_stack: Callable[..., Stack], monkeypatch: pytest.MonkeyPatch) -> None:
+    """...and, as it takes the agent queue, that the model has no key (the typo left it without)."""
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    s = make_stack(LLM__APIKEY="sk-only-in-the-typo", LLM__MODEL="anthropic/claude-sonnet-4", LLM__API_KEY="",
+                   LLM__API_BASE="")
     worker = s.worker()
     s.beat()  # its sweep is the worker's first task, which builds the worker's runtime
     wait_until(lambda: "NANOFLEET_LLM__APIKEY" in worker.log(), timeout=60, message="the worker's warning")
     line = next(x for x in worker.log().splitlines() if "NANOFLEET_LLM__APIKEY" in x)
     assert '"level": "WARNING"' in line and "did you mean NANOFLEET_LLM__API_KEY?" in line
     assert "sk-only-in-the-typo" not in line
+    [key] = [x for x in worker.log().splitlines() if "no key is set for the model" in x]
+    assert '"level": "WARNING"' in key and "ANTHROPIC_API_KEY" in key
