@@ -25,8 +25,8 @@ install: uv ## Install nanofleet, its embedded servers (x86-64 Linux) and dev to
 run: install ## Run the whole system on this machine (embedded Redis/Postgres if none is configured)
 	@.venv/bin/nanofleet up $(ARGS)
 
-test: install ## Run the test suite, two processes (needs Postgres and Redis: see README)
-	@$(PY) -m pytest -n 2
+test: install ## Run the test suite, three processes (needs Postgres and Redis: see README)
+	@$(PY) -m pytest -n 3
 
 lint: install ## ruff
 	@.venv/bin/ruff check .
