@@ -6,7 +6,7 @@ import argparse
 import shlex
 from dataclasses import dataclass, fields
 
-ITEMS = ("webhook", "overhead", "inflight", "scaleout", "recovery", "tokens")
+ITEMS = ("webhook", "overhead", "inflight", "scaleout", "recovery", "tokens", "memory")
 
 
 @dataclass

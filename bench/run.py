@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import inflight, overhead, recovery, tokens, webhook
+from bench import inflight, memory, overhead, recovery, tokens, webhook
 from bench.config import Config
 from bench.context import Ctx
 from bench.fakes import FakeTelegram
@@ -24,6 +24,7 @@ RUNNERS: dict[str, Callable[[Ctx], None]] = {
     "scaleout": inflight.run_scaleout,
     "recovery": recovery.run,
     "tokens": tokens.run,
+    "memory": memory.run,
 }
 
 

@@ -239,9 +239,11 @@ class LLMClient:
         return answer
 
     def warm(self) -> None:
-        """Pay litellm's lazy imports before the first real call (a call with tools pulls in the MCP
-        SDK: about 0.5 s) with a mock answer from litellm itself, no network; and load the tokenizer
-        every real call and prompt fit uses (about 0.15 s)."""
+        """Import litellm and pay its lazy imports before the first real call (a call with tools pulls
+        in the MCP SDK: about 0.5 s) with a mock answer from litellm itself, no network; load the
+        tokenizer every real call and prompt fit uses (about 0.15 s); and set up the connection pool
+        while one thread runs, not the first calls' many."""
+        _pool(self.settings.max_connections)
         tool = {"type": "function", "function": {"name": "warm_up", "parameters": {"type": "object"}}}
         messages = [{"role": "user", "content": "warm-up"}]
         try:
