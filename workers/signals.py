@@ -53,10 +53,10 @@ def _check_plugins(**_: Any) -> None:
 
 
 def _warm(instance: WorkController, **_: Any) -> None:
-    """Once logging is set up, before this worker takes its first task, so a restart does not slow the first turn by a
-    second: litellm where this worker's queues call the model (the others never load it), and the
-    database driver (about 0.15 s on first use). The connection is closed again, so a prefork pool
-    forks none (each child opens its own)."""
+    """Once logging is set up and before this worker takes its first task, so that a restart does
+    not slow the first turn by a second: litellm where this worker's queues call the model (the
+    others never load it), and the database driver (about 0.15 s on first use). The connection is
+    closed again, so a prefork pool forks none (each child opens its own)."""
     from shared.db import get_engine
     from shared.llm import LLMClient
     from shared.startup_checks import warn_model_key
