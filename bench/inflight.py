@@ -9,7 +9,7 @@ from bench import plots
 from bench.context import Ctx
 from bench.driver import Driver, Level
 from bench.report import Figure
-from bench.stack import BenchStack, tree_rss
+from bench.stack import BenchStack, tree_memory
 from tests.fakes.llm import Reply
 from tests.support.processes import Proc, wait_until
 
@@ -29,7 +29,7 @@ def _saturated(levels: list[Level]) -> bool:
 def _drive(ctx: Ctx, workers: list[Proc], levels: list[int], *, ramp: float, window: float,
            stop_when_saturated: bool) -> list[Level]:
     driver = Driver(ctx.stack.gateway_url, ctx.stack.engine, in_flight=lambda: ctx.llm.in_flight,
-                    rss=lambda: sum(tree_rss(w.pid) for w in workers))
+                    rss=lambda: sum(tree_memory(w.pid) for w in workers))
     return asyncio.run(driver.run(levels, ramp=ramp, window=window,
                                   saturated=_saturated if stop_when_saturated else None))
 
@@ -58,7 +58,7 @@ def _hold(ctx: Ctx, stack: BenchStack, workers: list[Proc]) -> tuple[float, int,
                message="the fake LLM's earlier calls to end")
     ctx.llm.handler = lambda body: Reply(text="ok", delay=HOLD_SECONDS)
     driver = Driver(stack.gateway_url, stack.engine, in_flight=lambda: ctx.llm.in_flight,
-                    rss=lambda: sum(tree_rss(w.pid) for w in workers))
+                    rss=lambda: sum(tree_memory(w.pid) for w in workers))
     return asyncio.run(driver.hold(ctx.cfg.levels()[-1], timeout=HOLD_SECONDS - 2, drain=2.0))
 
 

@@ -5,18 +5,16 @@ prefork pool's pages shared with its parent count once."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 from collections.abc import Callable
 
 import httpx
-import psutil
 
 from bench.context import Ctx
 from bench.report import Figure
 from bench.services import free_port
-from bench.stack import AUTH
+from bench.stack import AUTH, BenchStack, tree_memory
 from tests.support.processes import Proc, wait_until
 
 TURNS = 20
@@ -25,40 +23,34 @@ WORKERS = (("worker-agent", "agent", "threads", 200), ("worker-tools", "tools", 
            ("worker-subagents", "subagents", "threads", 50), ("worker-outbound", "outbound,scheduler", "threads", 20))
 
 
-def tree_pss(pid: int) -> int:
-    """Proportional set size of a process and its descendants, in bytes."""
-    root = psutil.Process(pid)
-    total = 0
-    for p in [root, *root.children(recursive=True)]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += p.memory_full_info().pss
-    return total
-
-
 def _timed(start: Callable[[], Proc]) -> tuple[Proc, float]:
     began = time.monotonic()
     proc = start()
     return proc, time.monotonic() - began
 
 
+def _beat(stack: BenchStack) -> Proc:
+    beat = stack.beat()  # (the stack's teardown stops it, should it not start)
+    wait_until(lambda: "static schedule written" in beat.log(), timeout=60, interval=0.05, message="beat to start")
+    return beat
+
+
 def run(ctx: Ctx) -> None:
     stack = ctx.stack
     stack.reset_data()
     port = free_port()
-    started: dict[str, tuple[Proc, float]] = {"gateway": _timed(lambda: stack.gateway(port))}
-    for role, queues, pool, concurrency in WORKERS:
-        started[role] = _timed(functools.partial(stack.worker, queues=queues, pool=pool, concurrency=concurrency))
-    began = time.monotonic()
-    beat = stack.beat()
-    wait_until(lambda: "static schedule written" in beat.log(), timeout=60, interval=0.05, message="beat to start")
-    started["beat"] = (beat, time.monotonic() - began)
+    started: dict[str, tuple[Proc, float]] = {}
     try:
+        started["gateway"] = _timed(lambda: stack.gateway(port))
+        for role, queues, pool, concurrency in WORKERS:
+            started[role] = _timed(functools.partial(stack.worker, queues=queues, pool=pool, concurrency=concurrency))
+        started["beat"] = _timed(lambda: _beat(stack))
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=60) as http:
             for _ in range(TURNS):
                 cid = http.post("/api/v1/conversations").json()["conversationId"]
                 answer = http.post(f"/api/v1/conversations/{cid}/chat", json={"message": "call:time"}).json()
                 assert [c["status"] for c in answer["toolCalls"]] == ["SUCCESS"], answer
-        pss = {role: tree_pss(proc.pid) / 2**20 for role, (proc, _) in started.items()}
+        pss = {role: tree_memory(proc.pid, pss=True) / 2**20 for role, (proc, _) in started.items()}
     finally:
         stack.stop_procs([proc for proc, _ in started.values()])
     _report(ctx, started, pss)

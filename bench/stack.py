@@ -126,8 +126,9 @@ class BenchStack(Stack):
         return path in spec.get("paths", {})
 
 
-def tree_rss(pid: int) -> int:
-    """Resident memory of a process and all its descendants, in bytes."""
+def tree_memory(pid: int, *, pss: bool = False) -> int:
+    """Resident memory of a process and all its descendants, in bytes; with `pss`, the proportional
+    set size (pages shared between them, as a prefork pool's with its parent, count once)."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -136,7 +137,7 @@ def tree_rss(pid: int) -> int:
     total = 0
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
-            total += p.memory_info().rss
+            total += p.memory_full_info().pss if pss else p.memory_info().rss
     return total
 
 
