@@ -28,11 +28,16 @@ class Level:
     failed: int = 0
     in_flight: list[float] = field(default_factory=list)  # LLM calls in flight, sampled
     outstanding: list[int] = field(default_factory=list)  # turns the client had in flight, sampled
+    calls: int = 0  # LLM calls the fake received during the window
     rss: list[int] = field(default_factory=list)  # worker tree RSS bytes, sampled
 
     @property
     def rate(self) -> float:
         return self.turns / (self.ended - self.started) if self.ended > self.started else 0.0
+
+    @property
+    def call_rate(self) -> float:
+        return self.calls / (self.ended - self.started) if self.ended > self.started else 0.0
 
     @property
     def mean_in_flight(self) -> float:
@@ -49,6 +54,7 @@ class Driver:
     engine: Engine
     in_flight: Callable[[], float]  # e.g. the fake LLM's counter
     rss: Callable[[], int]
+    calls: Callable[[], int] = lambda: 0  # LLM calls received so far (the fake LLM's count)
     message: str = "hello"
     target: int = 0
     outstanding: dict[str, str] = field(default_factory=dict)  # run id -> conversation id
@@ -111,6 +117,7 @@ class Driver:
 
     async def _window(self, target: int, window: float) -> Level:
         level = Level(target, time.time())
+        calls = self.calls()
         end = time.monotonic() + window
         while time.monotonic() < end:
             level.in_flight.append(self.in_flight())
@@ -118,6 +125,7 @@ class Driver:
             level.rss.append(await asyncio.to_thread(self.rss))
             await asyncio.sleep(0.2)
         level.ended = time.time()
+        level.calls = self.calls() - calls
         return level
 
     async def _feed(self, http: aiohttp.ClientSession) -> None:

@@ -18,6 +18,10 @@ HOLD_SECONDS = 40.0  # the hold test's LLM latency: long enough that no turn end
 NO_COMPACTION = {"MEMORY__COMPACT_AFTER": "1000000000"}
 
 
+def _mean(xs: list[int]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
 def _saturated(levels: list[Level]) -> bool:
     """Throughput stopped growing: the last two levels gained < 5 % over the best before them."""
     if len(levels) < 3:
@@ -29,7 +33,7 @@ def _saturated(levels: list[Level]) -> bool:
 def _drive(ctx: Ctx, workers: list[Proc], levels: list[int], *, ramp: float, window: float,
            stop_when_saturated: bool) -> list[Level]:
     driver = Driver(ctx.stack.gateway_url, ctx.stack.engine, in_flight=lambda: ctx.llm.in_flight,
-                    rss=lambda: sum(tree_memory(w.pid) for w in workers))
+                    rss=lambda: sum(tree_memory(w.pid) for w in workers), calls=ctx.llm.calls)
     return asyncio.run(driver.run(levels, ramp=ramp, window=window,
                                   saturated=_saturated if stop_when_saturated else None))
 
@@ -85,10 +89,14 @@ def _report_inflight(ctx: Ctx, levels: list[Level], held: tuple[float, int, floa
     lines = [f"One agent worker (`-P threads -c {cfg.inflight_threads}`, queue `agent`), the fake LLM answers "
              f"after {cfg.llm_delay:g} s; the client keeps N turns open through `POST .../messages` (one per idle "
              f"conversation) and raises N until turns/s stops growing. Window {cfg.inflight_window:g} s per level.",
-             "", "| turns kept open | LLM calls in flight (mean) | turns/s | failed | worker RSS max MiB |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {lv.target} | {lv.mean_in_flight:.0f} | {lv.rate:.1f} | {lv.failed} | {lv.max_rss_mib:.0f} |"
-              for lv in levels]
+             "", "Turns open is the client's own count (submitted, not finished), below the target while the "
+             "gateway is still taking submissions. LLM calls begun/s times the LLM's latency is what Little's law "
+             "expects in flight over a long window; turns/s agrees with calls begun/s while the worker keeps up, "
+             "and at saturation they part, as turns begun in one window finish in a later one.",
+             "", "| turns kept open | turns open (mean) | LLM calls in flight (mean) | LLM calls begun/s | turns/s "
+             "| failed | worker RSS max MiB |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {lv.target} | {_mean(lv.outstanding):.0f} | {lv.mean_in_flight:.0f} | {lv.call_rate:.1f} "
+              f"| {lv.rate:.1f} | {lv.failed} | {lv.max_rss_mib:.0f} |" for lv in levels]
     lines += ["", f"Hold test: the fake LLM answers after {HOLD_SECONDS:g} s and the client opens {n} turns as "
               f"fast as the gateway takes them: {most:.0f} LLM calls were open at once after {secs:.0f} s, the "
               f"worker tree using {rss_held:.0f} MiB. This separates what one worker can hold (threads, memory) "

@@ -1,6 +1,6 @@
-"""Only the processes that call the model load litellm (about 2.5 s of CPU and 170 MiB each): the
-agent worker does, at start; the gateway, beat and the tools and outbound workers never do, even
-while a turn with a tool call goes through them all."""
+"""Only the processes that call the model load litellm (about 2.5 s of CPU and 170 MiB each): after
+a turn with a tool call has gone through them all, the agent worker has it loaded; the gateway, beat
+and the tools and outbound workers do not."""
 
 from __future__ import annotations
 
