@@ -9,6 +9,7 @@ from sqlmodel import Session, col, select
 
 from shared.agent import conversations, events, memory
 from shared.agent.runtime import Next, Runtime
+from shared.channels import get_channel
 from shared.constants import T_AGENT_STEP, T_COMPACT
 from shared.models import (
     ACTIVE,
@@ -18,6 +19,7 @@ from shared.models import (
     Phase,
     Role,
     Run,
+    RunKind,
     RunStatus,
     ToolCall,
     ToolStatus,
@@ -27,6 +29,8 @@ from shared.outbox import add_reply
 from shared.tools.base import ErrorCode, ToolResult
 
 NOT_RUN = "the run was cancelled before this tool ran"
+JOINED = "Answered together with your earlier message, in the reply to it."
+STOPPED = "Stopped."
 CUT_OFF = "the run was cancelled while this tool ran: whether it finished its work is not known"
 
 
@@ -56,10 +60,38 @@ def deliver(rt: Runtime, s: Session, run: Run) -> list[Next]:
     """The reply goes to the chat it came from, unless the message tool already answered there."""
     origin = run.origin or {}
     channel = origin.get("channel", "api")
-    if channel == "api" or run.suppress_reply or not run.final_text:
+    if channel == "api":
         return []
-    return add_reply(s, rt.settings, key=run.id, channel=channel, chat_id=str(origin.get("chat_id", "")),
-                     text=run.final_text, meta=origin.get("reply_meta", {}), run_id=run.id)
+    chat_id, meta = str(origin.get("chat_id", "")), origin.get("reply_meta", {})
+    nexts: list[Next] = []
+    if run.final_text and not run.suppress_reply:
+        nexts = add_reply(s, rt.settings, key=run.id, channel=channel, chat_id=chat_id, text=run.final_text,
+                          meta=meta, run_id=run.id)
+    ch = get_channel(channel, rt.settings)
+    if run.kind == RunKind.TURN and ch is not None and ch.placeholder:
+        nexts += _end_placeholders(rt, s, run, channel, chat_id, meta)
+    return nexts
+
+
+def _end_placeholders(rt: Runtime, s: Session, run: Run, channel: str, chat_id: str,
+                      meta: dict[str, Any]) -> list[Next]:
+    """On a platform that shows each message a placeholder until something is sent for it (Discord's
+    "thinking..."), a turn ends every one it took: a stopped turn's own, which no reply replaces, and
+    those of the messages it took in from the mailbox beside the one it answers (a second /ask while
+    it ran), each of which would otherwise think until the platform gives up on it."""
+    answered = bool(run.final_text) or run.suppress_reply
+    nexts: list[Next] = []
+    if not answered:
+        nexts += add_reply(s, rt.settings, key=run.id, channel=channel, chat_id=chat_id, text=STOPPED, meta=meta,
+                           run_id=run.id)
+    joined = s.exec(select(Message.id, Message.meta).where(Message.run_id == run.id, Message.role == Role.USER)
+                    .order_by(col(Message.id))).all()
+    for message_id, info in joined:
+        theirs = ((info or {}).get("origin") or {}).get("reply_meta") or {}
+        if theirs and theirs != meta:
+            nexts += add_reply(s, rt.settings, key=f"{run.id}:joined:{message_id}", channel=channel,
+                               chat_id=chat_id, text=JOINED if answered else STOPPED, meta=theirs, run_id=run.id)
+    return nexts
 
 
 def release_turn(rt: Runtime, s: Session, conv: Conversation, run: Run) -> list[Next]:

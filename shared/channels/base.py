@@ -82,6 +82,9 @@ class Channel(Protocol):
     max_chars: ClassVar[int]
     typing_indicator: ClassVar[bool]  # shows "typing..." while a turn runs (see typing())
     reports_failures: ClassVar[bool]  # reports later, by webhook, a sent message it could not deliver
+    # Shows each message a placeholder until something is sent for it (Discord's "thinking..."): a turn
+    # ends each one it took (shared.agent.finish).
+    placeholder: ClassVar[bool]
     # Seconds within which the platform must have the webhook's answer, for a platform that never sends an
     # event again (Discord): the answer then goes out by this deadline even while the message is still being
     # stored. None: the answer waits for the durable write, and a platform that got none sends the event again.
@@ -124,6 +127,7 @@ class BaseChannel:
     required: ClassVar[tuple[str, ...]] = ()  # settings fields that must be set for the channel to be on
     typing_indicator: ClassVar[bool] = False
     reports_failures: ClassVar[bool] = False
+    placeholder: ClassVar[bool] = False
     ack_deadline: ClassVar[float | None] = None
 
     def __init__(self, settings: Settings) -> None:

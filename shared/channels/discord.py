@@ -50,6 +50,7 @@ class DiscordChannel(BaseChannel):
     name: ClassVar[str] = "discord"
     max_chars: ClassVar[int] = 2000
     required: ClassVar[tuple[str, ...]] = ("application_id", "public_key")
+    placeholder: ClassVar[bool] = True  # the deferred response's "thinking..."
     ack_deadline: ClassVar[float | None] = 2.5  # Discord's is 3 s, and it never sends an interaction again
 
     def __init__(self, settings: Settings) -> None:
