@@ -184,8 +184,34 @@ class LLMClient:
         model: str | None = None,
         on_delta: Callable[[str], None] | None = None,
     ) -> LLMResponse:
-        profile = self.profile(model)
+        """The answer of `model` (a profile, a model string, or None: the default); when that fails
+        for good, each of the fallbacks' in turn, unless streamed text already went out. When none
+        answers, the error's user_message is the first model's (the logs have every one's)."""
         relay = _Relay(on_delta) if on_delta else None
+        chain = list(dict.fromkeys([model, *self.settings.fallbacks]))
+        failures: list[LLMError] = []
+        for i, name in enumerate(chain):
+            profile = self.profile(name)
+            try:
+                return self._complete(profile, messages, tools, relay)
+            except LLMError as err:
+                failures.append(err)
+                if (relay and relay.sent) or i + 1 == len(chain):
+                    break
+                log.warning("model %s failed (%s); trying %s", profile.model, err, self.profile(chain[i + 1]).model)
+        if len(failures) == 1:
+            raise failures[0]
+        tried = "; ".join(f"{self.profile(name).model}: {err}" for name, err in zip(chain, failures, strict=False))
+        raise LLMError(tried, user_message=failures[0].user_message) from failures[-1]
+
+    def _complete(
+        self,
+        profile: LLMProfile,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        relay: _Relay | None,
+    ) -> LLMResponse:
+        """One model's answer, with retries."""
         attempt = 0
         while True:
             try:

@@ -81,6 +81,9 @@ class LLMSettings(LLMProfile):
     """The default model, named profiles, and how calls are retried."""
 
     profiles: dict[str, LLMProfile] = Field(default_factory=dict)
+    # Tried in order when a call to the model fails for good (its retries spent, or refused): profile
+    # names, or litellm model strings on the default endpoint.
+    fallbacks: list[str] = Field(default_factory=list)
     timeout: float = 120.0
     max_retries: int = 3
     retry_base_delay: float = 1.0
@@ -92,9 +95,19 @@ class LLMSettings(LLMProfile):
     # litellm model string, called on the default endpoint with the default key.
     allowed_models: list[str] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _known_fallbacks(self) -> LLMSettings:
+        for name in self.fallbacks:
+            if name not in self.profiles and "/" not in name:
+                raise ValueError(f"fallback {name!r} is neither a profile (NANOFLEET_LLM__PROFILES) nor a litellm "
+                                 "model string (provider/model)")
+        return self
+
     def longest(self) -> float:
-        """Seconds a model call may take at most: every try at the timeout, every pause at its cap."""
-        return (self.max_retries + 1) * self.timeout + self.max_retries * self.retry_max_delay
+        """Seconds a model call may take at most: for each model it may try, every try at the timeout
+        and every pause at its cap."""
+        per_model = (self.max_retries + 1) * self.timeout + self.max_retries * self.retry_max_delay
+        return (1 + len(self.fallbacks)) * per_model
 
     def refuses(self, model: str) -> str | None:
         """Why an API request may not ask for `model` (None when it may). A string with a URL in it

@@ -103,8 +103,8 @@ def run(s: Session, r: Run) -> dict[str, Any]:
         "error": r.error,
         "usage": {"promptTokens": r.prompt_tokens, "completionTokens": r.completion_tokens, "cost": r.cost},
         "steps": [
-            {"seq": st.seq, "kind": st.kind.value, "elapsedMs": st.elapsed_ms, "promptTokens": st.prompt_tokens,
-             "completionTokens": st.completion_tokens}
+            {"seq": st.seq, "kind": st.kind.value, "model": st.model, "elapsedMs": st.elapsed_ms,
+             "promptTokens": st.prompt_tokens, "completionTokens": st.completion_tokens}
             for st in steps
         ],
         "toolCalls": tool_calls(s, [r.id]),

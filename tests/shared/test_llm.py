@@ -11,7 +11,7 @@ import litellm
 import pytest
 
 from shared.llm import LLMClient, LLMError, LLMResponse
-from shared.settings import LLMSettings
+from shared.settings import LLMProfile, LLMSettings
 from tests.fakes.llm import FakeLLM, Reply, default_handler
 from tests.support.processes import wait_until
 
@@ -153,3 +153,65 @@ def test_a_profile_of_the_default_provider_uses_the_default_endpoint_and_key(fak
         assert (client.profile(name).api_base, client.profile(name).api_key) == (None, None), name
     unnamed = LLMClient(LLMSettings(model="gpt-4o", api_key="openai-key", profiles=client.settings.profiles))
     assert unnamed.profile("bare").api_key is None  # two models naming no provider may be two providers
+
+
+def _with_fallbacks(client: LLMClient) -> LLMClient:
+    profiles = {"backup": LLMProfile(model="openai/backup-model", input_cost_per_token=1e-6,
+                                     output_cost_per_token=1e-6)}
+    return LLMClient(client.settings.model_copy(update={"profiles": profiles,
+                                                        "fallbacks": ["backup", "openai/third-model"]}))
+
+
+def _models(fake_llm: FakeLLM) -> list[str]:
+    with fake_llm.lock:
+        return [r["model"] for r in fake_llm.requests]
+
+
+def test_a_model_that_fails_for_good_hands_the_call_to_the_next_fallback(client: LLMClient,
+                                                                          fake_llm: FakeLLM) -> None:
+    """After its retries the default model gives way to the first fallback, which answers with its
+    own model and prices; the rest are not called."""
+    fake_llm.handler = lambda body: Reply(status=503) if body["model"] == "fake" else default_handler(body)
+    answer = _with_fallbacks(client).complete(USER)
+    assert (answer.content, answer.model) == ("echo: hi", "openai/backup-model")
+    assert answer.usage.cost == pytest.approx((answer.usage.prompt_tokens + answer.usage.completion_tokens) * 1e-6)
+    assert _models(fake_llm) == ["fake"] * (client.settings.max_retries + 1) + ["backup-model"]
+
+
+def test_when_every_model_fails_the_user_hears_the_first_ones_reason(client: LLMClient, fake_llm: FakeLLM) -> None:
+    fake_llm.handler = lambda body: Reply(status=401)  # refused, not retried: the next model at once
+    with pytest.raises(LLMError) as err:
+        _with_fallbacks(client).complete(USER)
+    assert _models(fake_llm) == ["fake", "backup-model", "third-model"]
+    assert "API key" in err.value.user_message
+    assert all(m in str(err.value) for m in ("openai/fake:", "openai/backup-model:", "openai/third-model:"))
+
+
+def test_a_model_asked_for_by_name_falls_back_too(client: LLMClient, fake_llm: FakeLLM) -> None:
+    fake_llm.handler = lambda body: Reply(status=404) if body["model"] == "asked" else default_handler(body)
+    answer = _with_fallbacks(client).complete(USER, model="openai/asked")
+    assert answer.model == "openai/backup-model" and _models(fake_llm) == ["asked", "backup-model"]
+
+
+def test_a_stream_that_broke_after_text_went_out_does_not_go_to_a_fallback(client: LLMClient,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback's answer would follow the first model's half answer on every SSE reader."""
+    fallible = _with_fallbacks(client)
+    models: list[str] = []
+
+    def broken(profile: LLMProfile, messages: object, tools: object, on_delta: Callable[[str], None]) -> LLMResponse:
+        models.append(profile.model)
+        on_delta("Hello")
+        raise litellm.APIConnectionError("connection reset", llm_provider="openai", model="fake")
+
+    monkeypatch.setattr(fallible, "_call", broken)
+    with pytest.raises(LLMError):
+        fallible.complete(USER, on_delta=lambda _: None)
+    assert models == ["openai/fake"]
+
+
+def test_a_fallback_must_name_a_profile_or_a_model() -> None:
+    with pytest.raises(ValueError, match="'cheap' is neither a profile"):
+        LLMSettings(fallbacks=["cheap"])
+    one = LLMSettings(profiles={"cheap": LLMProfile(model="openai/gpt-4.1-nano")}, fallbacks=["cheap"])
+    assert one.longest() == 2 * LLMSettings().longest()  # the time limits leave room for every model's retries

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from shared.agent.steps import EMPTY_ANSWER
-from tests.fakes.llm import FakeLLM, Reply
-from tests.support.stack import Stack
+from tests.fakes.llm import FakeLLM, Reply, default_handler
+from tests.support.stack import Stack, api_client
 
 
 def new_conversation(api: Any) -> str:
@@ -79,6 +80,18 @@ def test_request_model_overrides_the_default_and_usage_is_summed(stack: Stack, a
     llm_steps = [st for st in run["steps"] if st["kind"] == "llm"]
     assert len(llm_steps) == 2 and all(st["promptTokens"] > 0 for st in llm_steps)
     assert run["usage"]["promptTokens"] == sum(st["promptTokens"] for st in llm_steps)
+
+
+def test_a_fallback_model_answers_when_the_default_fails(make_stack: Callable[..., Stack], fake_llm: FakeLLM) -> None:
+    s = make_stack(LLM__PROFILES='{"backup": {"model": "openai/backup-model"}}', LLM__FALLBACKS='["backup"]')
+    s.worker()
+    fake_llm.handler = lambda body: Reply(status=503) if body["model"] == "fake-model" else default_handler(body)
+    for api in api_client(s.settings):
+        body = api.post(f"/api/v1/conversations/{new_conversation(api)}/chat", json={"message": "call:time"}).json()
+        assert body["status"] == "succeeded" and body["assistantMessage"].startswith("done: ")
+        run = api.get(f"/api/v1/runs/{body['runId']}").json()
+        assert [st["model"] for st in run["steps"] if st["kind"] == "llm"] == ["openai/backup-model"] * 2
+        assert {r["model"] for r in fake_llm.requests} == {"fake-model", "backup-model"}
 
 
 def test_llm_failure_after_retries_is_a_clear_reply_not_stored(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
