@@ -57,6 +57,9 @@ class InboundMessage(BaseModel):
     # What a person sent that has no text for the model ("a voice message"): answered with a notice
     # that says so, without an LLM call, instead of silence.
     unsupported: str | None = None
+    # A voice message's audio on the platform ({"kind": "voice", "id": the platform's file id}): with a
+    # transcription model set, the worker fetches and transcribes it, and the words are the content.
+    media: dict[str, str] | None = None
 
     def key(self) -> str:
         return self.session_key or f"{self.channel}:{self.chat_id}"

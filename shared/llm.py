@@ -8,16 +8,16 @@ import json
 import logging
 import os
 import random
-import socket
 import time
 import uuid
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
+from shared.llm_faults import HINTS, retry_after, unreachable
 from shared.settings import LLMProfile, LLMSettings
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the cost map at import
@@ -27,6 +27,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the
 os.environ.setdefault("EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER", "True")
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 # litellm's own handler builds a pydantic schema that warns, once per process, about a ReadOnly item
 warnings.filterwarnings("ignore", message="Item .* is using the `ReadOnly` qualifier", category=UserWarning)
 
@@ -107,16 +108,6 @@ def missing_key(settings: LLMSettings) -> list[str]:
     except Exception:  # a model string litellm cannot place: the first call says what is wrong
         return []
     return [k for k in wanted if k.endswith("_API_KEY")]  # not cloud credentials (AWS_...) or bases
-
-
-def retry_after(err: Exception) -> float | None:
-    """Seconds from a Retry-After header on the provider's answer, when there is one."""
-    headers = getattr(err, "litellm_response_headers", None) or getattr(getattr(err, "response", None), "headers", {})
-    value = headers.get("retry-after") or headers.get("Retry-After")
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
 
 
 class _ProcessTransport(httpx.HTTPTransport):
@@ -212,10 +203,35 @@ class LLMClient:
         relay: _Relay | None,
     ) -> LLMResponse:
         """One model's answer, with retries."""
+        return self._retrying(lambda: self._call(profile, messages, tools, relay), relay)
+
+    def transcribe(self, audio: bytes, filename: str) -> str:
+        """The words of a voice message, by the transcription model, retried as a chat call is;
+        raises LLMError (with a user_message) when it cannot."""
+        profile = self.profile(self.settings.transcription_model)
+
+        def call() -> str:
+            _pool(self.settings.max_connections)
+            lib, key = _litellm(), profile.api_key.get_secret_value() if profile.api_key else None
+            try:
+                answer = lib.transcription(model=profile.model, file=(filename, audio), api_base=profile.api_base,
+                                           api_key=key, timeout=self.settings.timeout, max_retries=0)
+            except Exception as err:  # the SDK's own errors get through litellm's transcription unmapped
+                if isinstance(err, _litellm_errors()):
+                    raise
+                lib.exception_type(model=profile.model, original_exception=err,
+                                   custom_llm_provider=_provider(profile.model) or None)  # raises litellm's
+                raise
+            return str(getattr(answer, "text", "") or "").strip()
+
+        return self._retrying(call, None)
+
+    def _retrying(self, call: Callable[[], T], relay: _Relay | None) -> T:
+        """`call()`, tried again after a fault that may pass (not once streamed text went out)."""
         attempt = 0
         while True:
             try:
-                return self._call(profile, messages, tools, relay)
+                return call()
             except Exception as err:
                 if not isinstance(err, _litellm_errors()):  # a fault in the client itself: a reply, not a hang
                     log.exception("LLM call failed unexpectedly")
@@ -348,30 +364,9 @@ def _streamed(stream: Any, on_delta: Callable[[str], None], model: str) -> LLMRe
                        usage=Usage(prompt_tokens=prompt, completion_tokens=completion, cost=float(cost)), model=model)
 
 
-HINTS = {
-    "AuthenticationError": "check the API key configured for the model",
-    "PermissionDeniedError": "check the API key configured for the model",
-    "NotFoundError": "check the model name and API base",
-    "ContextWindowExceededError": "the conversation is too long for the model: send /new to start afresh",
-    "ContentPolicyViolationError": "the provider's content policy refused this request",
-}
-
-
-def _unreachable(err: BaseException) -> bool:
-    """A refused connection or an unknown host (litellm reports both as an InternalServerError)."""
-    seen: BaseException | None = err
-    for _ in range(10):  # the chain: litellm's error, the SDK's, httpx's, the socket's
-        if seen is None:
-            return False
-        if isinstance(seen, httpx.ConnectError | ConnectionRefusedError | socket.gaierror):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
 def _user_message(err: Exception, wait: float | None = None) -> str:
     kind = type(err).__name__
-    if _unreachable(err):
+    if unreachable(err):
         return "Sorry, I couldn't reach the language model (no connection to it). Please try again in a moment."
     if kind == "BadRequestError" and "LLM Provider NOT provided" in str(err):
         return ("Sorry, the configured model names no provider litellm knows: check the model name "

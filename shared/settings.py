@@ -84,6 +84,9 @@ class LLMSettings(LLMProfile):
     # Tried in order when a call to the model fails for good (its retries spent, or refused): profile
     # names, or litellm model strings on the default endpoint.
     fallbacks: list[str] = Field(default_factory=list)
+    # The model that turns voice messages into text (a profile name, or a litellm model string on the
+    # default endpoint: openai/whisper-1, groq/whisper-large-v3...); empty: voice messages get a notice.
+    transcription_model: str = ""
     timeout: float = 120.0
     max_retries: int = 3
     retry_base_delay: float = 1.0
@@ -96,10 +99,13 @@ class LLMSettings(LLMProfile):
     allowed_models: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _known_fallbacks(self) -> LLMSettings:
-        for name in self.fallbacks:
+    def _known_models(self) -> LLMSettings:
+        named = [("fallback", name) for name in self.fallbacks]
+        if self.transcription_model:
+            named.append(("transcription_model", self.transcription_model))
+        for what, name in named:
             if name not in self.profiles and "/" not in name:
-                raise ValueError(f"fallback {name!r} is neither a profile (NANOFLEET_LLM__PROFILES) nor a litellm "
+                raise ValueError(f"{what} {name!r} is neither a profile (NANOFLEET_LLM__PROFILES) nor a litellm "
                                  "model string (provider/model)")
         return self
 

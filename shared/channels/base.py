@@ -118,6 +118,10 @@ class Channel(Protocol):
         """Deliver one chunk; raise RateLimited on 429, Rejected when retrying cannot help, other
         exceptions to retry. `meta` holds the reply_meta plus chunk, chunks and outbox_id."""
 
+    def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
+        """The bytes of an attachment a message named (InboundMessage.media) and a file name for
+        them; raise Rejected when it is over `limit` bytes or gone, other exceptions to try again."""
+
 
 class BaseChannel:
     """Defaults shared by the platform modules: settings, enabled, allow_from, chunking."""
@@ -170,6 +174,9 @@ class BaseChannel:
 
     def typing(self, chat_id: str, meta: dict[str, Any]) -> bool:
         return False
+
+    def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
+        raise Rejected(f"{self.name}: attachments are not fetched from this platform")
 
     def secret(self, field_name: str) -> str:
         """A configured secret's value ("" when unset)."""

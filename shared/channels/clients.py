@@ -19,6 +19,7 @@ from shared.channels.base import RateLimited, Rejected, WebhookError
 log = logging.getLogger(__name__)
 
 RETRYABLE_4XX = (408, 409, 425)
+DOWNLOAD_TIMEOUT = 60.0  # seconds without a byte from the platform before a download gives up
 # False while the gateway parses a webhook on its event loop, where asking the platform would block
 # every request: Learned then raises MustAsk, and the gateway parses that event again in a thread.
 may_ask: ContextVar[bool] = ContextVar("may_ask", default=True)
@@ -75,6 +76,20 @@ def check(response: httpx.Response, *, what: str, wait: float | None = None) -> 
         raise Rejected(f"{what}: HTTP {status}: {response.text[:300]}")
     raise PlatformError(f"{what}: HTTP {status}: {response.text[:300]}")
 
+
+def download(url: str, *, limit: int, what: str, headers: dict[str, str] | None = None) -> bytes:
+    """A file from the platform, read as it comes and refused (Rejected) past `limit` bytes. Errors
+    name `what`, never the URL (Telegram's holds the bot token)."""
+    with http(DOWNLOAD_TIMEOUT).stream("GET", url, headers=headers) as response:
+        if response.status_code >= 400:
+            response.read()
+            check(response, what=what)
+        data = bytearray()
+        for chunk in response.iter_bytes():
+            data += chunk
+            if len(data) > limit:
+                raise Rejected(f"{what}: the file is over {limit:,} bytes")
+        return bytes(data)
 
 
 class Learned:

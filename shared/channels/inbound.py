@@ -23,6 +23,7 @@ from shared.agent import conversations
 from shared.agent.runtime import Next, Runtime
 from shared.agent.service import Submitted, after_commit, command_of, submit
 from shared.agent.steps import transient
+from shared.channels import voice
 from shared.constants import T_INGEST
 from shared.contracts import InboundMessage
 from shared.db import table_of
@@ -190,6 +191,12 @@ def _tell_set_aside(rt: Runtime, s: Session, channel: str, event_id: int, stored
 def _one(rt: Runtime, s: Session, msg: InboundMessage) -> tuple[Submitted | None, list[Next]]:
     """Submit one message in the caller's transaction: what became of it (None for a notice), and the
     tasks to enqueue after the commit."""
+    if msg.media and rt.settings.llm.transcription_model:
+        heard = voice.transcribed(rt, msg)
+        if isinstance(heard, str):
+            return None, add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel,
+                                   chat_id=msg.chat_id, text=heard, meta=msg.reply_meta)
+        msg = heard
     if msg.unsupported:
         return None, add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel,
                                chat_id=msg.chat_id, text=UNSUPPORTED.format(what=msg.unsupported),

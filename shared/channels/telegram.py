@@ -18,7 +18,7 @@ from shared.channels.base import (
     WebhookError,
     json_object,
 )
-from shared.channels.clients import Learned, PlatformError, body, check, http
+from shared.channels.clients import Learned, PlatformError, body, check, download, http
 from shared.channels.markdown import telegram_html
 from shared.channels.signing import same
 from shared.contracts import InboundMessage
@@ -32,6 +32,7 @@ GROUPS = ("group", "supergroup")
 MEDIA = {"voice": "a voice message", "audio": "an audio file", "video_note": "a video message",
          "video": "a video", "photo": "a photo", "document": "a file", "sticker": "a sticker",
          "location": "a location", "contact": "a contact", "poll": "a poll"}
+AUDIO = ("voice", "audio")  # what a transcription model can turn into text
 QUOTE_CHARS = 500
 COMMAND = re.compile(r"/\w+(?:@(\w+))?(?![\w@])")  # /cmd or /cmd@bot_username
 
@@ -82,7 +83,7 @@ class TelegramChannel(BaseChannel):
             if group or kind is None:
                 return None  # in groups nothing without text is addressed to the bot
             return InboundMessage(channel=self.name, chat_id=str(chat["id"]), sender_id=str(sender["id"]),
-                                  content="", event_id=update_id, unsupported=kind)
+                                  content="", event_id=update_id, unsupported=kind, media=_audio(msg))
         username = self.username(ask=group)
         if group and not _addressed(msg, text, username):
             return None
@@ -96,6 +97,18 @@ class TelegramChannel(BaseChannel):
             content=_with_quote(msg, _strip_mention(text, username)), event_id=update_id, session_key=session_key,
             reply_meta=reply_meta, sender_name=sender.get("username") or sender.get("first_name"), group=group,
         )
+
+    def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
+        """getFile, then the file itself (the Bot API hands out files up to 20 MB)."""
+        found = self.call("getFile", {"file_id": media["id"]}).get("result")
+        path = found.get("file_path") if isinstance(found, dict) else None
+        if not isinstance(path, str) or not path:
+            raise Rejected("telegram getFile: no file to download (over 20 MB, or gone)")
+        size = found.get("file_size") if isinstance(found, dict) else None
+        if isinstance(size, int) and size > limit:
+            raise Rejected(f"telegram getFile: the file is over {limit:,} bytes")
+        url = f"{self.cfg.api_base.rstrip('/')}/file/bot{self.secret('token')}/{path}"
+        return download(url, limit=limit, what="telegram file"), path.rsplit("/", 1)[-1]
 
     def username(self, *, ask: bool = True) -> str:
         """The bot's username, lower case: configured, else asked of getMe once and remembered (with
@@ -192,3 +205,12 @@ def _with_quote(msg: dict[str, Any], text: str) -> str:
         return text
     lines = original[:QUOTE_CHARS].splitlines() or [""]
     return "\n".join("> " + line for line in lines) + "\n\n" + text
+
+
+def _audio(msg: dict[str, Any]) -> dict[str, str] | None:
+    """The voice message's or audio file's id on Telegram, for transcription."""
+    for kind in AUDIO:
+        item = msg.get(kind)
+        if isinstance(item, dict) and isinstance(item.get("file_id"), str):
+            return {"kind": kind, "id": item["file_id"]}
+    return None

@@ -7,8 +7,17 @@ import logging
 import time
 from typing import Any, ClassVar
 
-from shared.channels.base import BaseChannel, Bucket, Parsed, RateLimited, SendResult, WebhookError, json_object
-from shared.channels.clients import body, check, http
+from shared.channels.base import (
+    BaseChannel,
+    Bucket,
+    Parsed,
+    RateLimited,
+    Rejected,
+    SendResult,
+    WebhookError,
+    json_object,
+)
+from shared.channels.clients import body, check, download, http
 from shared.channels.signing import hmac_hex, same
 from shared.contracts import InboundMessage
 from shared.settings import Settings
@@ -84,11 +93,29 @@ class WhatsAppChannel(BaseChannel):
                 log.warning("whatsapp: message %s was sent more than 7 days ago; ignored as a replay", wamid)
                 continue
             kind = None if text else MEDIA.get(str(m.get("type")))
+            audio = m.get("audio") if kind and m.get("type") == "audio" else None
+            media = {"kind": "audio", "id": audio["id"]} if isinstance(audio, dict) and isinstance(
+                audio.get("id"), str) else None
             if text or kind:
                 out.append(InboundMessage(channel=self.name, chat_id=sender, sender_id=sender, content=text or "",
                                           event_id=wamid, reply_meta={"reply_to": wamid},
-                                          sender_name=names.get(sender), unsupported=kind))
+                                          sender_name=names.get(sender), unsupported=kind, media=media))
         return out
+
+    def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
+        """The media's URL from the Graph API, then the file, both with the access token."""
+        auth = {"Authorization": f"Bearer {self.secret('access_token')}"}
+        response = http(self.settings.channels.delivery.send_timeout).get(
+            f"{self.cfg.api_base.rstrip('/')}/{media['id']}", headers=auth)
+        check(response, what="whatsapp media")
+        found = body(response)
+        url, size = found.get("url"), found.get("file_size")
+        if not isinstance(url, str) or not url.startswith(("https://", "http://")):
+            raise Rejected("whatsapp media: no URL to download it from")
+        if isinstance(size, int) and size > limit:
+            raise Rejected(f"whatsapp media: the file is over {limit:,} bytes")
+        extension = str(found.get("mime_type") or "audio/ogg").split(";")[0].split("/")[-1]
+        return download(url, limit=limit, what="whatsapp media", headers=auth), f"{media['id']}.{extension}"
 
     # ------------------------------------------------------------------ outbound
 

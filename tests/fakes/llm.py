@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.datastructures import UploadFile
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -102,9 +103,14 @@ class FakeLLM:
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.in_flight = 0
+        # Speech to text: the "audio" of the tests is the words themselves, in UTF-8; a status other
+        # than 200 answers an error instead
+        self.transcriptions: list[dict[str, Any]] = []  # model, filename and size of each request
+        self.transcription_status = 200
         self.server = ThreadServer(Starlette(routes=[
             Route("/v1/chat/completions", self._complete, methods=["POST"]),
             Route("/chat/completions", self._complete, methods=["POST"]),
+            Route("/v1/audio/transcriptions", self._transcribe, methods=["POST"]),
         ]))
 
     @property
@@ -119,6 +125,8 @@ class FakeLLM:
         with self.lock:
             self.handler = default_handler
             self.requests.clear()
+            self.transcriptions.clear()
+            self.transcription_status = 200
 
     def calls(self) -> int:
         with self.lock:
@@ -154,6 +162,20 @@ class FakeLLM:
         if body.get("stream"):
             return StreamingResponse(_stream(body, reply), media_type="text/event-stream")
         return JSONResponse(_completion(body, reply))
+
+
+    async def _transcribe(self, request: Request) -> Response:
+        form = await request.form()
+        upload = form.get("file")
+        audio = await upload.read() if isinstance(upload, UploadFile) else b""
+        with self.lock:
+            self.transcriptions.append({"model": form.get("model"), "filename": getattr(upload, "filename", None),
+                                        "bytes": len(audio)})
+            status = self.transcription_status
+        if status != 200:
+            return JSONResponse({"error": {"message": f"fake error {status}", "type": "server_error"}},
+                                status_code=status)
+        return JSONResponse({"text": audio.decode(errors="replace")})
 
 
 def _usage(body: dict[str, Any], reply: Reply) -> dict[str, int]:

@@ -116,4 +116,7 @@ class FakePlatform:
                 await asyncio.sleep(self.delay)
             reply = Scripted(status, payload)
         call.status = reply.status
+        if isinstance(reply.body, bytes):  # a file the platform hands out
+            return Response(reply.body, status_code=reply.status, headers=reply.headers,
+                            media_type="application/octet-stream")
         return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)

@@ -64,10 +64,12 @@ class FakeTelegram(FakePlatform):
         self.ids = itertools.count(1)
         self.update_ids = itertools.count(10_000)
         self.webhook: dict[str, Any] = {}
+        self.files: dict[str, bytes] = {}  # file_id -> content, for getFile and /file/bot<token>/<path>
         super().__init__()
 
     def routes(self) -> list[Route]:
-        return [Route("/bot{token}/{method}", self._method, methods=["GET", "POST"])]
+        return [Route("/bot{token}/{method}", self._method, methods=["GET", "POST"]),
+                Route("/file/bot{token}/{path:path}", self._file, methods=["GET"])]
 
     def chat_of(self, call: Call) -> str:
         return str(call.body.get("chat_id"))
@@ -81,7 +83,7 @@ class FakeTelegram(FakePlatform):
             self.refuse(f"wrong bot token in the path for {method}")
             return await self.answer(method, request, lambda b, r: (401, _error(401, "Unauthorized")))
         handler = {"getMe": self._get_me, "sendMessage": self._send, "sendChatAction": self._action,
-                   "setWebhook": self._set_webhook}
+                   "setWebhook": self._set_webhook, "getFile": self._get_file}
         if method not in handler:
             return await self.answer(method, request, lambda b, r: (404, _error(404, "Not Found")))
         return await self.answer(method, request, handler[method])
@@ -112,6 +114,21 @@ class FakeTelegram(FakePlatform):
     def _action(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
         return 200, {"ok": True, "result": True}
 
+    def _get_file(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+        file_id = body.get("file_id")
+        if file_id not in self.files:
+            return 400, _error(400, "Bad Request: invalid file_id")
+        return 200, {"ok": True, "result": {"file_id": file_id, "file_unique_id": f"u{file_id}",
+                                            "file_size": len(self.files[file_id]), "file_path": f"voice/{file_id}.oga"}}
+
+    async def _file(self, request: Request) -> Response:
+        def serve(body: dict[str, Any], request: Request) -> tuple[int, Any]:
+            name = request.path_params["path"].removeprefix("voice/").removesuffix(".oga")
+            if request.path_params["token"] != self.token or name not in self.files:
+                return 404, _error(404, "Not Found")
+            return 200, self.files[name]
+        return await self.answer("file", request, serve)
+
     def _set_webhook(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
         self.webhook = body
         return 200, {"ok": True, "result": True, "description": "Webhook was set"}
@@ -129,6 +146,16 @@ class FakeTelegram(FakePlatform):
                             "chat": {"id": chat, "type": chat_type},
                             "from": {"id": sender, "is_bot": False, "first_name": "Ann", "username": f"u{sender}"},
                             **message}}
+
+    def voice(self, *, chat: int, sender: int, audio: bytes) -> dict[str, Any]:
+        """An update with a voice message (no text), its audio served by getFile and /file/."""
+        file_id = f"voice{len(self.files) + 1}"
+        self.files[file_id] = audio
+        update = self.update(chat=chat, sender=sender, text="",
+                             voice={"file_id": file_id, "file_unique_id": f"u{file_id}", "duration": 2,
+                                    "mime_type": "audio/ogg", "file_size": len(audio)})
+        del update["message"]["text"]
+        return update
 
     def signed(self, payload: dict[str, Any], secret: str | None = None) -> tuple[bytes, dict[str, str]]:
         return json.dumps(payload).encode(), {"Content-Type": "application/json",

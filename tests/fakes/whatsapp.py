@@ -22,10 +22,13 @@ class FakeWhatsApp(FakePlatform):
     def __init__(self, access_token: str, app_secret: str, phone_number_id: str) -> None:
         self.access_token, self.app_secret, self.phone_number_id = access_token, app_secret, phone_number_id
         self.sent_ids = 0
+        self.media: dict[str, bytes] = {}  # media id -> content, for GET /{media id} and its download URL
         super().__init__()
 
     def routes(self) -> list[Route]:
-        return [Route("/{number}/messages", self._post, methods=["POST"])]
+        return [Route("/{number}/messages", self._post, methods=["POST"]),
+                Route("/download/{media_id}", self._download, methods=["GET"]),
+                Route("/{media_id}", self._media_url, methods=["GET"])]
 
     def chat_of(self, call: Call) -> str:
         return str(call.body.get("to"))
@@ -55,6 +58,26 @@ class FakeWhatsApp(FakePlatform):
         return 200, {"messaging_product": "whatsapp", "contacts": [{"input": body["to"], "wa_id": body["to"]}],
                      "messages": [{"id": wamid}]}
 
+    async def _media_url(self, request: Request) -> Response:
+        def found(body: dict[str, Any], request: Request) -> tuple[int, Any]:
+            media_id = request.path_params["media_id"]
+            if request.headers.get("authorization") != f"Bearer {self.access_token}":
+                return 401, _error(190, "Invalid OAuth access token")
+            if media_id not in self.media:
+                return 404, _error(100, "Unsupported get request")
+            return 200, {"messaging_product": "whatsapp", "url": f"{self.url}/download/{media_id}",
+                         "mime_type": "audio/ogg; codecs=opus", "file_size": len(self.media[media_id]), "id": media_id}
+        return await self.answer("media", request, found)
+
+    async def _download(self, request: Request) -> Response:
+        def serve(body: dict[str, Any], request: Request) -> tuple[int, Any]:
+            if request.headers.get("authorization") != f"Bearer {self.access_token}":
+                self.refuse("a media download without the access token")
+                return 401, _error(190, "Invalid OAuth access token")
+            return (200, self.media[request.path_params["media_id"]]) if request.path_params[
+                "media_id"] in self.media else (404, _error(100, "Not found"))
+        return await self.answer("download", request, serve)
+
     def next_wamid(self) -> str:
         """The id the next accepted message will get."""
         return f"wamid.out{self.sent_ids + 1}"
@@ -72,6 +95,16 @@ class FakeWhatsApp(FakePlatform):
                                "text": {"body": text}}]}
         return {"object": "whatsapp_business_account",
                 "entry": [{"id": "WABA1", "changes": [{"value": value, "field": "messages"}]}]}
+
+    def voice(self, *, sender: str, wamid: str, audio: bytes) -> dict[str, Any]:
+        """A webhook with a voice note, its audio served at GET /{media id} and the URL that gives."""
+        media_id = f"media{len(self.media) + 1}"
+        self.media[media_id] = audio
+        event = self.event(sender=sender, text="", wamid=wamid)
+        message = event["entry"][0]["changes"][0]["value"]["messages"][0]
+        del message["text"]
+        message.update(type="audio", audio={"id": media_id, "mime_type": "audio/ogg; codecs=opus", "voice": True})
+        return event
 
     def status(self, *, recipient: str, wamid: str, status: str, code: int = 131047,
                title: str = "Re-engagement message") -> dict[str, Any]:

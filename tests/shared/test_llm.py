@@ -215,3 +215,21 @@ def test_a_fallback_must_name_a_profile_or_a_model() -> None:
         LLMSettings(fallbacks=["cheap"])
     one = LLMSettings(profiles={"cheap": LLMProfile(model="openai/gpt-4.1-nano")}, fallbacks=["cheap"])
     assert one.longest() == 2 * LLMSettings().longest()  # the time limits leave room for every model's retries
+
+
+def test_a_voice_message_is_transcribed_and_a_failing_model_retried_as_a_chat_call_is(client: LLMClient,
+                                                                                       fake_llm: FakeLLM) -> None:
+    """litellm's transcription lets the openai SDK's errors through as they are: they are mapped, so a
+    503 is retried and a 401 is not, and the user hears why."""
+    hearing = LLMClient(client.settings.model_copy(update={"transcription_model": "openai/whisper-test"}))
+    assert hearing.transcribe(b" book a table ", "v.oga") == "book a table"
+    fake_llm.transcription_status = 503
+    with pytest.raises(LLMError) as err:
+        hearing.transcribe(b"hello", "v.oga")
+    assert "try again" in err.value.user_message
+    fake_llm.transcription_status = 401
+    with pytest.raises(LLMError) as err:
+        hearing.transcribe(b"hello", "v.oga")
+    assert "API key" in err.value.user_message
+    retries = client.settings.max_retries
+    assert [t["model"] for t in fake_llm.transcriptions] == ["whisper-test"] * (1 + retries + 1 + 1)

@@ -8,6 +8,7 @@ import itertools
 import json
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -272,15 +273,22 @@ def llm_requests_with(fake_llm: FakeLLM, marker: str) -> int:
 @pytest.fixture(scope="module")
 def channel_stack(database_url: str, redis_server: str, fake_llm: FakeLLM,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChannelStack]:
+    with started_channel_stack(database_url, redis_server, fake_llm, tmp_path_factory.mktemp("channels")) as stack:
+        yield stack
+
+
+@contextmanager
+def started_channel_stack(database_url: str, redis_server: str, fake_llm: FakeLLM, log_dir: Path,
+                          **extra: str) -> Iterator[ChannelStack]:
+    """The fake platforms, a gateway in-process and a worker, with `extra` settings (NANOFLEET_ left off)."""
     fakes = make_fakes()
     for fake in fakes.values():
         fake.start()
-    log_dir: Path = tmp_path_factory.mktemp("channels")
     (log_dir / "workspace").mkdir()
     with services.claimed_redis_dbs(redis_server, 1) as (db,):
         clean_db(database_url)
         stack = Stack(make_env(database_url=database_url, redis_url=f"{redis_server}/{db}", llm_url=fake_llm.url,
-                               workspace=log_dir / "workspace", **channel_env(fakes)), log_dir)
+                               workspace=log_dir / "workspace", **channel_env(fakes), **extra), log_dir)
         gateway = ThreadServer(create_app(stack.settings)).start()
         headers = {"Authorization": f"Bearer {API_KEY}"}
         with httpx.Client(base_url=gateway.url, timeout=30) as client, \

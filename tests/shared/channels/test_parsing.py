@@ -55,7 +55,7 @@ def test_telegram_text_captions_replies_groups_and_topics() -> None:
     assert msg.reply_meta == {"reply_to_message_id": mention["message"]["message_id"], "message_thread_id": 9}
     assert ch.parse({}, body({"update_id": 3, "edited_message": {"text": "x"}})).messages == []
     [voice] = ch.parse({}, body(tg.update(chat=5, sender=1, text="", voice={"file_id": "v"}))).messages
-    assert (voice.content, voice.unsupported) == ("", "a voice message")
+    assert (voice.content, voice.unsupported, voice.media) == ("", "a voice message", {"kind": "voice", "id": "v"})
     in_group = tg.update(chat=-7, sender=1, text="", photo=[{"file_id": "p"}], chat_type="group")
     assert ch.parse({}, body(in_group)).messages == []  # nothing without text is addressed to the bot there
     joined = tg.update(chat=5, sender=1, text="", new_chat_members=[{"id": 2}])

@@ -1,0 +1,69 @@
+"""Voice messages with a transcription model set, end to end: the fake Telegram and WhatsApp hand out
+the audio (getFile and /file/, the Graph API's media URL), the fake model transcribes it over
+litellm's transcription call, the gateway and a real worker do the rest. The tests' "audio" is the
+spoken words themselves, which the fake model hands back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from shared.channels.voice import HEARD, MAX_AUDIO, NO_WORDS
+from tests.fakes.llm import FakeLLM
+from tests.support.platforms import ChannelStack, llm_requests_with, started_channel_stack
+
+MODEL = "openai/whisper-test"
+
+
+@pytest.fixture(scope="module")
+def channel_stack(database_url: str, redis_server: str, fake_llm: FakeLLM,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChannelStack]:
+    """The channel stack of the other webhook tests, with transcription on."""
+    with started_channel_stack(database_url, redis_server, fake_llm, tmp_path_factory.mktemp("voice"),
+                               LLM__TRANSCRIPTION_MODEL=MODEL) as stack:
+        yield stack
+
+
+def _telegram_voice(channels: ChannelStack, audio: bytes) -> str:
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    chat = d.new_chat()
+    update = tg.signed(tg.voice(chat=int(chat), sender=int(d.allowed), audio=audio))
+    for _ in range(2):  # and Telegram's retry of it
+        assert channels.post("telegram", update).status_code == 200
+    channels.settled(chat)
+    return chat
+
+
+def test_a_telegram_voice_message_is_transcribed_and_answered(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    chat = _telegram_voice(channels, "what time is it in São Paulo".encode())
+    said = HEARD + "what time is it in São Paulo"
+    assert channels.driver("telegram").replies(chat) == [f"echo: {said}"]
+    assert [(t["model"], t["filename"]) for t in fake_llm.transcriptions] == [("whisper-test", "voice1.oga")]
+    assert llm_requests_with(fake_llm, said) == 1
+    assert channels.scalar("select content from messages where role = 'USER'") == said
+
+
+def test_a_whatsapp_voice_note_is_transcribed_and_answered(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    wa, w = channels.fakes["whatsapp"], channels.driver("whatsapp")
+    number = w.new_chat()
+    assert channels.post("whatsapp", wa.signed(wa.voice(sender=number, wamid="wamid.v1",
+                                                        audio=b"book a table for two"))).status_code == 200
+    channels.settled(number)
+    assert w.replies(number)[-1] == f"echo: {HEARD}book a table for two"
+    assert [t["filename"] for t in fake_llm.transcriptions] == ["media1.ogg"]
+    assert wa.refused == []  # the download carried the access token
+
+
+def test_silence_a_failing_model_and_a_file_too_large_each_get_a_notice(channels: ChannelStack,
+                                                                          fake_llm: FakeLLM) -> None:
+    tg = channels.driver("telegram")
+    assert tg.replies(_telegram_voice(channels, b"   ")) == [NO_WORDS]
+    fake_llm.transcription_status = 401
+    [refused] = tg.replies(_telegram_voice(channels, b"hello"))
+    assert "AuthenticationError" in refused and "API key" in refused
+    fake_llm.transcription_status = 200
+    [too_large] = tg.replies(_telegram_voice(channels, b"x" * (MAX_AUDIO + 1)))
+    assert "couldn't get your voice message" in too_large and "over 20,971,520 bytes" in too_large
+    assert len(fake_llm.transcriptions) == 2  # the file over the limit was not even downloaded
+    assert fake_llm.calls() == 0 and channels.scalar("select count(*) from runs") == 0
