@@ -19,6 +19,7 @@ from shared.constants import (
     T_CRON_RECONCILE,
     T_DAILY_SUMMARY,
     T_HEARTBEAT,
+    T_INGEST,
     T_RETENTION,
     T_SUBAGENT_STEP,
     T_SWEEP,
@@ -99,7 +100,7 @@ def time_limits(settings: Settings) -> dict[str, dict[str, float]]:
         soft = max(SOFT_TIME_LIMIT, seconds + MARGIN)
         return {"soft_time_limit": soft, "time_limit": soft + HARD_TIME_LIMIT - SOFT_TIME_LIMIT}
 
-    calls_the_model = (T_AGENT_STEP, T_SUBAGENT_STEP, T_COMPACT, T_HEARTBEAT, T_DAILY_SUMMARY)
+    calls_the_model = (T_AGENT_STEP, T_SUBAGENT_STEP, T_COMPACT, T_HEARTBEAT, T_DAILY_SUMMARY, T_INGEST)  # voice
     return {T_TOOL_EXECUTE: above(tool), **{task: above(model) for task in calls_the_model}}
 
 

@@ -9,6 +9,7 @@ from shared.constants import (
     T_CRON_FIRE,
     T_DAILY_SUMMARY,
     T_HEARTBEAT,
+    T_INGEST,
     T_OUTBOUND_DELIVER,
     T_SWEEP,
     T_TOOL_EXECUTE,
@@ -33,7 +34,7 @@ def limits(settings: Settings) -> dict[str, tuple[float | None, float | None]]:
     app.finalize()
     return {name: (app.tasks[name].soft_time_limit or app.conf.task_soft_time_limit,
                    app.tasks[name].time_limit or app.conf.task_time_limit)
-            for name in (T_TOOL_EXECUTE, T_AGENT_STEP, T_HEARTBEAT, T_OUTBOUND_DELIVER)}
+            for name in (T_TOOL_EXECUTE, T_AGENT_STEP, T_HEARTBEAT, T_INGEST, T_OUTBOUND_DELIVER)}
 
 
 def test_tool_and_model_steps_get_the_time_their_settings_allow() -> None:
@@ -46,7 +47,7 @@ def test_tool_and_model_steps_get_the_time_their_settings_allow() -> None:
     tool_soft, tool_hard = got[T_TOOL_EXECUTE]
     assert tool_soft is not None and tool_hard is not None
     assert 1200 < tool_soft < tool_hard  # the slowest tool: the MCP server's calls
-    for task in (T_AGENT_STEP, T_HEARTBEAT):  # a step, and the heartbeat's decision call
+    for task in (T_AGENT_STEP, T_HEARTBEAT, T_INGEST):  # a step, the heartbeat's decision, a voice message
         model_soft, _ = got[task]
         assert model_soft is not None and model_soft > 3 * 200 + 2 * 10  # every try at the timeout, every pause
     assert got[T_OUTBOUND_DELIVER] == (SOFT_TIME_LIMIT, HARD_TIME_LIMIT)
