@@ -30,6 +30,7 @@ from shared.models import (
 )
 
 CONVERSATIONS, MESSAGES, RUNS = table_of(Conversation), table_of(Message), table_of(Run)
+MODEL = "model"  # the conversation's meta key of its /model choice
 # Every inbound message runs these: Core statements built once (no unit of work, no statement building)
 FIND = select(CONVERSATIONS.c.id).where(CONVERSATIONS.c.session_key == bindparam("key"))
 # FOR KEY SHARE, what the foreign key of the message posted next takes anyway, only sooner: it waits
@@ -43,11 +44,14 @@ POST = insert(MESSAGES).values(
 TAKE_TURN = (update(CONVERSATIONS)
              .where(CONVERSATIONS.c.id == bindparam("cid"), CONVERSATIONS.c.active_run_id.is_(None))
              .values(active_run_id=bindparam("rid"), last_active_at=func.now()))
+# The model a chat chose with /model (a profile's name), for a turn that names none of its own.
+CHOSEN_MODEL = select(CONVERSATIONS.c.meta[MODEL].astext).where(CONVERSATIONS.c.id == bindparam("cid"))
 # Every column a new run has (the model's defaults, written out: Core applies no Python ones). Its lease
 # is the sweeper's cue if the enqueue of its first step is lost, on Postgres's clock.
 START_RUN = insert(RUNS).values(
     id=bindparam("rid"), conversation_id=bindparam("cid"), kind=bindparam("kind"), status=RunStatus.QUEUED,
-    phase=Phase.LLM, step_seq=0, iteration=0, max_iterations=bindparam("max_iterations"), model=bindparam("model"),
+    phase=Phase.LLM, step_seq=0, iteration=0, max_iterations=bindparam("max_iterations"),
+    model=func.coalesce(bindparam("model"), CHOSEN_MODEL.scalar_subquery()),
     task=bindparam("task"), origin=bindparam("origin"), suppress_reply=False, announced=False, recoveries=0,
     prompt_tokens=0, completion_tokens=0, cost=0.0, created_at=bindparam("now"),
     lease_until=lease.until_param("lease"),
@@ -129,6 +133,19 @@ def try_start_turn(
     conn.execute(START_RUN, {"rid": run_id, "cid": conversation_id, "kind": kind, "max_iterations": max_iterations,
                              "model": model, "task": task, "origin": origin, "now": utcnow(), "lease": lease_seconds})
     return run_id
+
+
+def chosen_model(s: Session, conversation_id: str) -> str | None:
+    """The profile the chat chose with /model, if it chose one."""
+    chosen: str | None = s.connection().execute(CHOSEN_MODEL, {"cid": conversation_id}).scalar()
+    return chosen
+
+
+def set_model(s: Session, conversation_id: str, name: str | None) -> None:
+    """The chat's /model choice (None: the default), in one statement: its other settings stay."""
+    patch = update(CONVERSATIONS).where(CONVERSATIONS.c.id == conversation_id)
+    cleared = CONVERSATIONS.c.meta.op("-")(MODEL)
+    s.execute(patch.values(meta=cleared if name is None else cleared.op("||")(func.jsonb_build_object(MODEL, name))))
 
 
 def pending_messages(s: Session, conversation_id: str) -> list[Message]:

@@ -15,9 +15,11 @@ from shared.constants import T_AGENT_STEP, T_COMPACT
 from shared.models import Run
 
 HELP = """Commands:
-/new  - summarise this conversation and start a fresh session
-/stop - stop the running turn and its subagents
-/help - this message"""
+/new   - summarise this conversation and start a fresh session
+/stop  - stop the running turn and its subagents
+/model - show this chat's model; /model NAME switches to one of the operator's
+/help  - this message"""
+DEFAULT = "default"
 
 
 @dataclass
@@ -50,6 +52,8 @@ def submit(
         out.nexts = cancel_conversation(rt, s, conversation_id, out.cancelled)
         out.reply = f"Stopped {len(out.cancelled)} running task(s)." if out.cancelled else "Nothing is running."
         return out
+    if command == "/model":
+        return Submitted(conversation_id, reply=choose_model(rt, s, conversation_id, content.split()[1:]))
     if command == "/new":
         if not memory.start_over(s, conversation_id):
             return Submitted(conversation_id, reply="Started a new session.")
@@ -63,6 +67,27 @@ def submit(
     )
     nexts = [Next(T_AGENT_STEP, (posted.run_id, 0))] if posted.run_id else []
     return Submitted(conversation_id, message_id=posted.message_id, run_id=posted.run_id, nexts=nexts)
+
+
+def choose_model(rt: Runtime, s: Session, conversation_id: str, args: list[str]) -> str:
+    """/model: the chat's model, or with a name the one its turns use from now on (a message's own
+    "model", from the API, still wins). A chat picks among the operator's profiles, or the default."""
+    llm = rt.settings.llm
+    choices = f"choices: {', '.join([DEFAULT, *sorted(llm.profiles)])}"
+    if args:
+        name = args[0]
+        if name != DEFAULT and name not in llm.profiles:
+            return f"There is no model {name!r} here; {choices}."
+        conversations.set_model(s, conversation_id, None if name == DEFAULT else name)
+        current: str | None = None if name == DEFAULT else name
+    else:
+        current = conversations.chosen_model(s, conversation_id)
+    if current is None:
+        return f"This chat uses the default model ({llm.model}); {choices}."
+    if current not in llm.profiles:
+        return f"This chat asked for {current!r}, which is no longer configured: send /model {DEFAULT}; {choices}."
+    verb = "now uses" if args else "uses"
+    return f"This chat {verb} {current} ({llm.profiles[current].model}); {choices}."
 
 
 def after_commit(rt: Runtime, submitted: Submitted) -> None:

@@ -172,3 +172,27 @@ def test_an_empty_answer_still_gets_a_reply(stack: Stack, api: Any, fake_llm: Fa
     assert body["status"] == "succeeded" and body["assistantMessage"] == EMPTY_ANSWER
     messages = api.get(f"/api/v1/conversations/{cid}/messages").json()
     assert [(m["role"], m["content"]) for m in messages] == [("USER", "hello"), ("ASSISTANT", EMPTY_ANSWER)]
+
+
+def test_a_chat_chooses_its_model_among_the_profiles(make_stack: Callable[..., Stack], fake_llm: FakeLLM) -> None:
+    s = make_stack(LLM__PROFILES='{"cheap": {"model": "openai/cheap-model"}}')
+    s.worker()
+
+    def say(api: Any, cid: str, text: str, **extra: str) -> str:
+        return str(api.post(f"/api/v1/conversations/{cid}/chat", json={"message": text, **extra}).json()[
+            "assistantMessage"])
+
+    for api in api_client(s.settings):
+        cid, other = new_conversation(api), new_conversation(api)
+        assert say(api, cid, "/model") == ("This chat uses the default model (openai/fake-model); "
+                                           "choices: default, cheap.")
+        assert say(api, cid, "/model dear") == "There is no model 'dear' here; choices: default, cheap."
+        assert say(api, cid, "/model cheap").startswith("This chat now uses cheap (openai/cheap-model)")
+        for text in ("one", "two"):
+            assert say(api, cid, text) == f"echo: {text}"
+        assert say(api, other, "three") == "echo: three"  # another chat keeps the default
+        assert say(api, cid, "four", model="openai/asked-model") == "echo: four"  # a message's own model wins
+        assert say(api, cid, "/model default").startswith("This chat uses the default model")
+        assert say(api, cid, "five") == "echo: five"
+        assert [r["model"] for r in fake_llm.requests] == [
+            "cheap-model", "cheap-model", "fake-model", "asked-model", "fake-model"]
