@@ -60,6 +60,8 @@ class InboundMessage(BaseModel):
     # A voice message's audio on the platform ({"kind": "voice", "id": the platform's file id}): with a
     # transcription model set, the worker fetches and transcribes it, and the words are the content.
     media: dict[str, str] | None = None
+    # What to answer instead of a turn (a voice message that could not be transcribed: why).
+    notice: str | None = None
 
     def key(self) -> str:
         return self.session_key or f"{self.channel}:{self.chat_id}"

@@ -97,10 +97,15 @@ def submit_recorded(rt: Runtime, event_ids: list[int]) -> list[Next]:
     """Submit the messages of these ledger events, each after its session's earlier ones; returns the
     tasks to enqueue. Each message is its own transaction, and a session whose message fails (logged)
     leaves the others to go on: its messages stay on the ledger for the sweeper to enqueue again, until
-    the failing one is set aside (_failed)."""
+    the failing one is set aside (_failed). A voice message still to transcribe in a batch of several
+    goes to a task of its own: it takes seconds, which the batch's other chats need not wait for."""
     nexts: list[Next] = []
+    if len(event_ids) > 1 and (voiced := voice.unheard(rt, event_ids)):
+        nexts += [Next(T_INGEST, ([event_id],)) for event_id in voiced]
+        event_ids = [event_id for event_id in event_ids if event_id not in voiced]
     for event_id in event_ids:
         try:
+            voice.ahead(rt, event_id)
             _submit_through(rt, event_id, nexts)
         except Exception:
             log.exception("inbound event %s: could not submit its message; the sweeper tries again", event_id)
@@ -191,15 +196,11 @@ def _tell_set_aside(rt: Runtime, s: Session, channel: str, event_id: int, stored
 def _one(rt: Runtime, s: Session, msg: InboundMessage) -> tuple[Submitted | None, list[Next]]:
     """Submit one message in the caller's transaction: what became of it (None for a notice), and the
     tasks to enqueue after the commit."""
-    if msg.media and rt.settings.llm.transcription_model:
-        heard = voice.transcribed(rt, msg)
-        if isinstance(heard, str):
-            return None, add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel,
-                                   chat_id=msg.chat_id, text=heard, meta=msg.reply_meta)
-        msg = heard
-    if msg.unsupported:
+    if msg.media and rt.settings.llm.transcription_model:  # not transcribed ahead (voice.ahead)
+        msg = voice.transcribed(rt, msg)
+    if msg.notice or msg.unsupported:
         return None, add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel,
-                               chat_id=msg.chat_id, text=UNSUPPORTED.format(what=msg.unsupported),
+                               chat_id=msg.chat_id, text=msg.notice or UNSUPPORTED.format(what=msg.unsupported),
                                meta=msg.reply_meta)
     cid = conversations.find(s, msg.key(), keep=not command_of(msg.content)) or \
         conversations.get_or_create(s, session_key=msg.key(), channel=msg.channel, chat_id=msg.chat_id).id

@@ -107,6 +107,7 @@ class FakeLLM:
         # than 200 answers an error instead
         self.transcriptions: list[dict[str, Any]] = []  # model, filename and size of each request
         self.transcription_status = 200
+        self.transcription_delay = 0.0  # seconds
         self.server = ThreadServer(Starlette(routes=[
             Route("/v1/chat/completions", self._complete, methods=["POST"]),
             Route("/chat/completions", self._complete, methods=["POST"]),
@@ -127,6 +128,7 @@ class FakeLLM:
             self.requests.clear()
             self.transcriptions.clear()
             self.transcription_status = 200
+            self.transcription_delay = 0.0
 
     def calls(self) -> int:
         with self.lock:
@@ -171,7 +173,8 @@ class FakeLLM:
         with self.lock:
             self.transcriptions.append({"model": form.get("model"), "filename": getattr(upload, "filename", None),
                                         "bytes": len(audio)})
-            status = self.transcription_status
+            status, delay = self.transcription_status, self.transcription_delay
+        await asyncio.sleep(delay)
         if status != 200:
             return JSONResponse({"error": {"message": f"fake error {status}", "type": "server_error"}},
                                 status_code=status)

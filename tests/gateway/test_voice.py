@@ -6,12 +6,14 @@ spoken words themselves, which the fake model hands back."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from shared.channels.voice import HEARD, MAX_AUDIO, NO_WORDS
 from tests.fakes.llm import FakeLLM
 from tests.support.platforms import ChannelStack, llm_requests_with, started_channel_stack
+from tests.support.processes import wait_until
 
 MODEL = "openai/whisper-test"
 
@@ -67,3 +69,38 @@ def test_silence_a_failing_model_and_a_file_too_large_each_get_a_notice(channels
     assert "couldn't get your voice message" in too_large and "over 20,971,520 bytes" in too_large
     assert len(fake_llm.transcriptions) == 2  # the file over the limit was not even downloaded
     assert fake_llm.calls() == 0 and channels.scalar("select count(*) from runs") == 0
+
+
+def _messages(event: dict[str, Any]) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = event["entry"][0]["changes"][0]["value"]["messages"]
+    return messages
+
+
+def test_a_slow_transcription_holds_up_no_other_chat_of_its_batch(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    """One webhook with a voice note from one person and a text from another: one ledger write, one
+    submission task; the voice note goes to a task of its own, and the text is answered meanwhile."""
+    wa, w = channels.fakes["whatsapp"], channels.driver("whatsapp")
+    speaker, writer = w.new_chat(), w.new_chat()
+    fake_llm.transcription_delay = 4
+    both = wa.voice(sender=speaker, wamid="wamid.v2", audio=b"slow words")
+    _messages(both).append(_messages(wa.event(sender=writer, text="quick words", wamid="wamid.t2"))[0])
+    assert channels.post("whatsapp", wa.signed(both)).status_code == 200
+    channels.settled(writer)
+    assert w.replies(writer)[-1] == "echo: quick words"
+    assert w.replies(speaker) == []  # still being transcribed
+    channels.settled(speaker)
+    assert w.replies(speaker)[-1] == f"echo: {HEARD}slow words"
+
+
+def test_a_message_sent_while_the_one_before_it_is_transcribed_comes_after_it(channels: ChannelStack,
+                                                                               fake_llm: FakeLLM) -> None:
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    chat = d.new_chat()
+    fake_llm.transcription_delay = 2
+    assert channels.post("telegram", tg.signed(tg.voice(chat=int(chat), sender=int(d.allowed),
+                                                          audio=b"first, spoken"))).status_code == 200
+    wait_until(lambda: len(fake_llm.transcriptions) == 1, timeout=20, message="the transcription to start")
+    assert channels.post("telegram", d.request(chat=chat, text="second, written")).status_code == 200
+    channels.settled(chat)
+    said = channels.scalar("select string_agg(content, ' | ' order by seq) from messages where role = 'USER'")
+    assert said == f"{HEARD}first, spoken | second, written"
