@@ -184,7 +184,7 @@ class LLMClient:
         for i, name in enumerate(chain):
             profile = self.profile(name)
             try:
-                return self._complete(profile, messages, tools, relay)
+                return self._retrying(functools.partial(self._call, profile, messages, tools, relay), relay)
             except LLMError as err:
                 failures.append(err)
                 if (relay and relay.sent) or i + 1 == len(chain):
@@ -194,16 +194,6 @@ class LLMClient:
             raise failures[0]
         tried = "; ".join(f"{self.profile(name).model}: {err}" for name, err in zip(chain, failures, strict=False))
         raise LLMError(tried, user_message=failures[0].user_message) from failures[-1]
-
-    def _complete(
-        self,
-        profile: LLMProfile,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        relay: _Relay | None,
-    ) -> LLMResponse:
-        """One model's answer, with retries."""
-        return self._retrying(lambda: self._call(profile, messages, tools, relay), relay)
 
     def transcribe(self, audio: bytes, filename: str) -> str:
         """The words of a voice message, by the transcription model, retried as a chat call is;

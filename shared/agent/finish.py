@@ -9,7 +9,7 @@ from sqlmodel import Session, col, select
 
 from shared.agent import conversations, events, memory
 from shared.agent.runtime import Next, Runtime
-from shared.channels import get_channel
+from shared.channels.delivery import channel_for
 from shared.constants import T_AGENT_STEP, T_COMPACT
 from shared.models import (
     ACTIVE,
@@ -67,8 +67,8 @@ def deliver(rt: Runtime, s: Session, run: Run) -> list[Next]:
     if run.final_text and not run.suppress_reply:
         nexts = add_reply(s, rt.settings, key=run.id, channel=channel, chat_id=chat_id, text=run.final_text,
                           meta=meta, run_id=run.id)
-    ch = get_channel(channel, rt.settings)
-    if run.kind == RunKind.TURN and ch is not None and ch.placeholder:
+    platform = channel_for(rt.settings, channel)
+    if run.kind == RunKind.TURN and platform is not None and platform.placeholder:
         nexts += _end_placeholders(rt, s, run, channel, chat_id, meta)
     return nexts
 

@@ -100,12 +100,14 @@ def submit_recorded(rt: Runtime, event_ids: list[int]) -> list[Next]:
     the failing one is set aside (_failed). A voice message still to transcribe in a batch of several
     goes to a task of its own: it takes seconds, which the batch's other chats need not wait for."""
     nexts: list[Next] = []
-    if len(event_ids) > 1 and (voiced := voice.unheard(rt, event_ids)):
+    alone = len(event_ids) == 1
+    if not alone and (voiced := voice.unheard(rt, event_ids)):
         nexts += [Next(T_INGEST, ([event_id],)) for event_id in voiced]
         event_ids = [event_id for event_id in event_ids if event_id not in voiced]
     for event_id in event_ids:
         try:
-            voice.ahead(rt, event_id)
+            if alone:  # (the others of a batch are not voice messages still to transcribe)
+                voice.ahead(rt, event_id)
             _submit_through(rt, event_id, nexts)
         except Exception:
             log.exception("inbound event %s: could not submit its message; the sweeper tries again", event_id)
