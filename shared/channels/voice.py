@@ -60,29 +60,25 @@ def transcribed(rt: Runtime, msg: InboundMessage) -> InboundMessage:
     """`msg` with its audio's words as content, or with the notice its sender gets instead. A fault
     that may pass (the platform or the network) raises, and the submission is tried again."""
     assert msg.media is not None
-    notice = _transcript(rt, msg)
-    if isinstance(notice, InboundMessage):
-        return notice
-    return msg.model_copy(update={"media": None, "notice": notice})
-
-
-def _transcript(rt: Runtime, msg: InboundMessage) -> InboundMessage | str:
-    assert msg.media is not None
-    ch = channel_for(rt.settings, msg.channel)
+    kind, ch = msg.media["kind"], channel_for(rt.settings, msg.channel)
     try:
         if ch is None:
             raise Rejected(f"{msg.channel} is not configured here")
         audio, filename = ch.fetch_media(msg.media, MAX_AUDIO)
     except Rejected as err:
-        log.warning("inbound event %s: its %s could not be fetched: %s", msg.event_id, msg.media["kind"], err)
-        return NOT_FETCHED.format(channel=msg.channel, why=str(err).split(": ", 1)[-1][:200])
+        log.warning("inbound event %s: its %s could not be fetched: %s", msg.event_id, kind, err)
+        return _instead(msg, NOT_FETCHED.format(channel=msg.channel, why=str(err).split(": ", 1)[-1][:200]))
     try:
         words = rt.llm.transcribe(audio, filename)
     except LLMError as err:
-        log.warning("inbound event %s: its %s could not be transcribed: %s", msg.event_id, msg.media["kind"], err)
-        return err.user_message
-    log.info("inbound event %s: %s of %d bytes transcribed (%d characters)", msg.event_id, msg.media["kind"],
-             len(audio), len(words))
+        log.warning("inbound event %s: its %s could not be transcribed: %s", msg.event_id, kind, err)
+        return _instead(msg, err.user_message)
+    log.info("inbound event %s: %s of %d bytes transcribed (%d characters)", msg.event_id, kind, len(audio),
+             len(words))
     if not words:
-        return NO_WORDS
+        return _instead(msg, NO_WORDS)
     return msg.model_copy(update={"content": HEARD + words, "unsupported": None, "media": None})
+
+
+def _instead(msg: InboundMessage, notice: str) -> InboundMessage:
+    return msg.model_copy(update={"media": None, "notice": notice})
