@@ -197,11 +197,11 @@ def lock_for_deletion(s: Session, conversation_id: str) -> list[str]:
     cancellation and a step ending its run take them: a late tool result (of a cancelled run) locks
     its run, then its call's row, and a deletion that held the call's row and waited for the run
     deadlocked with it."""
-    ids = _family(s, conversation_id)
+    ids = family(s, conversation_id)
     if conversation_id not in _lock(s, ids):
         raise NotFound(f"no conversation {conversation_id}")
     # Complete now: a subagent's session is made, as a turn starts, under its parent conversation's lock.
-    ids = _family(s, conversation_id)
+    ids = family(s, conversation_id)
     going = s.exec(select(Run.id).where(col(Run.conversation_id).in_(ids), col(Run.status).in_(ACTIVE))).all()
     if going:
         raise Busy(sorted(going))
@@ -211,7 +211,7 @@ def lock_for_deletion(s: Session, conversation_id: str) -> list[str]:
     return ids
 
 
-def _family(s: Session, conversation_id: str) -> list[str]:
+def family(s: Session, conversation_id: str) -> list[str]:
     """The conversation and its subagents' sessions (which name their parent's conversation, however old)."""
     ids, frontier = [conversation_id], [conversation_id]
     while frontier:

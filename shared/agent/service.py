@@ -6,18 +6,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlmodel import Session
+from sqlalchemy import func
+from sqlmodel import Session, col, select
 
 from shared.agent import conversations, memory, prompt
 from shared.agent.finish import cancel_conversation, publish_final
 from shared.agent.runtime import Next, Runtime
 from shared.constants import T_AGENT_STEP, T_COMPACT
-from shared.models import Run
+from shared.models import Conversation, Run
 
 HELP = """Commands:
 /new   - summarise this conversation and start a fresh session
 /stop  - stop the running turn and its subagents
 /model - show this chat's model; /model NAME switches to one of the operator's
+/usage - the tokens and cost of this chat so far
 /help  - this message"""
 DEFAULT = "default"
 
@@ -54,6 +56,8 @@ def submit(
         return out
     if command == "/model":
         return Submitted(conversation_id, reply=choose_model(rt, s, conversation_id, content.split()[1:]))
+    if command == "/usage":
+        return Submitted(conversation_id, reply=usage(s, conversation_id))
     if command == "/new":
         if not memory.start_over(s, conversation_id):
             return Submitted(conversation_id, reply="Started a new session.")
@@ -88,6 +92,17 @@ def choose_model(rt: Runtime, s: Session, conversation_id: str, args: list[str])
         return f"This chat asked for {current!r}, which is no longer configured: send /model {DEFAULT}; {choices}."
     verb = "now uses" if args else "uses"
     return f"This chat {verb} {current} ({llm.profiles[current].model}); {choices}."
+
+
+def usage(s: Session, conversation_id: str) -> str:
+    """/usage: what the chat has used so far, its subagents' sessions included."""
+    ids = conversations.family(s, conversation_id)
+    prompt_tokens, completion_tokens, cost = s.exec(
+        select(func.sum(Conversation.prompt_tokens), func.sum(Conversation.completion_tokens),
+               func.sum(Conversation.cost)).where(col(Conversation.id).in_(ids))).one()
+    subagents = f" (with {len(ids) - 1} subagent session(s))" if len(ids) > 1 else ""
+    return (f"This chat so far{subagents}: {prompt_tokens or 0:,} prompt and {completion_tokens or 0:,} completion "
+            f"tokens, ${cost or 0:.4f}.")
 
 
 def after_commit(rt: Runtime, submitted: Submitted) -> None:

@@ -196,3 +196,15 @@ def test_a_chat_chooses_its_model_among_the_profiles(make_stack: Callable[..., S
         assert say(api, cid, "five") == "echo: five"
         assert [r["model"] for r in fake_llm.requests] == [
             "cheap-model", "cheap-model", "fake-model", "asked-model", "fake-model"]
+
+
+def test_usage_in_chat_is_what_the_runs_recorded(stack: Stack, api: Any) -> None:
+    cid = new_conversation(api)
+    runs = [api.post(f"/api/v1/conversations/{cid}/chat", json={"message": m}).json()["runId"]
+            for m in ("call:time", "hello")]
+    used = [api.get(f"/api/v1/runs/{run_id}").json()["usage"] for run_id in runs]
+    prompt, completion = sum(u["promptTokens"] for u in used), sum(u["completionTokens"] for u in used)
+    assert prompt > 0 and completion > 0
+    reply = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "/usage"}).json()["assistantMessage"]
+    assert reply == (f"This chat so far: {prompt:,} prompt and {completion:,} completion tokens, "
+                     f"${sum(u['cost'] for u in used):.4f}.")
