@@ -27,6 +27,7 @@ class Level:
     turns: int = 0  # runs that finished successfully inside the window (from Postgres)
     failed: int = 0
     in_flight: list[float] = field(default_factory=list)  # LLM calls in flight, sampled
+    mean_in_flight: float = 0.0  # LLM calls in flight, time-weighted over the window (from the fake LLM)
     outstanding: list[int] = field(default_factory=list)  # turns the client had in flight, sampled
     calls: int = 0  # LLM calls the fake received during the window
     rss: list[int] = field(default_factory=list)  # worker tree RSS bytes, sampled
@@ -40,7 +41,7 @@ class Level:
         return self.calls / (self.ended - self.started) if self.ended > self.started else 0.0
 
     @property
-    def mean_in_flight(self) -> float:
+    def sampled_in_flight(self) -> float:
         return sum(self.in_flight) / len(self.in_flight) if self.in_flight else 0.0
 
     @property
@@ -55,6 +56,7 @@ class Driver:
     in_flight: Callable[[], float]  # e.g. the fake LLM's counter
     rss: Callable[[], int]
     calls: Callable[[], int] = lambda: 0  # LLM calls received so far (the fake LLM's count)
+    open_between: Callable[[float, float], float] = lambda t0, t1: 0.0  # the fake LLM's mean_in_flight
     message: str = "hello"
     target: int = 0
     outstanding: dict[str, str] = field(default_factory=dict)  # run id -> conversation id
@@ -117,8 +119,8 @@ class Driver:
 
     async def _window(self, target: int, window: float) -> Level:
         level = Level(target, time.time())
-        calls = self.calls()
-        end = time.monotonic() + window
+        calls, began = self.calls(), time.monotonic()
+        end = began + window
         while time.monotonic() < end:
             level.in_flight.append(self.in_flight())
             level.outstanding.append(len(self.outstanding) + self.posting)
@@ -126,6 +128,7 @@ class Driver:
             await asyncio.sleep(0.2)
         level.ended = time.time()
         level.calls = self.calls() - calls
+        level.mean_in_flight = self.open_between(began, time.monotonic())
         return level
 
     async def _feed(self, http: aiohttp.ClientSession) -> None:

@@ -33,7 +33,8 @@ def _saturated(levels: list[Level]) -> bool:
 def _drive(ctx: Ctx, workers: list[Proc], levels: list[int], *, ramp: float, window: float,
            stop_when_saturated: bool) -> list[Level]:
     driver = Driver(ctx.stack.gateway_url, ctx.stack.engine, in_flight=lambda: ctx.llm.in_flight,
-                    rss=lambda: sum(tree_memory(w.pid) for w in workers), calls=ctx.llm.calls)
+                    rss=lambda: sum(tree_memory(w.pid) for w in workers), calls=ctx.llm.calls,
+                    open_between=ctx.llm.mean_in_flight)
     return asyncio.run(driver.run(levels, ramp=ramp, window=window,
                                   saturated=_saturated if stop_when_saturated else None))
 
@@ -90,13 +91,16 @@ def _report_inflight(ctx: Ctx, levels: list[Level], held: tuple[float, int, floa
              f"after {cfg.llm_delay:g} s; the client keeps N turns open through `POST .../messages` (one per idle "
              f"conversation) and raises N until turns/s stops growing. Window {cfg.inflight_window:g} s per level.",
              "", "Turns open is the client's own count (submitted, not finished), below the target while the "
-             "gateway is still taking submissions. LLM calls begun/s times the LLM's latency is what Little's law "
-             "expects in flight over a long window; turns/s agrees with calls begun/s while the worker keeps up, "
-             "and at saturation they part, as turns begun in one window finish in a later one.",
-             "", "| turns kept open | turns open (mean) | LLM calls in flight (mean) | LLM calls begun/s | turns/s "
-             "| failed | worker RSS max MiB |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {lv.target} | {_mean(lv.outstanding):.0f} | {lv.mean_in_flight:.0f} | {lv.call_rate:.1f} "
-              f"| {lv.rate:.1f} | {lv.failed} | {lv.max_rss_mib:.0f} |" for lv in levels]
+             "gateway is still taking submissions. LLM calls in flight is the fake LLM's own time-weighted mean "
+             "over the window (each call's time open, summed, over the window), which Little's law ties to the "
+             "calls begun per second times the LLM's latency; beside it, the mean of the fake's counter as the "
+             "client sampled it every 0.2 s (the figure reported before 2026-11-28), as a cross-check. Turns/s "
+             "agrees with calls begun/s while the worker keeps up; at saturation they part, as turns begun in "
+             "one window finish in a later one.",
+             "", "| turns kept open | turns open (mean) | LLM calls in flight (mean) | (sampled) | LLM calls begun/s "
+             "| turns/s | failed | worker RSS max MiB |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {lv.target} | {_mean(lv.outstanding):.0f} | {lv.mean_in_flight:.0f} | {lv.sampled_in_flight:.0f} "
+              f"| {lv.call_rate:.1f} | {lv.rate:.1f} | {lv.failed} | {lv.max_rss_mib:.0f} |" for lv in levels]
     lines += ["", f"Hold test: the fake LLM answers after {HOLD_SECONDS:g} s and the client opens {n} turns as "
               f"fast as the gateway takes them: {most:.0f} LLM calls were open at once after {secs:.0f} s, the "
               f"worker tree using {rss_held:.0f} MiB. This separates what one worker can hold (threads, memory) "

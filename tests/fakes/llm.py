@@ -9,6 +9,7 @@ Tests may replace `handler` to script anything else."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import threading
@@ -103,6 +104,9 @@ class FakeLLM:
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.in_flight = 0
+        self._spans: list[tuple[float, float]] = []  # (start, end) of each answered call, time.monotonic()
+        self._open: dict[int, float] = {}  # the calls not answered yet: their start
+        self._ids = itertools.count()
         # Speech to text: the "audio" of the tests is the words themselves, in UTF-8; a status other
         # than 200 answers an error instead
         self.transcriptions: list[dict[str, Any]] = []  # model, filename and size of each request
@@ -129,10 +133,19 @@ class FakeLLM:
             self.transcriptions.clear()
             self.transcription_status = 200
             self.transcription_delay = 0.0
+            self._spans.clear()
 
     def calls(self) -> int:
         with self.lock:
             return len(self.requests)
+
+    def mean_in_flight(self, t0: float, t1: float) -> float:
+        """The calls open on average between time.monotonic() `t0` and `t1`: each call's time open in
+        that span, summed, over its length (exact, where sampling the counter can be biased)."""
+        with self.lock:
+            spans = [*self._spans, *((start, t1) for start in self._open.values())]
+        open_for = sum(max(0.0, min(end, t1) - max(start, t0)) for start, end in spans)
+        return open_for / (t1 - t0) if t1 > t0 else 0.0
 
     async def _complete(self, request: Request) -> Response:
         try:
@@ -149,6 +162,8 @@ class FakeLLM:
         with self.lock:
             handler = self.handler
             self.in_flight += 1
+            call = next(self._ids)
+            self._open[call] = time.monotonic()
         try:
             reply = handler(body)
             if reply.delay:
@@ -156,6 +171,7 @@ class FakeLLM:
         finally:
             with self.lock:
                 self.in_flight -= 1
+                self._spans.append((self._open.pop(call), time.monotonic()))
         if reply.status != 200:
             err = {"error": {"message": f"fake error {reply.status}", "type": "server_error"}}
             return JSONResponse(err, status_code=reply.status, headers=reply.headers)
