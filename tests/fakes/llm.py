@@ -141,7 +141,7 @@ class FakeLLM:
 
     def mean_in_flight(self, t0: float, t1: float) -> float:
         """The calls open on average between time.monotonic() `t0` and `t1`: each call's time open in
-        that span, summed, over its length (exact, where sampling the counter can be biased)."""
+        that span, summed, over its length (exact, not sampled)."""
         with self.lock:
             spans = [*self._spans, *((start, t1) for start in self._open.values())]
         open_for = sum(max(0.0, min(end, t1) - max(start, t0)) for start, end in spans)
