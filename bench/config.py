@@ -14,7 +14,8 @@ class Config:
     """Counts and durations; every field is a --flag of `python -m bench.run`."""
 
     webhook_seconds: float = 10.0  # per closed-loop phase (bare and telegram alternate, 2 rounds)
-    webhook_concurrency: int = 16
+    # closed-loop clients, each level in turn; an endpoint's max throughput is its best level's rate
+    webhook_concurrency: str = "16,64"
     webhook_rate: float = 200.0  # open-loop requests/s for the latency figure
     webhook_rate_seconds: float = 15.0
     overhead_turns: int = 500
@@ -63,7 +64,10 @@ class Config:
         return [i.strip() for i in self.only.split(",") if i.strip()] or list(ITEMS)
 
     def levels(self) -> list[int]:
-        return [int(x) for x in self.inflight_levels.split(",") if x.strip()]
+        return _ints(self.inflight_levels)
+
+    def webhook_clients(self) -> list[int]:
+        return _ints(self.webhook_concurrency)
 
     def command(self, item: str | None = None) -> str:
         """The command that reproduces `item` (or the whole run) with these counts."""
@@ -82,3 +86,7 @@ class Config:
         elif self.only:
             parts += ["--only", self.only]
         return shlex.join(parts)
+
+
+def _ints(csv: str) -> list[int]:
+    return [int(x) for x in csv.split(",") if x.strip()]
