@@ -126,4 +126,5 @@ class MessageOut(CamelModel):
     tool_call_id: str | None = None
     run_id: str | None = None
     pending: bool = False
+    images: int = Field(default=0, description="photos sent with the message (shown to the model that answered it)")
     created_at: str

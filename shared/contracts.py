@@ -57,9 +57,12 @@ class InboundMessage(BaseModel):
     # What a person sent that has no text for the model ("a voice message"): answered with a notice
     # that says so, without an LLM call, instead of silence.
     unsupported: str | None = None
-    # A voice message's audio on the platform ({"kind": "voice", "id": the platform's file id}): with a
-    # transcription model set, the worker fetches and transcribes it, and the words are the content.
+    # A voice message's audio or a photo on the platform ({"kind": "voice" or "photo"..., "id": the
+    # platform's file id}): the worker fetches it, and a transcription model's words become the content;
+    # a photo goes to a model that sees images (shared.channels.media).
     media: dict[str, str] | None = None
+    # The photos fetched, each {"mime": "image/jpeg", "data": base64}, on their way to the conversation.
+    images: list[dict[str, str]] = Field(default_factory=list)
     # What to answer instead of a turn (a voice message that could not be transcribed: why).
     notice: str | None = None
 

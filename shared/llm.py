@@ -146,6 +146,7 @@ class LLMClient:
 
     def __init__(self, settings: LLMSettings) -> None:
         self.settings = settings
+        self._sees: dict[str | None, bool] = {}
 
     def profile(self, model: str | None = None) -> LLMProfile:
         """A named profile, a raw litellm model string on the default endpoint, or the default. A
@@ -161,11 +162,18 @@ class LLMClient:
             return named.model_copy(update={f: getattr(self.settings, f) for f in unset})
         if model:  # the default endpoint and limits; its prices are the default model's, not this one's
             return self.settings.model_copy(update={"model": model, "input_cost_per_token": None,
-                                                    "output_cost_per_token": None})
+                                                    "output_cost_per_token": None, "vision": None})
         return self.settings
 
     def longest(self) -> float:
         return self.settings.longest()
+
+    def sees_images(self, model: str | None = None) -> bool:
+        """Whether the model takes images: its profile's `vision`, else litellm's model map (asked once)."""
+        if model not in self._sees:
+            profile = self.profile(model)
+            self._sees[model] = profile.vision if profile.vision is not None else _vision(profile.model)
+        return self._sees[model]
 
     def complete(
         self,
@@ -292,6 +300,13 @@ class LLMClient:
             return int(counted)
         except Exception:  # unknown tokenizer: a safe over-estimate
             return sum(len(json.dumps(m, default=str)) for m in [*messages, *(tools or [])]) // 3
+
+
+def _vision(model: str) -> bool:
+    try:
+        return bool(_litellm().supports_vision(model=model))
+    except Exception:  # a model the map cannot place
+        return False
 
 
 def _parse(response: Any, model: str) -> LLMResponse:

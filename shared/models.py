@@ -7,7 +7,19 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, DateTime, Identity, Index, Sequence, Text, UniqueConstraint, text
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    LargeBinary,
+    Sequence,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy import Enum as SAEnum
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
@@ -140,6 +152,21 @@ class Message(SQLModel, table=True):
     pending: bool = Field(default=False, index=True)
     meta: dict[str, Any] = _json(dict)
     created_at: datetime = _now()
+
+
+IMAGES = "images"  # a message's meta key: how many photos came with it (MessageImage)
+
+
+class MessageImage(SQLModel, table=True):
+    """A photo a user sent with a message (its `meta` counts them): read only for the model of the
+    turn that answers it, and gone with the message."""
+
+    __tablename__ = "message_images"
+    message_id: int = Field(sa_column=Column(BigInteger, ForeignKey("messages.id", ondelete="CASCADE"),
+                                             primary_key=True))
+    position: int = Field(default=0, primary_key=True)
+    mime: str
+    data: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
 
 
 class Run(SQLModel, table=True):

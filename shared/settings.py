@@ -64,6 +64,9 @@ class LLMProfile(BaseModel):
     # map; such a model's usage is otherwise recorded at no cost), or to override it. Both or neither.
     input_cost_per_token: float | None = Field(default=None, ge=0)
     output_cost_per_token: float | None = Field(default=None, ge=0)
+    # Whether the model takes images: photos sent in a chat are shown to it. Unset: as litellm's
+    # model map says (a model the map does not know is taken to see none).
+    vision: bool | None = None
 
     @field_validator("api_key")
     @classmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from base64 import b64decode
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,8 +15,10 @@ from shared.db import table_of
 from shared.errors import Conflict, NotFound
 from shared.models import (
     ACTIVE,
+    IMAGES,
     Conversation,
     Message,
+    MessageImage,
     MessageType,
     Outbox,
     Phase,
@@ -100,10 +103,17 @@ def post_message(
     lease_seconds: float,
     meta: dict[str, Any] | None = None,
     max_iterations: int = 20,
+    images: list[dict[str, str]] | None = None,
 ) -> Posted:
-    """Store a user message in the mailbox and start a turn unless one is running."""
+    """Store a user message in the mailbox, with the photos sent with it ({"mime", "data": base64}),
+    and start a turn unless one is running."""
+    meta = {**(meta or {}), **({IMAGES: len(images)} if images else {})}
     message_id = s.connection().execute(
-        POST, {"cid": conversation_id, "text": content, "info": meta or {}, "now": utcnow()}).scalar_one()
+        POST, {"cid": conversation_id, "text": content, "info": meta, "now": utcnow()}).scalar_one()
+    if images:
+        s.connection().execute(insert(MessageImage), [
+            {"message_id": message_id, "position": i, "mime": image["mime"], "data": b64decode(image["data"])}
+            for i, image in enumerate(images)])
     run_id = try_start_turn(
         s, conversation_id, origin=origin, lease_seconds=lease_seconds,
         model=(meta or {}).get("model"), max_iterations=max_iterations,

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 RESERVE_TOKENS = 4096  # room for the answer
 TRIM_CHARS = 2000
+# What a photo is counted as: a high-detail tile grid of a phone photo costs about this much (OpenAI:
+# 765 tokens at 1024x1024); the tokenizers' own counts want the pixels, or fail on a data URL.
+IMAGE_TOKENS = 1000
 CHARS_PER_TOKEN = 4  # about, in English: a first guess the tokenizer then checks
 # A /new's summary row, until its summary is written: when its task was last sent (the sweep's cue),
 # the end of the previous summary, and when /new was asked (the model is given GIVE_UP to answer).
@@ -275,13 +278,13 @@ def fit(rt: Runtime, messages: list[dict[str, Any]], model: str | None,
     messages were kept (the `summarize` strategy then compacts what was left out)."""
     profile = rt.llm.profile(model)
     budget = profile.context_window - (profile.max_tokens or RESERVE_TOKENS)
-    if _bytes(messages) + _bytes(tools or []) <= budget or rt.llm.count_tokens(messages, model, tools) <= budget:
+    if _bytes(messages) + _bytes(tools or []) <= budget or _tokens(rt, messages, model, tools) <= budget:
         return messages, None
     head = [m for m in messages[:2] if m["role"] == "system"]
     rounds, tail = _rounds(messages[len(head):-1]), messages[-1:]
 
     def fits() -> bool:
-        return rt.llm.count_tokens(head + [m for r in rounds for m in r] + tail, model, tools) <= budget
+        return _tokens(rt, head + [m for r in rounds for m in r] + tail, model, tools) <= budget
 
     if rt.settings.memory.context_strategy == "hard_trim":
         rounds = [[_shorten(m) for m in r] for r in rounds]
@@ -312,8 +315,28 @@ def _rounds(history: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 def _bytes(messages: list[dict[str, Any]]) -> int:
     """An upper bound of the prompt's tokens, without a tokenizer: every token stands for at least
-    one byte, and the JSON framing outweighs the per-message tokens."""
-    return len(json.dumps(messages, ensure_ascii=False, default=str).encode())
+    one byte, and the JSON framing outweighs the per-message tokens (a photo counts IMAGE_TOKENS)."""
+    text, images = _without_images(messages)
+    return len(json.dumps(text, ensure_ascii=False, default=str).encode()) + images * IMAGE_TOKENS
+
+
+def _tokens(rt: Runtime, messages: list[dict[str, Any]], model: str | None,
+            tools: list[dict[str, Any]] | None) -> int:
+    text, images = _without_images(messages)
+    return rt.llm.count_tokens(text, model, tools) + images * IMAGE_TOKENS
+
+
+def _without_images(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The messages with their photos left out, and how many there were."""
+    out, images = [], 0
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            shown = [part for part in content if part.get("type") != "image_url"]
+            images += len(content) - len(shown)
+            m = {**m, "content": shown}
+        out.append(m)
+    return out, images
 
 
 def _shorten(message: dict[str, Any]) -> dict[str, Any]:

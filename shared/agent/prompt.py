@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from base64 import b64encode
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 from sqlalchemy import Integer, bindparam, literal_column
 from sqlmodel import Session, col, select
 
-from shared.models import Message, MessageType, Role, Run, RunKind
+from shared.models import IMAGES, Message, MessageImage, MessageType, Role, Run, RunKind
 from shared.settings import Settings
 from shared.skills import skills_section
 from shared.tools.workspace import OutsideWorkspace, read_text_start
@@ -45,6 +46,8 @@ _skipped: dict[Path, str] = {}
 # change within the file system's timestamp granularity could keep every field of that identity.
 _read: dict[Path, tuple[tuple[int, ...], str]] = {}
 SETTLE_NS = 2_000_000_000
+# What the model reads for photos it is not shown: a model that sees no images, or an earlier turn's.
+NOT_SHOWN = "[{n} photo(s) sent with this message, not shown here]"
 
 
 def _workspace_files(workspace: Path) -> list[str]:
@@ -170,12 +173,18 @@ def _with_own_run(s: Session, run: Run, history: list[Message]) -> list[Message]
     return merged
 
 
-def to_llm(msg: Message) -> dict[str, Any]:
+def to_llm(msg: Message, images: list[MessageImage] | None = None) -> dict[str, Any]:
     """A stored message as an OpenAI-style chat message; in a group chat, a user's message says who
-    wrote it."""
+    wrote it. Photos that came with it are shown when given, else named."""
     if msg.role == Role.TOOL:
         return {"role": "tool", "tool_call_id": msg.tool_call_id, "name": msg.tool_name, "content": msg.content}
     out: dict[str, Any] = {"role": msg.role.value.lower(), "content": said(msg)}
+    if images:
+        parts = [{"type": "image_url", "image_url": {"url": f"data:{i.mime};base64,{b64encode(i.data).decode()}"}}
+                 for i in images]
+        out["content"] = [{"type": "text", "text": out["content"]}, *parts] if out["content"] else parts
+    elif msg.meta.get(IMAGES):
+        out["content"] = f"{NOT_SHOWN.format(n=msg.meta[IMAGES])}\n{out['content']}".rstrip()
     if msg.role == Role.ASSISTANT and msg.tool_calls:
         out["tool_calls"] = msg.tool_calls
         out["content"] = msg.content or None
@@ -209,16 +218,29 @@ def sender(origin: dict[str, Any]) -> str:
     return f"{name} ({sender_id})" if name else str(sender_id)
 
 
-def build(s: Session, settings: Settings, run: Run) -> list[dict[str, Any]]:
-    """Everything the model sees for the next step of `run`."""
+def build(s: Session, settings: Settings, run: Run, *, sees_images: bool = False) -> list[dict[str, Any]]:
+    """Everything the model sees for the next step of `run`. A model that `sees_images` is shown the
+    photos of the messages this run answers; older ones, which every later turn would pay for again,
+    are named, as are all of them to a model that sees none."""
     summary = latest_summary(s, run.conversation_id)
     messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt(settings, run.kind)}]
     if summary and summary.content:
         messages.append({"role": "system", "content": f"Summary of the earlier conversation:\n{summary.content}"})
     history = _with_own_run(s, run, window(s, run.conversation_id, settings.memory.window, covered(summary)))
-    messages += well_formed([to_llm(m) for m in history])
+    shown = _images(s, [m.id or 0 for m in history if m.run_id == run.id and m.meta.get(IMAGES)]) if sees_images else {}
+    messages += well_formed([to_llm(m, shown.get(m.id or 0)) for m in history])
     messages.append(runtime_context(run))
     return messages
+
+
+def _images(s: Session, message_ids: list[int]) -> dict[int, list[MessageImage]]:
+    """The photos of these messages, in the order they were sent (one query, none without any)."""
+    out: dict[int, list[MessageImage]] = {}
+    if message_ids:
+        for image in s.exec(select(MessageImage).where(col(MessageImage.message_id).in_(message_ids))
+                            .order_by(col(MessageImage.message_id), col(MessageImage.position))):
+            out.setdefault(image.message_id, []).append(image)
+    return out
 
 
 def well_formed(history: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -43,7 +43,7 @@ def command_of(content: str) -> str:
 
 def submit(
     rt: Runtime, s: Session, conversation_id: str, content: str, *, origin: dict[str, Any],
-    model: str | None = None,
+    model: str | None = None, images: list[dict[str, str]] | None = None,
 ) -> Submitted:
     """Handle one user message inside the caller's transaction; enqueue `nexts` after commit."""
     command = command_of(content)
@@ -67,7 +67,7 @@ def submit(
             **({"sender": prompt.sender(origin)} if origin.get("group") else {})}
     posted = conversations.post_message(
         s, conversation_id, content, origin=origin, meta=meta, lease_seconds=rt.settings.runtime.lease_seconds,
-        max_iterations=rt.settings.agent.max_iterations,
+        max_iterations=rt.settings.agent.max_iterations, images=images,
     )
     nexts = [Next(T_AGENT_STEP, (posted.run_id, 0))] if posted.run_id else []
     return Submitted(conversation_id, message_id=posted.message_id, run_id=posted.run_id, nexts=nexts)

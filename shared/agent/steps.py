@@ -145,7 +145,8 @@ def _llm_step(rt: Runtime, run_id: str, seq: int, owner: str) -> list[Next]:
             if rt.settings.agent.mailbox_mode == "steer" or run.iteration == 0:
                 conversations.fold_mailbox(s, run.conversation_id, run.id)
             tools = rt.tools.specs(exclude=SUBAGENT_EXCLUDED if run.kind == RunKind.SUBAGENT else ())
-            messages, kept = memory.fit(rt, prompt.build(s, rt.settings, run), run.model, tools)
+            built = prompt.build(s, rt.settings, run, sees_images=rt.llm.sees_images(run.model))
+            messages, kept = memory.fit(rt, built, run.model, tools)
     if bounded is not None:
         publish_final(rt, run)
         return bounded

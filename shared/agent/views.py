@@ -8,7 +8,7 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from shared.constants import INTERNAL
-from shared.models import Conversation, Message, Run, RunStep, ToolCall
+from shared.models import IMAGES, Conversation, Message, Run, RunStep, ToolCall
 
 
 def tool_result_text(call: ToolCall) -> str:
@@ -74,6 +74,7 @@ def message(m: Message) -> dict[str, Any]:
         "toolCallId": m.tool_call_id,
         "runId": m.run_id,
         "pending": m.pending,
+        "images": int(m.meta.get(IMAGES, 0)),
         "createdAt": m.created_at.isoformat(),
     }
 

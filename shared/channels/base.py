@@ -123,6 +123,12 @@ class Channel(Protocol):
         them; raise Rejected when it is over `limit` bytes or gone, other exceptions to try again."""
 
 
+# Photos a model is shown: the formats vision models take, and a size every provider accepts (Anthropic's
+# cap; OpenAI's is 20 MB). A platform's larger sizes of a photo are passed over for one under it.
+IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+MAX_IMAGE = 5 * 1024 * 1024
+
+
 class BaseChannel:
     """Defaults shared by the platform modules: settings, enabled, allow_from, chunking."""
 

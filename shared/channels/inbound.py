@@ -23,7 +23,7 @@ from shared.agent import conversations
 from shared.agent.runtime import Next, Runtime
 from shared.agent.service import Submitted, after_commit, command_of, submit
 from shared.agent.steps import transient
-from shared.channels import voice
+from shared.channels import media
 from shared.constants import T_INGEST
 from shared.contracts import InboundMessage
 from shared.db import table_of
@@ -97,17 +97,17 @@ def submit_recorded(rt: Runtime, event_ids: list[int]) -> list[Next]:
     """Submit the messages of these ledger events, each after its session's earlier ones; returns the
     tasks to enqueue. Each message is its own transaction, and a session whose message fails (logged)
     leaves the others to go on: its messages stay on the ledger for the sweeper to enqueue again, until
-    the failing one is set aside (_failed). A voice message still to transcribe in a batch of several
+    the failing one is set aside (_failed). A voice message or photo still to fetch in a batch of several
     goes to a task of its own: it takes seconds, which the batch's other chats need not wait for."""
     nexts: list[Next] = []
     alone = len(event_ids) == 1
-    if not alone and (voiced := voice.unheard(rt, event_ids)):
-        nexts += [Next(T_INGEST, ([event_id],)) for event_id in voiced]
-        event_ids = [event_id for event_id in event_ids if event_id not in voiced]
+    if not alone and (attached := media.unprepared(rt, event_ids)):
+        nexts += [Next(T_INGEST, ([event_id],)) for event_id in attached]
+        event_ids = [event_id for event_id in event_ids if event_id not in attached]
     for event_id in event_ids:
         try:
-            if alone:  # (the others of a batch are not voice messages still to transcribe)
-                voice.ahead(rt, event_id)
+            if alone:  # (the others of a batch have no attachment still to fetch)
+                media.ahead(rt, event_id)
             _submit_through(rt, event_id, nexts)
         except Exception:
             log.exception("inbound event %s: could not submit its message; the sweeper tries again", event_id)
@@ -198,8 +198,8 @@ def _tell_set_aside(rt: Runtime, s: Session, channel: str, event_id: int, stored
 def _one(rt: Runtime, s: Session, msg: InboundMessage) -> tuple[Submitted | None, list[Next]]:
     """Submit one message in the caller's transaction: what became of it (None for a notice), and the
     tasks to enqueue after the commit."""
-    if msg.media and rt.settings.llm.transcription_model:  # not transcribed ahead (voice.ahead)
-        msg = voice.transcribed(rt, msg)
+    if msg.media:  # not prepared ahead (media.ahead)
+        msg = media.prepared(rt, msg)
     if msg.notice or msg.unsupported:
         return None, add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel,
                                chat_id=msg.chat_id, text=msg.notice or UNSUPPORTED.format(what=msg.unsupported),
@@ -209,7 +209,7 @@ def _one(rt: Runtime, s: Session, msg: InboundMessage) -> tuple[Submitted | None
     origin = {"channel": msg.channel, "chat_id": msg.chat_id, "sender_id": msg.sender_id,
               "event_id": msg.event_id, "reply_meta": msg.reply_meta,
               **({"sender_name": msg.sender_name} if msg.sender_name else {}), **({"group": True} if msg.group else {})}
-    sub = submit(rt, s, cid, msg.content, origin=origin)
+    sub = submit(rt, s, cid, msg.content, origin=origin, images=msg.images)
     if sub.reply is None:
         return sub, sub.nexts
     # an in-chat command (/help, /stop, /new) answers at once

@@ -10,6 +10,8 @@ import re
 from typing import Any, ClassVar
 
 from shared.channels.base import (
+    IMAGE_TYPES,
+    MAX_IMAGE,
     BaseChannel,
     Bucket,
     Parsed,
@@ -83,7 +85,7 @@ class TelegramChannel(BaseChannel):
             if group or kind is None:
                 return None  # in groups nothing without text is addressed to the bot
             return InboundMessage(channel=self.name, chat_id=str(chat["id"]), sender_id=str(sender["id"]),
-                                  content="", event_id=update_id, unsupported=kind, media=_audio(msg))
+                                  content="", event_id=update_id, unsupported=kind, media=_media(msg))
         username = self.username(ask=group)
         if group and not _addressed(msg, text, username):
             return None
@@ -96,6 +98,7 @@ class TelegramChannel(BaseChannel):
             channel=self.name, chat_id=str(chat["id"]), sender_id=str(sender["id"]),
             content=_with_quote(msg, _strip_mention(text, username)), event_id=update_id, session_key=session_key,
             reply_meta=reply_meta, sender_name=sender.get("username") or sender.get("first_name"), group=group,
+            media=_photo(msg),
         )
 
     def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
@@ -207,10 +210,23 @@ def _with_quote(msg: dict[str, Any], text: str) -> str:
     return "\n".join("> " + line for line in lines) + "\n\n" + text
 
 
-def _audio(msg: dict[str, Any]) -> dict[str, str] | None:
-    """The voice message's or audio file's id on Telegram, for transcription."""
+def _media(msg: dict[str, Any]) -> dict[str, str] | None:
+    """The voice message's, audio file's or photo's id on Telegram, for the worker to fetch."""
     for kind in AUDIO:
         item = msg.get(kind)
         if isinstance(item, dict) and isinstance(item.get("file_id"), str):
             return {"kind": kind, "id": item["file_id"]}
+    return _photo(msg)
+
+
+def _photo(msg: dict[str, Any]) -> dict[str, str] | None:
+    """A photo's id: the largest of its sizes under MAX_IMAGE, or an image sent as a file."""
+    sizes = msg.get("photo")
+    if isinstance(sizes, list):
+        fitting = [p["file_id"] for p in sizes if isinstance(p, dict) and isinstance(p.get("file_id"), str)
+                   and isinstance(p.get("file_size", 0), int) and p.get("file_size", 0) <= MAX_IMAGE]
+        return {"kind": "photo", "id": fitting[-1]} if fitting else None
+    doc = msg.get("document")
+    if isinstance(doc, dict) and doc.get("mime_type") in IMAGE_TYPES and isinstance(doc.get("file_id"), str):
+        return {"kind": "photo", "id": doc["file_id"]}
     return None

@@ -93,9 +93,7 @@ class WhatsAppChannel(BaseChannel):
                 log.warning("whatsapp: message %s was sent more than 7 days ago; ignored as a replay", wamid)
                 continue
             kind = None if text else MEDIA.get(str(m.get("type")))
-            audio = m.get("audio") if kind and m.get("type") == "audio" else None
-            media = {"kind": "audio", "id": audio["id"]} if isinstance(audio, dict) and isinstance(
-                audio.get("id"), str) else None
+            media = _media(m) if kind or m.get("type") == "image" else None
             if text or kind:
                 out.append(InboundMessage(channel=self.name, chat_id=sender, sender_id=sender, content=text or "",
                                           event_id=wamid, reply_meta={"reply_to": wamid},
@@ -174,6 +172,15 @@ def _name(contact: dict[str, Any]) -> str | None:
     profile = contact.get("profile")
     name = profile.get("name") if isinstance(profile, dict) else None
     return name if isinstance(name, str) else None
+
+
+def _media(message: dict[str, Any]) -> dict[str, str] | None:
+    """A voice note's or photo's media id, for the worker to fetch."""
+    kind = message.get("type")
+    part = message.get(str(kind))
+    if kind not in ("audio", "image") or not isinstance(part, dict) or not isinstance(part.get("id"), str):
+        return None
+    return {"kind": "audio" if kind == "audio" else "photo", "id": part["id"]}
 
 
 def _text(message: dict[str, Any]) -> str | None:

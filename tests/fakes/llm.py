@@ -9,6 +9,8 @@ Tests may replace `handler` to script anything else."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import itertools
 import json
 import re
@@ -47,14 +49,50 @@ SENDER_RE = re.compile(r"^\[[^\]\n]*\]: ")  # "[alice (42)]: ", who wrote a mess
 def last_user_text(messages: list[dict[str, Any]]) -> str:
     """The newest user message's text, without the sender a group chat's messages start with."""
     for m in reversed(messages):
-        if m.get("role") == "user" and not str(m.get("content", "")).startswith("[runtime context"):
-            return SENDER_RE.sub("", str(m.get("content") or ""), count=1)
+        if m.get("role") == "user" and not text_of(m.get("content")).startswith("[runtime context"):
+            return SENDER_RE.sub("", text_of(m.get("content")), count=1)
     return ""
+
+
+def text_of(content: Any) -> str:
+    """A message's text; with content parts, each photo as "[image <type>, <bytes> bytes, <sha256 hex>]",
+    read from its data URL as a vision model would."""
+    if not isinstance(content, list):
+        return str(content or "")
+    said = []
+    for part in content:
+        if part.get("type") == "image_url":
+            mime, data = _image(part)
+            said.append(f"[image {mime}, {len(data)} bytes, {hashlib.sha256(data).hexdigest()}]")
+        else:
+            said.append(str(part.get("text", "")))
+    return " ".join(said)
+
+
+def bad_image(messages: list[dict[str, Any]]) -> str | None:
+    """What OpenAI refuses in an image part: not a base64 data URL of JPEG, PNG, GIF or WebP."""
+    for m in messages:
+        content = m.get("content")
+        for part in content if isinstance(content, list) else []:
+            if part.get("type") == "image_url":
+                try:
+                    _image(part)
+                except ValueError as err:
+                    return str(err)
+    return None
+
+
+def _image(part: dict[str, Any]) -> tuple[str, bytes]:
+    url = str((part.get("image_url") or {}).get("url", ""))
+    found = re.fullmatch(r"data:(image/(?:jpeg|png|gif|webp));base64,([A-Za-z0-9+/=]+)", url)
+    if not found:
+        raise ValueError("Invalid image: expected a base64 data URL of a JPEG, PNG, GIF or WebP image")
+    return found.group(1), base64.b64decode(found.group(2), validate=True)
 
 
 def default_handler(body: dict[str, Any]) -> Reply:
     messages = body.get("messages", [])
-    convo = [m for m in messages if not str(m.get("content") or "").startswith("[runtime context")]
+    convo = [m for m in messages if not text_of(m.get("content")).startswith("[runtime context")]
     text = last_user_text(messages)
     sleep = SLEEP_RE.search(text)
     delay = float(sleep.group(1)) if sleep else 0.0
@@ -154,7 +192,7 @@ class FakeLLM:
             return Response(status_code=499)
         with self.lock:
             self.requests.append(body)
-        problem = unpaired(body.get("messages", []))
+        problem = unpaired(body.get("messages", [])) or bad_image(body.get("messages", []))
         if problem:
             err = {"error": {"message": f"Invalid parameter: {problem}", "type": "invalid_request_error",
                              "param": "messages", "code": None}}

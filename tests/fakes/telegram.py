@@ -65,6 +65,7 @@ class FakeTelegram(FakePlatform):
         self.update_ids = itertools.count(10_000)
         self.webhook: dict[str, Any] = {}
         self.files: dict[str, bytes] = {}  # file_id -> content, for getFile and /file/bot<token>/<path>
+        self.downloads: list[str] = []  # the file_ids downloaded
         super().__init__()
 
     def routes(self) -> list[Route]:
@@ -119,13 +120,15 @@ class FakeTelegram(FakePlatform):
         if file_id not in self.files:
             return 400, _error(400, "Bad Request: invalid file_id")
         return 200, {"ok": True, "result": {"file_id": file_id, "file_unique_id": f"u{file_id}",
-                                            "file_size": len(self.files[file_id]), "file_path": f"voice/{file_id}.oga"}}
+                                            "file_size": len(self.files[file_id]), "file_path": _path(file_id)}}
 
     async def _file(self, request: Request) -> Response:
         def serve(body: dict[str, Any], request: Request) -> tuple[int, Any]:
-            name = request.path_params["path"].removeprefix("voice/").removesuffix(".oga")
-            if request.path_params["token"] != self.token or name not in self.files:
+            paths = {_path(file_id): file_id for file_id in self.files}
+            name = paths.get(request.path_params["path"])
+            if request.path_params["token"] != self.token or name is None:
                 return 404, _error(404, "Not Found")
+            self.downloads.append(name)
             return 200, self.files[name]
         return await self.answer("file", request, serve)
 
@@ -157,9 +160,30 @@ class FakeTelegram(FakePlatform):
         del update["message"]["text"]
         return update
 
+    def photo(self, *, chat: int, sender: int, image: bytes, caption: str | None = None,
+              chat_type: str = "private") -> dict[str, Any]:
+        """An update with a photo in two sizes, as Telegram sends one (a thumbnail and the photo), the
+        caption as its text; both served by getFile and /file/."""
+        sizes = []
+        for size, content in (("s", image[:64]), ("x", image)):
+            file_id = f"photo{len(self.files) + 1}{size}"
+            self.files[file_id] = content
+            sizes.append({"file_id": file_id, "file_unique_id": f"u{file_id}", "file_size": len(content),
+                          "width": 90 if size == "s" else 1280, "height": 60 if size == "s" else 853})
+        update = self.update(chat=chat, sender=sender, text="", chat_type=chat_type, photo=sizes)
+        del update["message"]["text"]
+        if caption is not None:
+            update["message"]["caption"] = caption
+        return update
+
     def signed(self, payload: dict[str, Any], secret: str | None = None) -> tuple[bytes, dict[str, str]]:
         return json.dumps(payload).encode(), {"Content-Type": "application/json",
                                               "X-Telegram-Bot-Api-Secret-Token": secret or self.secret}
+
+
+def _path(file_id: str) -> str:
+    """Where Telegram keeps a file, as getFile names it."""
+    return f"photos/{file_id}.jpg" if file_id.startswith("photo") else f"voice/{file_id}.oga"
 
 
 def _error(code: int, description: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ class FakeWhatsApp(FakePlatform):
         self.access_token, self.app_secret, self.phone_number_id = access_token, app_secret, phone_number_id
         self.sent_ids = 0
         self.media: dict[str, bytes] = {}  # media id -> content, for GET /{media id} and its download URL
+        self.mime: dict[str, str] = {}  # media id -> its type, where not a voice note's
         super().__init__()
 
     def routes(self) -> list[Route]:
@@ -66,7 +67,8 @@ class FakeWhatsApp(FakePlatform):
             if media_id not in self.media:
                 return 404, _error(100, "Unsupported get request")
             return 200, {"messaging_product": "whatsapp", "url": f"{self.url}/download/{media_id}",
-                         "mime_type": "audio/ogg; codecs=opus", "file_size": len(self.media[media_id]), "id": media_id}
+                         "mime_type": self.mime.get(media_id, "audio/ogg; codecs=opus"),
+                         "file_size": len(self.media[media_id]), "id": media_id}
         return await self.answer("media", request, found)
 
     async def _download(self, request: Request) -> Response:
@@ -104,6 +106,17 @@ class FakeWhatsApp(FakePlatform):
         message = event["entry"][0]["changes"][0]["value"]["messages"][0]
         del message["text"]
         message.update(type="audio", audio={"id": media_id, "mime_type": "audio/ogg; codecs=opus", "voice": True})
+        return event
+
+    def photo(self, *, sender: str, wamid: str, image: bytes, caption: str | None = None) -> dict[str, Any]:
+        """A webhook with a photo (and its caption), served as voice notes are."""
+        media_id = f"media{len(self.media) + 1}"
+        self.media[media_id], self.mime[media_id] = image, "image/jpeg"
+        event = self.event(sender=sender, text="", wamid=wamid)
+        message = event["entry"][0]["changes"][0]["value"]["messages"][0]
+        del message["text"]
+        message.update(type="image", image={"id": media_id, "mime_type": "image/jpeg", "sha256": "x",
+                                            **({"caption": caption} if caption is not None else {})})
         return event
 
     def status(self, *, recipient: str, wamid: str, status: str, code: int = 131047,

@@ -18,6 +18,7 @@ from sqlmodel import Session
 from shared.agent import conversations
 from shared.agent.service import HELP
 from shared.channels.discord import NOT_OURS
+from shared.channels.images import UNSEEN
 from shared.channels.inbound import UNSUPPORTED
 from shared.db import get_engine
 from tests.fakes.llm import FakeLLM
@@ -358,6 +359,17 @@ def test_telegram_group_mentions_typing_and_commands(channels: ChannelStack, fak
     channels.settled(chat)
     assert d.replies(chat) == [HELP.replace("<", "&lt;").replace(">", "&gt;")]
     assert llm_requests_with(fake_llm, "/help") == 0
+
+
+def test_where_no_model_sees_images_a_photo_s_caption_goes_on_saying_so(channels: ChannelStack,
+                                                                       fake_llm: FakeLLM) -> None:
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    chat = d.new_chat()
+    update = tg.photo(chat=int(chat), sender=int(d.allowed), image=b"\xff\xd8\xff photo", caption="what is this?")
+    assert channels.post("telegram", tg.signed(update)).status_code == 200
+    channels.settled(chat)
+    assert d.replies(chat) == [f"echo: {UNSEEN}what is this?"]
+    assert tg.downloads == []  # not fetched for nobody
 
 
 def test_a_voice_message_or_photo_gets_a_notice_and_no_llm_call(channels: ChannelStack, fake_llm: FakeLLM) -> None:

@@ -11,7 +11,7 @@ import litellm
 import pytest
 
 from shared.llm import LLMClient, LLMError, LLMResponse
-from shared.settings import LLMProfile, LLMSettings
+from shared.settings import LLMProfile, LLMSettings, load_settings
 from tests.fakes.llm import FakeLLM, Reply, default_handler
 from tests.support.processes import wait_until
 
@@ -233,3 +233,13 @@ def test_a_voice_message_is_transcribed_and_a_failing_model_retried_as_a_chat_ca
     assert "API key" in err.value.user_message
     retries = client.settings.max_retries
     assert [t["model"] for t in fake_llm.transcriptions] == ["whisper-test"] * (1 + retries + 1 + 1)
+
+
+def test_whether_a_model_sees_images_is_its_profiles_word_else_litellms_map() -> None:
+    client = LLMClient(load_settings(llm={"model": "openai/gpt-4o-mini", "profiles": {
+        "local": {"model": "openai/llava-13b", "vision": True}, "blind": {"model": "openai/gpt-4o", "vision": False},
+    }}).llm)
+    assert client.sees_images() and client.sees_images("openai/gpt-4o")  # the map's word
+    assert client.sees_images("local") and not client.sees_images("blind")  # the operator's
+    assert not client.sees_images("openai/llava-13b")  # a raw model string the map does not know
+    assert not LLMClient(load_settings(llm={"model": "openai/gpt-4o-mini", "vision": False}).llm).sees_images()

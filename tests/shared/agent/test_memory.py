@@ -54,6 +54,18 @@ def test_fit_counts_the_tool_schemas_sent_with_the_prompt() -> None:
     assert kept is not None and rt.llm.count_tokens(fitted, None, tools) <= 5500
 
 
+def test_fit_counts_a_photo_as_image_tokens_not_as_its_base64() -> None:
+    """A photo's data URL is megabytes of base64 the model never reads as text: it counts IMAGE_TOKENS."""
+    rt = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini", "context_window": 6000, "max_tokens": 500}))
+    photo = {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + "A" * 400_000}}
+    msgs = [*conversation(3), {"role": "user", "content": [{"type": "text", "text": "what is this?"}, photo]},
+            {"role": "user", "content": "[runtime context, not written by the user]"}]
+    assert memory.fit(rt, msgs, None) == (msgs, None)  # about 1,600 tokens and a photo: under 5,500
+    crowded = [*conversation(9), *msgs[-2:]]  # about 4,800 tokens of text: over with the photo's
+    fitted, kept = memory.fit(rt, crowded, None)  # the oldest history goes, the photo stays
+    assert kept is not None and fitted[-2] == msgs[-2]
+
+
 def test_fit_leaves_a_small_prompt_alone() -> None:
     rt = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini", "context_window": 128_000}))
     msgs = conversation(2)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from shared.channels.base import WebhookError
+from shared.channels.base import MAX_IMAGE, WebhookError
 from shared.channels.discord import NOT_OURS, DiscordChannel
 from shared.channels.feishu import FeishuChannel, decrypt
 from shared.channels.slack import SlackChannel
@@ -63,6 +63,22 @@ def test_telegram_text_captions_replies_groups_and_topics() -> None:
     assert malformed(ch.parse, {"update_id": 1, "message": {"text": "no chat"}}) == 400
     assert malformed(ch.parse, {"message": {}}) == 400
     assert malformed(ch.parse, [1, 2]) == 400
+
+
+def test_telegram_photos_name_their_largest_size_under_the_limit_or_an_image_file() -> None:
+    tg, ch = FakeTelegram("1:t", "s"), TelegramChannel(S)
+    sizes = [{"file_id": "small", "file_size": 900}, {"file_id": "large", "file_size": 90_000},
+             {"file_id": "huge", "file_size": MAX_IMAGE + 1}]
+    [photo] = ch.parse({}, body(tg.update(chat=5, sender=1, text="", photo=sizes))).messages
+    assert (photo.content, photo.unsupported, photo.media) == ("", "a photo", {"kind": "photo", "id": "large"})
+    captioned = tg.update(chat=5, sender=1, text="", caption="what is it?", photo=sizes)
+    del captioned["message"]["text"]
+    [photo] = ch.parse({}, body(captioned)).messages
+    assert (photo.content, photo.unsupported, photo.media) == ("what is it?", None, {"kind": "photo", "id": "large"})
+    as_file = tg.update(chat=5, sender=1, text="", document={"file_id": "d", "mime_type": "image/png"})
+    assert ch.parse({}, body(as_file)).messages[0].media == {"kind": "photo", "id": "d"}
+    pdf = tg.update(chat=5, sender=1, text="", document={"file_id": "d", "mime_type": "application/pdf"})
+    assert ch.parse({}, body(pdf)).messages[0].media is None  # (a file: the notice)
 
 
 def test_telegram_ignores_messages_from_bots() -> None:
@@ -121,7 +137,8 @@ def test_whatsapp_messages_captions_statuses_and_handshake() -> None:
     wa, ch = FakeWhatsApp("t", "s", "P1"), WhatsAppChannel(S)
     payload = wa.event(sender="155501", text="hola", wamid="wamid.1")
     value = payload["entry"][0]["changes"][0]["value"]
-    value["messages"].append({"from": "155502", "id": "wamid.2", "type": "image", "image": {"caption": "a cat"}})
+    value["messages"].append({"from": "155502", "id": "wamid.2", "type": "image", "image": {"caption": "a cat",
+                                                                                          "id": "m2"}})
     value["messages"].append({"from": "155503", "id": "wamid.3", "type": "sticker", "sticker": {}})
     value["messages"].append({"from": "155503", "id": "wamid.4", "type": "reaction", "reaction": {"emoji": "+1"}})
     value["statuses"] = [{"id": "wamid.out", "status": "read"}]
@@ -129,6 +146,7 @@ def test_whatsapp_messages_captions_statuses_and_handshake() -> None:
     assert [(m.chat_id, m.content, m.event_id, m.sender_name, m.unsupported) for m in parsed.messages] == [
         ("155501", "hola", "wamid.1", "Ann", None), ("155502", "a cat", "wamid.2", None, None),
         ("155503", "", "wamid.3", None, "a sticker")]  # a reaction gets no answer
+    assert [m.media for m in parsed.messages] == [None, {"kind": "photo", "id": "m2"}, None]
     assert parsed.undelivered == {}
     failed = ch.parse({}, body(wa.status(recipient="155501", wamid="wamid.out7", status="failed")))
     assert failed.messages == []

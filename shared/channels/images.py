@@ -1,0 +1,71 @@
+"""Photos sent in a chat. When a model the operator configured sees images (its profile's `vision`, or
+litellm's model map), the worker that submits a photo fetches it from the platform and it goes to the
+conversation with its caption (shared.models.MessageImage); the model of the turn that answers it is
+shown it (shared.agent.prompt). When none does, a captioned photo's caption goes on with a note that a
+photo came with it, and a photo alone gets the notice that only text is read."""
+
+from __future__ import annotations
+
+import base64
+import logging
+
+from shared.agent.runtime import Runtime
+from shared.channels.base import MAX_IMAGE, Rejected
+from shared.channels.delivery import channel_for
+from shared.contracts import InboundMessage
+
+log = logging.getLogger(__name__)
+UNSEEN = "[The user sent a photo with this message; you cannot see images.]\n"
+NOT_FETCHED = "Sorry, I couldn't get your photo from {channel} ({why}). Could you send it again?"
+NOT_AN_IMAGE = "Sorry, I can only look at JPEG, PNG, GIF and WebP images. Could you send it as one of those?"
+
+
+def wanted(rt: Runtime) -> bool:
+    """Whether photos are fetched: the default model, or one of the profiles, sees images."""
+    return any(rt.llm.sees_images(model) for model in (None, *rt.settings.llm.profiles))
+
+
+def fetched(rt: Runtime, msg: InboundMessage) -> InboundMessage:
+    """`msg` with its photo, or with the notice its sender gets instead. A fault that may pass (the
+    platform or the network) raises, and the submission is tried again."""
+    assert msg.media is not None
+    ch = channel_for(rt.settings, msg.channel)
+    try:
+        if ch is None:
+            raise Rejected(f"{msg.channel} is not configured here")
+        data, _ = ch.fetch_media(msg.media, MAX_IMAGE)
+    except Rejected as err:
+        log.warning("inbound event %s: its photo could not be fetched: %s", msg.event_id, err)
+        return _instead(msg, NOT_FETCHED.format(channel=msg.channel, why=str(err).split(": ", 1)[-1][:200]))
+    mime = image_type(data)
+    if mime is None:
+        log.warning("inbound event %s: its photo is no image a model takes (%d bytes)", msg.event_id, len(data))
+        return _instead(msg, NOT_AN_IMAGE)
+    log.info("inbound event %s: photo of %d bytes fetched (%s)", msg.event_id, len(data), mime)
+    image = {"mime": mime, "data": base64.b64encode(data).decode()}
+    return msg.model_copy(update={"media": None, "unsupported": None, "images": [*msg.images, image]})
+
+
+def unseen(msg: InboundMessage) -> InboundMessage:
+    """`msg` for a model that sees no images: its caption, saying a photo came with it (a photo
+    alone keeps `unsupported`: its sender is told that only text is read)."""
+    if not msg.content.strip():
+        return msg.model_copy(update={"media": None})
+    return msg.model_copy(update={"media": None, "content": UNSEEN + msg.content})
+
+
+def image_type(data: bytes) -> str | None:
+    """The image's MIME type, read from its first bytes (what the platform says may be wrong)."""
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
+
+
+def _instead(msg: InboundMessage, notice: str) -> InboundMessage:
+    return msg.model_copy(update={"media": None, "notice": notice})
