@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Annotated, Any
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from shared.channels.base import IMAGE_TYPES, MAX_IMAGE, image_type
 from shared.contracts import NO_NUL
 
 MAX_MESSAGE = 100_000  # characters
-# The largest body the REST API reads (gateway/app.py answers 413 past it). The longest message is
-# 100,000 characters; written as JSON \u escapes of characters outside the BMP (\ud83d\ude00, 12 bytes
-# each, what json.dumps sends by default) that is 1.2 MB, so 1 MB would refuse a valid request.
-MAX_BODY = 2 * 1024 * 1024
+MAX_IMAGES = 4  # photos with one message
+# The largest body the REST API reads (gateway/app.py answers 413 past it): a photo of the largest size
+# a model is shown (5 MB, 6.7 MB as base64) with a message. (The longest message alone is 100,000
+# characters; written as JSON \u escapes of characters outside the BMP, 12 bytes each, 1.2 MB.)
+MAX_BODY = 8 * 1024 * 1024
 
 # Every /api/v1 route answers 401 without a valid bearer key; documented so clients (and schemathesis) know.
 UNAUTHORIZED: dict[int | str, dict[str, Any]] = {401: {"description": "missing or invalid API key"}}
@@ -74,10 +78,47 @@ class ConversationInfo(CamelModel):
 
 
 class ChatIn(RequestBody):
-    message: Text = Field(min_length=1, max_length=MAX_MESSAGE)
+    message: Text = Field(default="", max_length=MAX_MESSAGE, description="the text; may be empty with images")
+    images: list[str] = Field(default_factory=list, max_length=MAX_IMAGES, description=(
+        "photos sent with the message, as data URLs (data:image/png;base64,...): JPEG, PNG, GIF or WebP, "
+        "5 MB each at most; shown to the model of the turn that answers, if it sees images"))
     model: Text | None = Field(default=None, max_length=200, description=(
         "a profile name or a litellm model string (422 when NANOFLEET_LLM__ALLOWED_MODELS is set and it is "
         "neither the default, a profile, nor listed there)"))
+
+
+    @field_validator("images")
+    @classmethod
+    def _images(cls, urls: list[str]) -> list[str]:
+        for i, url in enumerate(urls):
+            decoded_image(url, f"images[{i}]")
+        return urls
+
+    @model_validator(mode="after")
+    def _said_something(self) -> ChatIn:
+        if not self.message.strip() and not self.images:
+            raise ValueError("message is empty: send some text, or images")
+        return self
+
+    def photos(self) -> list[dict[str, str]]:
+        """The images as messages keep them: {"mime", "data": base64}."""
+        return [{"mime": mime, "data": data} for mime, data in (url[5:].split(";base64,", 1) for url in self.images)]
+
+
+def decoded_image(url: str, where: str) -> bytes:
+    """The image a data URL holds; ValueError (naming `where`) unless it is one a model takes."""
+    head, _, data = url.partition(";base64,")
+    try:
+        image = base64.b64decode(data, validate=True)
+    except binascii.Error:
+        image = b""
+    if not head.startswith("data:image/") or not image:
+        raise ValueError(f"{where} is not a data URL of a base64 image (data:image/png;base64,...)")
+    if len(image) > MAX_IMAGE:
+        raise ValueError(f"{where} is over {MAX_IMAGE:,} bytes")
+    if image_type(image) != head[5:]:
+        raise ValueError(f"{where} is no {', '.join(IMAGE_TYPES)} image, or not the type its URL says")
+    return image
 
 
 class ToolCallOut(CamelModel):

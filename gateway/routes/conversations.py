@@ -135,7 +135,7 @@ def _submit(state: AppState, conversation_id: str, body: ChatIn) -> Submitted:
             _conversation(s, conversation_id)
         try:
             out = submit(state.runtime, s, conversation_id, body.message, origin=_origin(conversation_id),
-                         model=body.model)
+                         model=body.model, images=body.photos())
             s.commit()
         except IntegrityError as err:  # deleted since it was read
             if not isinstance(err.orig, ForeignKeyViolation):

@@ -129,6 +129,19 @@ IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 MAX_IMAGE = 5 * 1024 * 1024
 
 
+def image_type(data: bytes) -> str | None:
+    """The image's MIME type, read from its first bytes (what the platform says may be wrong)."""
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
+
+
 class BaseChannel:
     """Defaults shared by the platform modules: settings, enabled, allow_from, chunking."""
 

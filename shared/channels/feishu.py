@@ -24,7 +24,7 @@ from shared.channels.base import (
     WebhookError,
     json_object,
 )
-from shared.channels.clients import Learned, PlatformError, body, check, http, redis_client, retry_after
+from shared.channels.clients import Learned, PlatformError, body, check, download, http, redis_client, retry_after
 from shared.channels.signing import fresh, same
 from shared.constants import KEY_CACHE
 from shared.contracts import InboundMessage
@@ -32,6 +32,9 @@ from shared.settings import Settings
 
 MESSAGE_EVENT = "im.message.receive_v1"
 TOKEN_INVALID = {99991661, 99991663, 99991668}  # missing, invalid or expired tenant access token
+# Messages without text a person sends in a private chat (answered with a notice unless fetched and read)
+MEDIA = {"image": "a photo", "audio": "a voice message", "file": "a file", "media": "a video",
+         "sticker": "a sticker", "location": "a location"}
 TOKEN_MARGIN = 300  # seconds before expiry a cached token is replaced
 THROTTLED = 99991400  # "request trigger frequency limit", answered with HTTP 400 rather than 429
 BOT_INFO_TIMEOUT = 3.0  # seconds, for each of the token and bot/v3/info calls
@@ -118,8 +121,10 @@ class FeishuChannel(BaseChannel):
         msg, sender = event.get("message"), event.get("sender")
         if not (isinstance(msg, dict) and isinstance(sender, dict)):
             raise WebhookError(400, "message event without message or sender")
-        if sender.get("sender_type") not in (None, "user") or msg.get("message_type") != "text":
+        if sender.get("sender_type") not in (None, "user"):
             return None
+        if msg.get("message_type") != "text":
+            return self._attachment(event_id, msg, sender)
         mentions = [m for m in msg.get("mentions") or [] if isinstance(m, dict) and isinstance(m.get("key"), str)]
         group = msg.get("chat_type") == "group"
         if group and not mentions:
@@ -135,6 +140,33 @@ class FeishuChannel(BaseChannel):
         return InboundMessage(channel=self.name, chat_id=chat_id, sender_id=open_id,
                               content=_named(text, mentions, drop=ours), event_id=event_id,
                               reply_meta={"message_id": msg.get("message_id")}, group=group)
+
+    def _attachment(self, event_id: str, msg: dict[str, Any], sender: dict[str, Any]) -> InboundMessage | None:
+        """A message without text in a private chat: a photo or voice message for the worker to fetch, or
+        a notice that only text is read (in groups it is addressed to nobody: ignored)."""
+        kind, open_id, chat_id = msg.get("message_type"), (sender.get("sender_id") or {}).get("open_id"), \
+            msg.get("chat_id")
+        if msg.get("chat_type") == "group" or kind not in MEDIA:
+            return None
+        if not (isinstance(open_id, str) and isinstance(chat_id, str) and isinstance(msg.get("message_id"), str)):
+            raise WebhookError(400, "message without sender open_id, chat_id or message_id")
+        try:
+            content = json.loads(msg.get("content") or "{}")
+        except ValueError:
+            content = {}
+        key = content.get("image_key" if kind == "image" else "file_key") if isinstance(content, dict) else None
+        media = {"kind": "photo" if kind == "image" else "audio", "id": key, "message": msg["message_id"]} \
+            if kind in ("image", "audio") and isinstance(key, str) else None
+        return InboundMessage(channel=self.name, chat_id=chat_id, sender_id=open_id, content="", event_id=event_id,
+                              reply_meta={"message_id": msg["message_id"]}, unsupported=MEDIA[str(kind)], media=media)
+
+    def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
+        """The message's resource (im/v1/messages/{id}/resources/{key}), with the tenant token."""
+        kind = "image" if media["kind"] == "photo" else "file"
+        url = f"{self.cfg.api_base.rstrip('/')}/im/v1/messages/{media['message']}/resources/{media['id']}"
+        auth = {"Authorization": f"Bearer {self.tenant_token()}"}
+        data = download(f"{url}?type={kind}", limit=limit, what="feishu message resource", headers=auth)
+        return data, f"{media['id']}.{'ogg' if kind == 'file' else 'img'}"
 
     def bot_open_id(self, *, ask: bool = True) -> str:
         """The bot's open_id, asked of Feishu (bot/v3/info) once and remembered (with ask=False, "" until

@@ -10,7 +10,7 @@ import base64
 import logging
 
 from shared.agent.runtime import Runtime
-from shared.channels.base import MAX_IMAGE, Rejected
+from shared.channels.base import MAX_IMAGE, Rejected, image_type
 from shared.channels.delivery import channel_for
 from shared.contracts import InboundMessage
 
@@ -52,19 +52,6 @@ def unseen(msg: InboundMessage) -> InboundMessage:
     if not msg.content.strip():
         return msg.model_copy(update={"media": None})
     return msg.model_copy(update={"media": None, "content": UNSEEN + msg.content})
-
-
-def image_type(data: bytes) -> str | None:
-    """The image's MIME type, read from its first bytes (what the platform says may be wrong)."""
-    if data.startswith(b"\xff\xd8\xff"):
-        return "image/jpeg"
-    if data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "image/png"
-    if data[:6] in (b"GIF87a", b"GIF89a"):
-        return "image/gif"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
-    return None
 
 
 def _instead(msg: InboundMessage, notice: str) -> InboundMessage:

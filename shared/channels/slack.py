@@ -9,11 +9,22 @@ from __future__ import annotations
 
 import re
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from slack_sdk.signature import SignatureVerifier
 
-from shared.channels.base import BaseChannel, Bucket, Parsed, Rejected, SendResult, WebhookError, json_object
-from shared.channels.clients import PlatformError, body, check, http
+from shared.channels.base import (
+    IMAGE_TYPES,
+    MAX_IMAGE,
+    BaseChannel,
+    Bucket,
+    Parsed,
+    Rejected,
+    SendResult,
+    WebhookError,
+    json_object,
+)
+from shared.channels.clients import PlatformError, body, check, download, http
 from shared.channels.markdown import slack_mrkdwn
 from shared.contracts import InboundMessage
 from shared.settings import Settings
@@ -23,6 +34,7 @@ from shared.settings import Settings
 USER_SUBTYPES = {"file_share", "thread_broadcast", "me_message"}
 # Errors Slack reports with HTTP 200 and ok=false that go away on their own.
 TRANSIENT = {"internal_error", "fatal_error", "service_unavailable", "request_timeout", "ratelimited"}
+FILES_HOST = "files.slack.com"  # where files shared in Slack are downloaded from
 
 
 class SlackChannel(BaseChannel):
@@ -74,9 +86,10 @@ class SlackChannel(BaseChannel):
         if not (isinstance(text, str) and isinstance(channel, str) and isinstance(user, str) and isinstance(ts, str)):
             raise WebhookError(400, "message event without text, channel, user or ts")
         dm, event_id = channel.startswith("D"), f"{channel}:{ts}"  # a DM's channel id starts with D
-        if not text.strip():  # a file shared without a word: in a DM, say it cannot be read
+        media = _media(event.get("files"))
+        if not text.strip():  # a file shared without a word: only in a DM; one that cannot be read is said so
             return InboundMessage(channel=self.name, chat_id=channel, sender_id=user, content="", event_id=event_id,
-                                  unsupported="a file") if dm and subtype == "file_share" else None
+                                  unsupported="a file", media=media) if dm and subtype == "file_share" else None
         thread = event.get("thread_ts")
         if dm and not thread:  # a plain DM: the conversation is the DM itself
             session_key, reply_meta = f"slack:{channel}", {}
@@ -84,7 +97,17 @@ class SlackChannel(BaseChannel):
             root = str(thread or ts)
             session_key, reply_meta = f"slack:{channel}:{root}", {"thread_ts": root}
         return InboundMessage(channel=self.name, chat_id=channel, sender_id=user, content=plain(_strip(text, bot_user)),
-                              event_id=event_id, session_key=session_key, reply_meta=reply_meta, group=not dm)
+                              event_id=event_id, session_key=session_key, reply_meta=reply_meta, group=not dm,
+                              media=media if media and media["kind"] == "photo" else None)
+
+    def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
+        """The file's private download URL, with the bot token (the app needs the files:read scope). The
+        token goes to Slack's own hosts only, whatever a URL says."""
+        url = media["url"]
+        if urlsplit(url).hostname not in (FILES_HOST, urlsplit(self.cfg.api_base).hostname):
+            raise Rejected(f"slack file: not on {FILES_HOST}")
+        auth = {"Authorization": f"Bearer {self.secret('bot_token')}"}
+        return download(url, limit=limit, what="slack file", headers=auth), media["name"]
 
     # ------------------------------------------------------------------ outbound
 
@@ -111,6 +134,20 @@ class SlackChannel(BaseChannel):
                 raise PlatformError(f"slack chat.postMessage: {error}")
             raise Rejected(f"slack chat.postMessage: {error}")
         return SendResult(str(data.get("ts") or "") or None)
+
+
+def _media(files: object) -> dict[str, str] | None:
+    """The first photo (under MAX_IMAGE) or audio clip of a message's files, for the worker to fetch."""
+    for f in files if isinstance(files, list) else []:
+        if not (isinstance(f, dict) and isinstance(f.get("url_private_download"), str)):
+            continue
+        mime, size = str(f.get("mimetype", "")), f.get("size", 0)
+        kind = "photo" if mime in IMAGE_TYPES and isinstance(size, int) and size <= MAX_IMAGE else \
+            "audio" if mime.startswith("audio/") else None
+        if kind:
+            return {"kind": kind, "id": str(f.get("id", "")), "url": f["url_private_download"],
+                    "name": str(f.get("name") or "file")}
+    return None
 
 
 def _bot_user(payload: dict[str, Any]) -> str | None:

@@ -41,6 +41,7 @@ class FakeFeishu(FakePlatform):
         self.verification_token, self.encrypt_key = verification_token, encrypt_key
         self.tokens: set[str] = set()
         self.by_uuid: dict[str, str] = {}
+        self.resources: dict[tuple[str, str], tuple[bytes, str]] = {}  # (message id, key) -> content, type
         self.seq = itertools.count(1)
         super().__init__()
 
@@ -52,7 +53,8 @@ class FakeFeishu(FakePlatform):
     def routes(self) -> list[Route]:
         return [Route("/auth/v3/tenant_access_token/internal", self._token, methods=["POST"]),
                 Route("/im/v1/messages", self._message, methods=["POST"]),
-                Route("/bot/v3/info", self._bot_info, methods=["GET"])]
+                Route("/bot/v3/info", self._bot_info, methods=["GET"]),
+                Route("/im/v1/messages/{message_id}/resources/{key}", self._resource, methods=["GET"])]
 
     def chat_of(self, call: Call) -> str:
         return str(call.body.get("receive_id"))
@@ -125,6 +127,17 @@ class FakeFeishu(FakePlatform):
             mid = self.by_uuid.setdefault(body.get("uuid") or uuid.uuid4().hex, f"om_{next(self.seq)}")
         return 200, {"code": 0, "msg": "success", "data": {"message_id": mid, "chat_id": body["receive_id"]}}
 
+    async def _resource(self, request: Request) -> Response:
+        def serve(body: dict[str, Any], request: Request) -> tuple[int, Any]:
+            if request.headers.get("authorization", "").removeprefix("Bearer ") not in self.tokens:
+                self.refuse("a message resource with an invalid tenant access token")
+                return 400, {"code": 99991663, "msg": "Invalid access token for authorization"}
+            found = self.resources.get((request.path_params["message_id"], request.path_params["key"]))
+            if found is None or request.query_params.get("type") != found[1]:
+                return 400, {"code": 234003, "msg": "File not in msg."}
+            return 200, found[0]
+        return await self.answer("im.message.resource", request, serve)
+
     def rate_limit(self, times: int = 1) -> None:
         self.script("im.message.create", 429, {"code": 99991400, "msg": "request trigger frequency limit"},
                     headers={"x-ogw-ratelimit-reset": "1"}, times=times)
@@ -145,6 +158,14 @@ class FakeFeishu(FakePlatform):
                 "event": {"sender": {"sender_id": {"open_id": sender, "user_id": "u1", "union_id": "on_1"},
                                      "sender_type": "user", "tenant_key": "tk"},
                           "message": message}}
+
+    def image(self, *, chat: str, sender: str, event_id: str, image: bytes) -> dict[str, Any]:
+        """A private chat's image message, its image served as the message's resource."""
+        event = self.event(chat=chat, sender=sender, text="", event_id=event_id)
+        message, key = event["event"]["message"], f"img_v2_{next(self.seq)}"
+        message.update(message_type="image", content=json.dumps({"image_key": key}))
+        self.resources[(message["message_id"], key)] = (image, "image")
+        return event
 
     def mention(self, n: int, *, open_id: str | None = None, name: str | None = None) -> dict[str, Any]:
         """The `n`th mention of a message (`@_user_n` in its text): the bot unless `open_id` says whom."""

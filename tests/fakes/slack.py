@@ -25,10 +25,13 @@ class FakeSlack(FakePlatform):
     def __init__(self, bot_token: str, signing_secret: str) -> None:
         self.bot_token, self.signing_secret = bot_token, signing_secret
         self.seq = itertools.count(1)
+        self.files: dict[str, bytes] = {}  # file id -> content, at its url_private_download
+        self.downloads: list[str] = []
         super().__init__()
 
     def routes(self) -> list[Route]:
-        return [Route("/chat.postMessage", self._post, methods=["POST"])]
+        return [Route("/chat.postMessage", self._post, methods=["POST"]),
+                Route("/files-pri/{team_file}/download/{name}", self._download, methods=["GET"])]
 
     def chat_of(self, call: Call) -> str:
         return str(call.body.get("channel"))
@@ -52,6 +55,18 @@ class FakeSlack(FakePlatform):
             return 200, {"ok": False, "error": "msg_too_long"}
         return 200, {"ok": True, "channel": body["channel"], "ts": f"{int(time.time())}.{next(self.seq):06d}"}
 
+    async def _download(self, request: Request) -> Response:
+        def serve(body: dict[str, Any], request: Request) -> tuple[int, Any]:
+            if request.headers.get("authorization") != f"Bearer {self.bot_token}":
+                self.refuse("a file download without the bot token")
+                return 200, b"<!DOCTYPE html><html>Slack: sign in</html>"  # what Slack serves then
+            file_id = request.path_params["team_file"].removeprefix("T1-")
+            if file_id not in self.files:
+                return 404, b"file_not_found"
+            self.downloads.append(file_id)
+            return 200, self.files[file_id]
+        return await self.answer("files", request, serve)
+
     def rate_limit(self, retry_after: int = 1, times: int = 1) -> None:
         self.script("chat.postMessage", 429, {"ok": False, "error": "ratelimited"},
                     headers={"Retry-After": str(retry_after)}, times=times)
@@ -67,6 +82,17 @@ class FakeSlack(FakePlatform):
         return {"token": "x", "team_id": "T1", "api_app_id": "A1", "type": "event_callback", "event_id": event_id,
                 "event_time": int(time.time()), "event": event,
                 "authorizations": [{"team_id": "T1", "user_id": BOT_USER, "is_bot": True}]}
+
+    def file_share(self, *, channel: str, user: str, text: str, event_id: str, content: bytes, mimetype: str,
+                   name: str) -> dict[str, Any]:
+        """A direct message with a file, its download served with the bot token."""
+        file_id = f"F{len(self.files) + 1:04d}"
+        self.files[file_id] = content
+        shared = {"id": file_id, "name": name, "mimetype": mimetype, "size": len(content),
+                  "url_private": f"{self.url}/files-pri/T1-{file_id}/{name}",
+                  "url_private_download": f"{self.url}/files-pri/T1-{file_id}/download/{name}"}
+        return self.event(channel=channel, user=user, text=text, event_id=event_id, kind="message",
+                          subtype="file_share", files=[shared])
 
     def signed(self, payload: dict[str, Any], *, timestamp: int | None = None,
                secret: str | None = None) -> tuple[bytes, dict[str, str]]:

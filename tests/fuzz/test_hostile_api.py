@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from gateway.schemas import MAX_BODY
 from shared.db import get_engine
 from tests.support.stack import Stack
 
@@ -98,12 +99,12 @@ def test_a_422_does_not_echo_a_large_input(api: Any) -> None:
 
 def test_bodies_over_the_limit_are_413_and_nothing_is_stored(stack: Stack, api: Any) -> None:
     cid = api.post("/api/v1/conversations").json()["conversationId"]
-    huge = b'{"message": "' + b"a" * (3 * 1024 * 1024) + b'"}'
+    huge = b'{"message": "' + b"a" * (MAX_BODY + 1024 * 1024) + b'"}'
     assert _post_raw(api, f"/api/v1/conversations/{cid}/chat", huge).status_code == 413
 
     def streamed() -> Iterator[bytes]:  # no Content-Length: the limit counts what arrives
         yield b'{"message": "'
-        for _ in range(64):
+        for _ in range(MAX_BODY // (64 * 1024) + 16):
             yield b"a" * 64 * 1024
         yield b'"}'
 

@@ -1,13 +1,16 @@
-"""Photos sent in a chat, with a model that sees images (NANOFLEET_LLM__VISION), end to end: the fake
-Telegram and WhatsApp hand out the photo (getFile and /file/, the Graph API's media URL), the gateway
-and a real worker take it in, and the fake model reads it from the data URL litellm sends, as a vision
-model would, and names its type, size and sha256 in its echo."""
+"""Photos sent in a chat or to the API, with a model that sees images (NANOFLEET_LLM__VISION), end to
+end: the fake platforms hand out the photo (Telegram's getFile and /file/, WhatsApp's media URL, Slack's
+private download URL, Feishu's message resource), the gateway and a real worker take it in, and the
+fake model reads it from the data URL litellm sends, as a vision model would, and names its type, size
+and sha256 in its echo."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import struct
+import uuid
 import zlib
 from collections.abc import Iterator
 
@@ -87,3 +90,58 @@ def test_a_file_that_is_no_image_gets_a_notice_and_no_llm_call(channels: Channel
     channels.settled(chat)
     assert d.replies(chat) == [NOT_AN_IMAGE]
     assert fake_llm.calls() == 0 and channels.scalar("select count(*) from messages") == 0
+
+
+def test_the_api_takes_photos_as_data_urls(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    cid = channels.api.post("/api/v1/conversations").json()["conversationId"]
+    image, large = png(), png(1500, 1000) + b"\0" * (3 * 1024 * 1024)  # (a body over the old 2 MiB limit)
+    urls = [f"data:image/png;base64,{base64.b64encode(i).decode()}" for i in (image, large)]
+    answer = channels.api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "compare", "images": urls})
+    assert answer.status_code == 200, answer.text[:300]
+    assert answer.json()["assistantMessage"] == f"echo: compare {seen(image)} {seen(large)}"
+    alone = channels.api.post(f"/api/v1/conversations/{cid}/chat", json={"images": urls[:1]})
+    assert alone.json()["assistantMessage"] == f"echo: {seen(image)}"
+
+    refused = {
+        "not a data URL": ({"message": "x", "images": ["https://example.com/cat.png"]}, "images[0] is not a data URL"),
+        "the wrong type": ({"message": "x", "images": [urls[0].replace("png", "jpeg", 1)]}, "not the type its URL"),
+        "no image": ({"message": "x", "images": ["data:image/png;base64," + base64.b64encode(b"hi").decode()]},
+                     "no image/jpeg"),
+        "too many": ({"message": "x", "images": urls[:1] * 5}, "at most 4 items"),
+        "nothing": ({"message": " "}, "message is empty"),
+    }
+    for why, (body, says) in refused.items():
+        answer = channels.api.post(f"/api/v1/conversations/{cid}/messages", json=body)
+        assert answer.status_code == 422 and says in answer.text, (why, answer.text[:300])
+    assert channels.scalar("select count(*) from messages where conversation_id = :c and role = 'USER'", c=cid) == 2
+
+
+def test_a_slack_photo_is_fetched_with_the_bot_token_from_slack_only(channels: ChannelStack,
+                                                                      fake_llm: FakeLLM) -> None:
+    sl, d = channels.fakes["slack"], channels.driver("slack")
+    chat, image = f"D{uuid.uuid4().hex[:8].upper()}", png(5, 5)
+    shared = sl.file_share(channel=chat, user=d.allowed, text="", event_id="EvP1", content=image,
+                           mimetype="image/png", name="cat.png")
+    assert channels.post("slack", sl.signed(shared)).status_code == 200
+    channels.settled(chat)
+    assert d.replies(chat) == [f"echo: {seen(image)}"]
+    assert sl.refused == [] and len(sl.downloads) == 1
+
+    elsewhere = sl.file_share(channel=chat, user=d.allowed, text="and this?", event_id="EvP2", content=image,
+                              mimetype="image/png", name="dog.png")
+    elsewhere["event"]["files"][0]["url_private_download"] = "http://127.0.0.2:9/files-pri/T1-F9/download/dog.png"
+    assert channels.post("slack", sl.signed(elsewhere)).status_code == 200
+    channels.settled(chat, rows=2)
+    assert d.replies(chat)[-1] == "Sorry, I couldn't get your photo from slack (not on files.slack.com). " \
+                                  "Could you send it again?"
+    assert len(sl.downloads) == 1 and fake_llm.calls() == 1  # the bot token went nowhere else
+
+
+def test_a_feishu_image_is_fetched_as_its_message_resource(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    fs, d = channels.fakes["feishu"], channels.driver("feishu")
+    chat, image = d.new_chat(), png(7, 7)
+    event = fs.image(chat=chat, sender=d.allowed, event_id=uuid.uuid4().hex, image=image)
+    assert channels.post("feishu", fs.signed(event)).status_code == 200
+    channels.settled(chat)
+    assert d.replies(chat) == [f"echo: {seen(image)}"]
+    assert fs.refused == []  # with the tenant token, as type=image

@@ -5,6 +5,7 @@ spoken words themselves, which the fake model hands back."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,6 +56,17 @@ def test_a_whatsapp_voice_note_is_transcribed_and_answered(channels: ChannelStac
     assert w.replies(number)[-1] == f"echo: {HEARD}book a table for two"
     assert [t["filename"] for t in fake_llm.transcriptions] == ["media1.ogg"]
     assert wa.refused == []  # the download carried the access token
+
+
+def test_a_slack_audio_clip_in_a_direct_message_is_transcribed(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    sl, d = channels.fakes["slack"], channels.driver("slack")
+    chat = f"D{uuid.uuid4().hex[:8].upper()}"
+    clip = sl.file_share(channel=chat, user=d.allowed, text="", event_id="EvA1", content=b"call me back",
+                         mimetype="audio/webm", name="audio_message.webm")
+    assert channels.post("slack", sl.signed(clip)).status_code == 200
+    channels.settled(chat)
+    assert d.replies(chat) == [f"echo: {HEARD}call me back"]
+    assert [t["filename"] for t in fake_llm.transcriptions] == ["audio_message.webm"] and sl.refused == []
 
 
 def test_silence_a_failing_model_and_a_file_too_large_each_get_a_notice(channels: ChannelStack,

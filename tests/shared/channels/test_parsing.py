@@ -182,7 +182,7 @@ def test_a_whatsapp_message_older_than_its_retry_window_is_a_replay_and_ignored(
     assert [m.event_id for m in ch.parse({}, body(payload)).messages] == ["wamid.old"]
 
 
-def test_feishu_decrypts_and_keeps_only_text_addressed_to_the_bot() -> None:
+def test_feishu_decrypts_and_keeps_text_addressed_to_the_bot_and_private_attachments() -> None:
     fs, ch = FakeFeishu("cli", "s", "tok", "k"), FeishuChannel(S)
     assert decrypt(encrypt(b'{"a": 1}', "k"), "k") == b'{"a": 1}'
     raw, _ = fs.signed(fs.event(chat="oc_1", sender="ou_1", text="hi there", event_id="ev1"))
@@ -191,9 +191,17 @@ def test_feishu_decrypts_and_keeps_only_text_addressed_to_the_bot() -> None:
                                                                                   False)
     group = fs.event(chat="oc_2", sender="ou_1", text="no mention", event_id="ev2", chat_type="group")
     assert ch.parse({}, fs.signed(group)[0]).messages == []  # (mentions: tests/shared/channels/test_feishu.py)
-    image = fs.event(chat="oc_1", sender="ou_1", text="x", event_id="ev3")
-    image["event"]["message"]["message_type"] = "image"
-    assert ch.parse({}, fs.signed(image)[0]).messages == []
+    [image] = ch.parse({}, fs.signed(fs.image(chat="oc_1", sender="ou_1", event_id="ev3", image=b"x"))[0]).messages
+    message_id = image.reply_meta["message_id"]
+    assert (image.content, image.unsupported, image.media) == ("", "a photo", {"kind": "photo", "id": "img_v2_4",
+                                                                               "message": message_id})
+    sticker = fs.event(chat="oc_1", sender="ou_1", text="x", event_id="ev4")
+    sticker["event"]["message"].update(message_type="sticker", content='{"file_key": "s"}')
+    [told] = ch.parse({}, fs.signed(sticker)[0]).messages
+    assert (told.unsupported, told.media) == ("a sticker", None)  # (a notice)
+    in_group = fs.image(chat="oc_2", sender="ou_1", event_id="ev5", image=b"x")
+    in_group["event"]["message"]["chat_type"] = "group"
+    assert ch.parse({}, fs.signed(in_group)[0]).messages == []  # addressed to nobody
     with pytest.raises(WebhookError):
         ch.parse({}, body({"encrypt": "bm90IGEgY2lwaGVydGV4dA=="}))
 
