@@ -52,12 +52,12 @@ export class Client {
     return data;
   }
 
-  // The answer to `text`: {text, status, toolCalls}. A turn longer than the gateway's wait (504)
-  // is followed through its run until it ends; a message still waiting behind another turn then
-  // (no run yet) is answered later: {status: "queued"}.
-  async chat(conversationId, text) {
+  // The answer to `text` (and `images`, data URLs): {text, status, toolCalls}. A turn longer than
+  // the gateway's wait (504) is followed through its run until it ends; a message still waiting
+  // behind another turn then (no run yet) is answered later: {status: "queued"}.
+  async chat(conversationId, text, images = []) {
     const { status, data } = await this.call("POST", `/api/v1/conversations/${conversationId}/chat`,
-      { message: text });
+      images.length ? { message: text, images } : { message: text });
     if (status !== 504) {
       return { text: data.assistantMessage, status: data.status, toolCalls: data.toolCalls ?? [] };
     }
@@ -73,8 +73,8 @@ export class Client {
     for (let after = null; ;) {
       const { data } = await this.call("GET", after === null ? path : `${path}&after=${after}`);
       for (const m of data) {
-        if (m.type === "NORMAL" && !m.pending && ["USER", "ASSISTANT"].includes(m.role) && m.content.trim()) {
-          shown.push({ role: m.role, content: m.content });
+        if (m.type === "NORMAL" && !m.pending && ["USER", "ASSISTANT"].includes(m.role) && (m.content.trim() || m.images)) {
+          shown.push({ role: m.role, content: withPhotos(m.content, m.images ?? 0) });
         }
       }
       if (data.length < 1000) return shown;
@@ -223,10 +223,20 @@ function page() {
   async function send(event) {
     event.preventDefault();
     const text = $("text").value.trim();
-    if (!text || !client) return;
-    $("text").value = "";
+    const files = [...$("photos").files];
+    if ((!text && !files.length) || !client) return;
     $("send").disabled = true;
-    bubble("user", text);
+    let images;
+    try {
+      images = await Promise.all(files.map(dataUrl));
+    } catch (err) {
+      $("status").textContent = `could not read the photo: ${err}`;
+      $("send").disabled = false;
+      return;
+    }
+    $("text").value = "";
+    $("photos").value = "";
+    bubble("user", withPhotos(text, images.length));
     live = bubble("assistant pending", "");
     const picked = $("pick").selectedOptions[0];
     if (picked && !picked.dataset.titled && !text.startsWith("/")) {  // name it after its first message
@@ -234,7 +244,7 @@ function page() {
       client.rename(conversation, text.slice(0, TITLE_CHARS)).then(listConversations, () => {});
     }
     try {
-      const answer = await client.chat(conversation, text);
+      const answer = await client.chat(conversation, text, images);
       live.textContent = answer.status === "queued"
         ? "No answer yet: this message waits behind a turn that is still running. Its answer will be in the conversation (reload the page to see it)."
         : answer.text || (answer.status === "cancelled" ? "Stopped." : "");
@@ -264,6 +274,20 @@ function page() {
   $("new").addEventListener("click", () => open(null));
   $("pick").addEventListener("change", () => open($("pick").value));
   if ($("key").value) connect(new Event("submit"));
+}
+
+// A message's text, with the photos sent with it counted (the page does not show them again).
+export function withPhotos(text, count) {
+  return count ? `${text}${text ? " " : ""}[${count} photo${count > 1 ? "s" : ""}]` : text;
+}
+
+function dataUrl(file) {
+  return new Promise((done, failed) => {
+    const reader = new FileReader();
+    reader.onload = () => done(reader.result);
+    reader.onerror = () => failed(reader.error);
+    reader.readAsDataURL(file);
+  });
 }
 
 if (typeof document !== "undefined") page();

@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
+from shared.agent.prompt import NOT_SHOWN
 from tests.fakes.server import ThreadServer
 from tests.support.stack import API_KEY, Stack
 
@@ -37,19 +38,21 @@ def test_the_page_is_served_without_a_key_and_with_a_strict_policy(stack: Stack)
 def test_the_pages_client_chats_and_follows_the_event_stream(stack: Stack) -> None:
     server = ThreadServer(create_app(stack.settings)).start()
     try:
-        done = subprocess.run(["node", str(CLIENT), server.url, API_KEY, "hello", "call:time"],
+        done = subprocess.run(["node", str(CLIENT), server.url, API_KEY, "hello", "call:time", "photo:look"],
                               capture_output=True, text=True, timeout=90, check=False)
     finally:
         server.stop()
     assert done.returncode == 0, done.stderr
     out: dict[str, Any] = json.loads(done.stdout)
-    first, second = out["replies"]
+    first, second, photo = out["replies"]
     assert (first["text"], first["status"]) == ("echo: hello", "succeeded")
     assert [c["toolName"] for c in second["toolCalls"]] == ["time"] and second["status"] == "succeeded"
     events = out["events"]
-    assert events.count("run.started") == 2 and events.count("run.finished") == 2
+    assert photo["text"] == f"echo: {NOT_SHOWN.format(n=1)}\nlook"  # the stack's model sees no images
+    assert events.count("run.started") == 3 and events.count("run.finished") == 3
     assert events.index("tool.started") < events.index("tool.finished")
     assert [(m["role"], m["content"]) for m in out["history"]][:2] == [("USER", "hello"), ("ASSISTANT", "echo: hello")]
-    assert [m["role"] for m in out["history"]] == ["USER", "ASSISTANT", "USER", "ASSISTANT"]
+    assert [m["role"] for m in out["history"]] == ["USER", "ASSISTANT"] * 3
+    assert out["history"][4]["content"] == "look [1 photo]"
     assert out["unknown"] == 404
     assert out["listed"] == {"mine": True, "title": "hello"}

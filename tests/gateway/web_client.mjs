@@ -1,8 +1,11 @@
 // Drives the web page's client (gateway/web/chat.js) against a running gateway, as the page does:
 // node web_client.mjs BASE KEY MESSAGE... prints {"replies", "events", "history", "unknown", "listed"}
+// (a MESSAGE "photo:TEXT" is TEXT sent with a 1x1 PNG)
 // as JSON ("unknown": the HTTP status the history of a conversation that does not exist gets;
 // "listed": whether the conversation, named after its first message, is the newest one listed).
 import { ApiError, Client } from "../../gateway/web/chat.js";
+
+const PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAAAAAA6fptVAAAACklEQVR4nGNoAAAAggCBd81ytgAAAABJRU5ErkJggg==";
 
 const [base, key, ...messages] = process.argv.slice(2);
 const client = new Client(base, key);
@@ -21,13 +24,16 @@ const following = (async () => {
   }
 })();
 const replies = [];
-for (const message of messages) replies.push(await client.chat(conversation, message));
+for (const message of messages) {
+  const photo = message.startsWith("photo:");
+  replies.push(await client.chat(conversation, photo ? message.slice(6) : message, photo ? [PNG] : []));
+}
 const deadline = setTimeout(() => stop.abort(), 20000);
 await following;
 clearTimeout(deadline);
 stop.abort();
 const history = await client.history(conversation);
-await client.rename(conversation, messages[0]);
+await client.rename(conversation, messages[0]);  // (the page names it after the first message)
 const [newest] = await client.conversations();
 const listed = { mine: newest.conversationId === conversation, title: newest.title };
 const unknown = await client.history("no-such-conversation").then(() => 200, (err) => (err instanceof ApiError ? err.status : -1));
