@@ -77,15 +77,27 @@ class ConversationInfo(CamelModel):
     last_active_at: str
 
 
+# A data URL of an image a model takes, its bytes starting as that type's do (the base64 of its magic
+# number) and whole base64 after; the field's validator says which part a refused one gets wrong.
+_B64 = "(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
+IMAGE_URL = ("^data:image/(?:png;base64,iVBORw0KGg[o-r][A-Za-z0-9+/]|jpeg;base64,/9j/|gif;base64,R0lGOD[dl]h"
+             f"|webp;base64,UklGR[g-v][A-Za-z0-9+/]{{4}}[BFJNRVZdhlptx159]XRUJQ){_B64}$")
+IMAGE_URL_CHARS = len("data:image/jpeg;base64,") + 4 * (MAX_IMAGE // 3)  # (decodes to MAX_IMAGE bytes at most)
+
+
 class ChatIn(RequestBody):
-    message: Text = Field(default="", max_length=MAX_MESSAGE, description="the text; may be empty with images")
-    images: list[str] = Field(default_factory=list, max_length=MAX_IMAGES, description=(
-        "photos sent with the message, as data URLs (data:image/png;base64,...): JPEG, PNG, GIF or WebP, "
-        "5 MB each at most; shown to the model of the turn that answers, if it sees images"))
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        {"required": ["message"], "properties": {"message": {"minLength": 1}}},
+        {"required": ["images"], "properties": {"images": {"minItems": 1}}}]})
+
+    message: Text = Field(default="", max_length=MAX_MESSAGE, description="the text; may be left out with images")
+    images: list[Annotated[str, Field(max_length=IMAGE_URL_CHARS, json_schema_extra={"pattern": IMAGE_URL})]] = Field(
+        default_factory=list, max_length=MAX_IMAGES, description=(
+            "photos sent with the message, as data URLs (data:image/png;base64,...): JPEG, PNG, GIF or WebP, "
+            "5 MB each at most; shown to the model of the turn that answers, if it sees images"))
     model: Text | None = Field(default=None, max_length=200, description=(
         "a profile name or a litellm model string (422 when NANOFLEET_LLM__ALLOWED_MODELS is set and it is "
         "neither the default, a profile, nor listed there)"))
-
 
     @field_validator("images")
     @classmethod
@@ -96,7 +108,7 @@ class ChatIn(RequestBody):
 
     @model_validator(mode="after")
     def _said_something(self) -> ChatIn:
-        if not self.message.strip() and not self.images:
+        if not self.message and not self.images:
             raise ValueError("message is empty: send some text, or images")
         return self
 

@@ -138,6 +138,7 @@ def _llm_step(rt: Runtime, run_id: str, seq: int, owner: str) -> list[Next]:
                             seconds=rt.settings.runtime.lease_seconds)
         if run is None:
             return []
+        _forget_retired_model(rt, s, run)
         if run.iteration >= run.max_iterations:  # messages that came meanwhile stay for the next turn
             bounded = finish(rt, s, run, status=RunStatus.SUCCEEDED, text=bound_message(run.max_iterations))
         else:
@@ -155,6 +156,18 @@ def _llm_step(rt: Runtime, run_id: str, seq: int, owner: str) -> list[Next]:
     keeper = lease.keeper(rt.settings.database_url, rt.settings.runtime.lease_seconds)
     with keeper.hold(run_id, owner=owner, taken=acquired):
         return _call(rt, run, seq, messages, tools, kept)
+
+
+def _forget_retired_model(rt: Runtime, s: Session, run: Run) -> None:
+    """A run that took its chat's /model choice, a profile the operator has since removed, runs on the
+    default model (its chat's /model says so) instead of failing every turn until someone notices."""
+    if run.model is None or run.model in rt.settings.llm.profiles or "/" in run.model:
+        return
+    if conversations.chosen_model(s, run.conversation_id) == run.model:
+        log.warning("run %s: its chat chose model %r, which is no longer a profile; the default model answers",
+                    run.id, run.model)
+        run.model = None
+        s.add(run)
 
 
 def _call(rt: Runtime, run: Run, seq: int, messages: list[dict[str, Any]], tools: list[dict[str, Any]],

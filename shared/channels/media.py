@@ -29,9 +29,9 @@ def _kinds(rt: Runtime) -> list[str]:
     return [*(AUDIO if rt.settings.llm.transcription_model else ()), *(("photo",) if images.wanted(rt) else ())]
 
 
-def _fetched(kinds: list[str]) -> ColumnElement[bool]:
-    fetched: ColumnElement[bool] = LEDGER.c.message["media"]["kind"].astext.in_(kinds)
-    return fetched
+def _to_fetch(kinds: list[str]) -> ColumnElement[bool]:
+    kind: ColumnElement[bool] = LEDGER.c.message["media"]["kind"].astext.in_(kinds)
+    return kind
 
 
 def unprepared(rt: Runtime, event_ids: list[int]) -> set[int]:
@@ -39,7 +39,7 @@ def unprepared(rt: Runtime, event_ids: list[int]) -> set[int]:
     if not (kinds := _kinds(rt)):
         return set()
     with rt.session() as s:
-        return set(s.execute(select(LEDGER.c.id).where(LEDGER.c.id.in_(event_ids), _fetched(kinds))).scalars())
+        return set(s.execute(select(LEDGER.c.id).where(LEDGER.c.id.in_(event_ids), _to_fetch(kinds))).scalars())
 
 
 def ahead(rt: Runtime, event_id: int) -> None:
@@ -49,7 +49,7 @@ def ahead(rt: Runtime, event_id: int) -> None:
     if not (kinds := _kinds(rt)):
         return
     with rt.session() as s:
-        stored = s.execute(select(LEDGER.c.message).where(LEDGER.c.id == event_id, _fetched(kinds))).scalar()
+        stored = s.execute(select(LEDGER.c.message).where(LEDGER.c.id == event_id, _to_fetch(kinds))).scalar()
     if stored is None:
         return
     try:

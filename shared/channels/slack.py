@@ -103,11 +103,11 @@ class SlackChannel(BaseChannel):
     def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
         """The file's private download URL, with the bot token (the app needs the files:read scope). The
         token goes to Slack's own hosts only, whatever a URL says."""
-        url = media["url"]
-        if urlsplit(url).hostname not in (FILES_HOST, urlsplit(self.cfg.api_base).hostname):
+        url, api = urlsplit(media["url"]), urlsplit(self.cfg.api_base)
+        if (url.scheme, url.hostname) not in (("https", FILES_HOST), (api.scheme, api.hostname)):
             raise Rejected(f"slack file: not on {FILES_HOST}")
         auth = {"Authorization": f"Bearer {self.secret('bot_token')}"}
-        return download(url, limit=limit, what="slack file", headers=auth), media["name"]
+        return download(media["url"], limit=limit, what="slack file", headers=auth), media["name"]
 
     # ------------------------------------------------------------------ outbound
 

@@ -108,7 +108,7 @@ def test_the_api_takes_photos_as_data_urls(channels: ChannelStack, fake_llm: Fak
         "no image": ({"message": "x", "images": ["data:image/png;base64," + base64.b64encode(b"hi").decode()]},
                      "no image/jpeg"),
         "too many": ({"message": "x", "images": urls[:1] * 5}, "at most 4 items"),
-        "nothing": ({"message": " "}, "message is empty"),
+        "nothing": ({}, "message is empty"),
     }
     for why, (body, says) in refused.items():
         answer = channels.api.post(f"/api/v1/conversations/{cid}/messages", json=body)

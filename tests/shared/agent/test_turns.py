@@ -6,7 +6,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy import text as sql
+
 from shared.agent.steps import EMPTY_ANSWER
+from shared.db import get_engine
 from tests.fakes.llm import FakeLLM, Reply, default_handler
 from tests.support.stack import Stack, api_client
 
@@ -196,6 +199,13 @@ def test_a_chat_chooses_its_model_among_the_profiles(make_stack: Callable[..., S
         assert say(api, cid, "five") == "echo: five"
         assert [r["model"] for r in fake_llm.requests] == [
             "cheap-model", "cheap-model", "fake-model", "asked-model", "fake-model"]
+        say(api, cid, "/model cheap")
+        with get_engine(s.settings.database_url).begin() as conn:  # as if the operator removed the profile since
+            conn.execute(sql("""update conversations set meta = meta || '{"model": "retired"}' where id = :c"""),
+                         {"c": cid})
+        assert say(api, cid, "six") == "echo: six"  # on the default model, not failing
+        assert fake_llm.requests[-1]["model"] == "fake-model"
+        assert "'retired', which is no longer configured" in say(api, cid, "/model")
 
 
 def test_usage_in_chat_is_what_the_runs_recorded(stack: Stack, api: Any) -> None:
