@@ -69,6 +69,10 @@ class InboundMessage(BaseModel):
     def key(self) -> str:
         return self.session_key or f"{self.channel}:{self.chat_id}"
 
+    def answered(self, notice: str) -> InboundMessage:
+        """This message with `notice` to answer instead of a turn (its attachment dropped)."""
+        return self.model_copy(update={"media": None, "notice": notice})
+
 
 class OutboundMessage(BaseModel):
     """Text to deliver to one chat on one channel."""

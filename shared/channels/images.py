@@ -10,13 +10,11 @@ import base64
 import logging
 
 from shared.agent.runtime import Runtime
-from shared.channels.base import MAX_IMAGE, Rejected, image_type
-from shared.channels.delivery import channel_for
+from shared.channels.base import image_type
 from shared.contracts import InboundMessage
 
 log = logging.getLogger(__name__)
 UNSEEN = "[The user sent a photo with this message; you cannot see images.]\n"
-NOT_FETCHED = "Sorry, I couldn't get your photo from {channel} ({why}). Could you send it again?"
 NOT_AN_IMAGE = "Sorry, I can only look at JPEG, PNG, GIF and WebP images. Could you send it as one of those?"
 
 
@@ -25,22 +23,13 @@ def wanted(rt: Runtime) -> bool:
     return any(rt.llm.sees_images(model) for model in (None, *rt.settings.llm.profiles))
 
 
-def fetched(rt: Runtime, msg: InboundMessage) -> InboundMessage:
-    """`msg` with its photo, or with the notice its sender gets instead. A fault that may pass (the
-    platform or the network) raises, and the submission is tried again."""
-    assert msg.media is not None
-    ch = channel_for(rt.settings, msg.channel)
-    try:
-        if ch is None:
-            raise Rejected(f"{msg.channel} is not configured here")
-        data, _ = ch.fetch_media(msg.media, MAX_IMAGE)
-    except Rejected as err:
-        log.warning("inbound event %s: its photo could not be fetched: %s", msg.event_id, err)
-        return _instead(msg, NOT_FETCHED.format(channel=msg.channel, why=str(err).split(": ", 1)[-1][:200]))
+def attached(msg: InboundMessage, data: bytes) -> InboundMessage:
+    """`msg` with its photo (fetched by shared.channels.media), or with the notice its sender gets
+    when it is no image a model takes."""
     mime = image_type(data)
     if mime is None:
         log.warning("inbound event %s: its photo is no image a model takes (%d bytes)", msg.event_id, len(data))
-        return _instead(msg, NOT_AN_IMAGE)
+        return msg.answered(NOT_AN_IMAGE)
     log.info("inbound event %s: photo of %d bytes fetched (%s)", msg.event_id, len(data), mime)
     image = {"mime": mime, "data": base64.b64encode(data).decode()}
     return msg.model_copy(update={"media": None, "unsupported": None, "images": [*msg.images, image]})
@@ -52,7 +41,3 @@ def unseen(msg: InboundMessage) -> InboundMessage:
     if not msg.content.strip():
         return msg.model_copy(update={"media": None})
     return msg.model_copy(update={"media": None, "content": UNSEEN + msg.content})
-
-
-def _instead(msg: InboundMessage, notice: str) -> InboundMessage:
-    return msg.model_copy(update={"media": None, "notice": notice})

@@ -14,6 +14,8 @@ from sqlalchemy import ColumnElement, select, update
 
 from shared.agent.runtime import Runtime
 from shared.channels import images, voice
+from shared.channels.base import MAX_IMAGE, Rejected
+from shared.channels.delivery import channel_for
 from shared.contracts import InboundMessage
 from shared.db import table_of
 from shared.models import InboundEvent
@@ -22,6 +24,7 @@ log = logging.getLogger(__name__)
 LEDGER = table_of(InboundEvent)
 AUDIO = ("voice", "audio")
 UNPREPARED = LEDGER.c.message["media"].astext.is_not(None)  # pending, its attachment not fetched yet
+NOT_FETCHED = "Sorry, I couldn't get your {what} from {channel} ({why}). {ask}"
 
 
 def _kinds(rt: Runtime) -> list[str]:
@@ -67,7 +70,27 @@ def prepared(rt: Runtime, msg: InboundMessage) -> InboundMessage:
     """`msg` with its attachment made into what the model takes, or with the notice its sender gets."""
     kind = (msg.media or {}).get("kind")
     if kind in AUDIO and rt.settings.llm.transcription_model:
-        return voice.transcribed(rt, msg)
+        audio = _fetch(rt, msg, voice.MAX_AUDIO, "voice message", "Could you write it out?")
+        return audio if isinstance(audio, InboundMessage) else voice.transcribed(rt, msg, *audio)
     if kind == "photo":
-        return images.fetched(rt, msg) if images.wanted(rt) else images.unseen(msg)
+        if not images.wanted(rt):
+            return images.unseen(msg)
+        photo = _fetch(rt, msg, MAX_IMAGE, "photo", "Could you send it again?")
+        return photo if isinstance(photo, InboundMessage) else images.attached(msg, photo[0])
     return msg.model_copy(update={"media": None})  # its notice says that only text is read
+
+
+def _fetch(rt: Runtime, msg: InboundMessage, limit: int, what: str, ask: str) -> tuple[bytes, str] | InboundMessage:
+    """The attachment's bytes and file name, or `msg` with the notice its sender gets when the platform
+    refuses it (too large, gone). A fault that may pass (the platform or the network) raises, and the
+    submission is tried again."""
+    assert msg.media is not None
+    ch = channel_for(rt.settings, msg.channel)
+    try:
+        if ch is None:
+            raise Rejected(f"{msg.channel} is not configured here")
+        return ch.fetch_media(msg.media, limit)
+    except Rejected as err:
+        log.warning("inbound event %s: its %s could not be fetched: %s", msg.event_id, what, err)
+        why = str(err).split(": ", 1)[-1][:200]
+        return msg.answered(NOT_FETCHED.format(what=what, channel=msg.channel, why=why, ask=ask))
