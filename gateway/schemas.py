@@ -10,11 +10,10 @@ from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from shared.channels.base import IMAGE_TYPES, MAX_IMAGE, image_type
+from shared.channels.base import IMAGE_TYPES, MAX_IMAGE, MAX_IMAGES, image_type
 from shared.contracts import NO_NUL
 
 MAX_MESSAGE = 100_000  # characters
-MAX_IMAGES = 4  # photos with one message
 # The largest body the REST API reads (gateway/app.py answers 413 past it): a photo of the largest size
 # a model is shown (5 MB, 6.7 MB as base64) with a message. (The longest message alone is 100,000
 # characters; written as JSON \u escapes of characters outside the BMP, 12 bytes each, 1.2 MB.)

@@ -61,6 +61,9 @@ class InboundMessage(BaseModel):
     # platform's file id}): the worker fetches it, and a transcription model's words become the content;
     # a photo goes to a model that sees images (shared.channels.media).
     media: dict[str, str] | None = None
+    # The message's further photos (a Feishu post or a Slack message may hold several), fetched after
+    # `media`, in order.
+    more_media: list[dict[str, str]] = Field(default_factory=list)
     # The photos fetched, each {"mime": "image/jpeg", "data": base64}, on their way to the conversation.
     images: list[dict[str, str]] = Field(default_factory=list)
     # What to answer instead of a turn (a voice message that could not be transcribed: why).
@@ -71,7 +74,7 @@ class InboundMessage(BaseModel):
 
     def answered(self, notice: str) -> InboundMessage:
         """This message with `notice` to answer instead of a turn (its attachment dropped)."""
-        return self.model_copy(update={"media": None, "notice": notice})
+        return self.model_copy(update={"media": None, "more_media": [], "notice": notice})
 
 
 class OutboundMessage(BaseModel):

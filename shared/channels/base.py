@@ -127,6 +127,7 @@ class Channel(Protocol):
 # cap; OpenAI's is 20 MB). A platform's larger sizes of a photo are passed over for one under it.
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 MAX_IMAGE = 5 * 1024 * 1024
+MAX_IMAGES = 4  # photos with one message: a platform's further ones are passed over
 
 
 def image_type(data: bytes) -> str | None:

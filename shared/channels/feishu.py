@@ -1,7 +1,8 @@
 """Feishu / Lark: event subscription in (url_verification, verification token, optional AES-256-CBC
-encrypted bodies with a request signature, event_id dedupe; in groups only messages that @-mention
-the bot, whose open_id is asked of bot/v3/info), text replies out through the IM message API with a
-tenant access token cached in Redis and refreshed."""
+encrypted bodies with a request signature, event_id dedupe; text and rich-text (post) messages, with
+a post's photos; in groups only messages that @-mention the bot, whose open_id is asked of
+bot/v3/info), text replies out through the IM message API with a tenant access token cached in Redis
+and refreshed."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from shared.channels.base import (
+    MAX_IMAGES,
     BaseChannel,
     Bucket,
     Parsed,
@@ -123,8 +125,10 @@ class FeishuChannel(BaseChannel):
             raise WebhookError(400, "message event without message or sender")
         if sender.get("sender_type") not in (None, "user"):
             return None
-        if msg.get("message_type") != "text":
+        kind = msg.get("message_type")
+        if kind not in ("text", "post"):
             return self._attachment(event_id, msg, sender)
+        text, photos = _text(msg.get("content")) if kind == "text" else _post(msg.get("content"))
         mentions = [m for m in msg.get("mentions") or [] if isinstance(m, dict) and isinstance(m.get("key"), str)]
         group = msg.get("chat_type") == "group"
         if group and not mentions:
@@ -133,13 +137,19 @@ class FeishuChannel(BaseChannel):
         ours = {m["key"] for m in mentions if bot and (m.get("id") or {}).get("open_id") == bot}
         if group and not ours:
             return None  # they mention someone else (the app may read every group message)
-        open_id = (sender.get("sender_id") or {}).get("open_id")
-        chat_id, text = msg.get("chat_id"), _text(msg.get("content"))
-        if not (isinstance(open_id, str) and isinstance(chat_id, str)) or text is None:
-            raise WebhookError(400, "message without sender open_id, chat_id or text content")
-        return InboundMessage(channel=self.name, chat_id=chat_id, sender_id=open_id,
-                              content=_named(text, mentions, drop=ours), event_id=event_id,
-                              reply_meta={"message_id": msg.get("message_id")}, group=group)
+        open_id, chat_id, message_id = (sender.get("sender_id") or {}).get("open_id"), msg.get("chat_id"), \
+            msg.get("message_id")
+        if not (isinstance(open_id, str) and isinstance(chat_id, str)) or text is None \
+                or (photos and not isinstance(message_id, str)):
+            raise WebhookError(400, f"message without sender open_id, chat_id or {kind} content")
+        media = [{"kind": "photo", "id": key, "message": str(message_id)} for key in photos[:MAX_IMAGES]]
+        content = _named(text, mentions, drop=ours)
+        if kind == "post" and not (content or media):
+            return None  # nothing we read (a post of a video alone, say)
+        return InboundMessage(channel=self.name, chat_id=chat_id, sender_id=open_id, content=content,
+                              event_id=event_id, reply_meta={"message_id": message_id}, group=group,
+                              unsupported=MEDIA["image"] if media and not content else None,
+                              media=media[0] if media else None, more_media=media[1:])
 
     def _attachment(self, event_id: str, msg: dict[str, Any], sender: dict[str, Any]) -> InboundMessage | None:
         """A message without text in a private chat: a photo or voice message for the worker to fetch, or
@@ -233,12 +243,14 @@ class FeishuChannel(BaseChannel):
 
 
 _MENTION = re.compile(r"([ \t]*)(@_user_\d+)")  # Feishu's placeholder for a mention in a message's text
+_LEADING = re.compile(r"(?m)^[ \t]*(@_user_\d+)[ \t]*")  # one that begins a line
 
 
 def _named(text: str, mentions: list[dict[str, Any]], *, drop: set[str]) -> str:
     """The text with its mention placeholders (@_user_1) as the names they stand for; the bot's own
-    (`drop`) go, with the blank before them."""
+    (`drop`) go, with the blank before them (after them, at the start of a line)."""
     names = {m["key"]: str(m.get("name") or "someone") for m in mentions}
+    text = _LEADING.sub(lambda m: "" if m.group(1) in drop else m.group(0), text)  # with the blank after
 
     def named(m: re.Match[str]) -> str:
         key = m.group(2)
@@ -249,14 +261,63 @@ def _named(text: str, mentions: list[dict[str, Any]], *, drop: set[str]) -> str:
     return _MENTION.sub(named, text).strip()
 
 
-def _text(content: object) -> str | None:
-    """A text message's content is itself JSON: {"text": "..."}."""
+def _content(content: object) -> dict[str, Any]:
+    """A message's content is itself JSON (an object), or {}."""
     try:
         data = json.loads(content) if isinstance(content, str) else None
     except ValueError:
-        return None
-    text = data.get("text") if isinstance(data, dict) else None
-    return text if isinstance(text, str) else None
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _text(content: object) -> tuple[str | None, list[str]]:
+    """A text message's text ({"text": "..."}), and no photos."""
+    text = _content(content).get("text")
+    return (text if isinstance(text, str) else None), []
+
+
+def _post(content: object) -> tuple[str | None, list[str]]:
+    """A rich-text message's text, as Markdown where it has some (links, code blocks), its mentions
+    left as their placeholders, and the keys of its images. Feishu sends {"title", "content": [[element,
+    ...], ...]}, one list per paragraph; the send API's shape, in a language ({"zh_cn": {...}}), is read
+    too."""
+    post = _content(content)
+    post = post.get("post", post) if isinstance(post.get("post"), dict) else post
+    if not isinstance(post.get("content"), list):  # in a language: the first that has content
+        post = next((v for v in post.values() if isinstance(v, dict) and isinstance(v.get("content"), list)), {})
+    paragraphs = post.get("content")
+    if not isinstance(paragraphs, list):
+        return None, []
+    lines, photos = [str(post["title"])] if post.get("title") else [], list[str]()
+    for paragraph in paragraphs:
+        parts = [_element(e, photos) for e in paragraph if isinstance(e, dict)] if isinstance(paragraph, list) else []
+        if any(parts):
+            lines.append("".join(parts))
+    return "\n".join(lines).strip(), photos
+
+
+def _element(e: dict[str, Any], photos: list[str]) -> str:
+    """One element of a rich-text paragraph as text; an image's key goes to `photos`."""
+    tag, text = e.get("tag"), str(e.get("text") or "")
+    if tag == "img":
+        if isinstance(e.get("image_key"), str):
+            photos.append(e["image_key"])
+        return ""
+    if tag == "a":
+        href = str(e.get("href") or "")
+        return f"[{text}]({href})" if text and href and text != href else href or text
+    if tag == "at":  # "@_user_1", as in a text message, named (or dropped, for the bot) by _named
+        user = str(e.get("user_id") or "")
+        return user if _MENTION.fullmatch(user) else f"@{e.get('user_name') or user or 'someone'}"
+    if tag == "code_block":
+        return f"\n```{str(e.get('language') or '').lower()}\n{text.rstrip()}\n```\n"
+    if tag == "emotion":
+        return f"[{e.get('emoji_type') or 'emoji'}]"
+    if tag == "hr":
+        return "\n---\n"
+    if tag == "media":
+        return "[a video]"
+    return text  # text, md and whatever else carries text
 
 
 def _check(response: httpx.Response, data: dict[str, Any], *, what: str) -> None:

@@ -15,6 +15,7 @@ from shared.contracts import InboundMessage
 
 log = logging.getLogger(__name__)
 UNSEEN = "[The user sent a photo with this message; you cannot see images.]\n"
+UNSEEN_SOME = "[The user sent {n} photos with this message; you cannot see images.]\n"
 NOT_AN_IMAGE = "Sorry, I can only look at JPEG, PNG, GIF and WebP images. Could you send it as one of those?"
 
 
@@ -36,8 +37,9 @@ def attached(msg: InboundMessage, data: bytes) -> InboundMessage:
 
 
 def unseen(msg: InboundMessage) -> InboundMessage:
-    """`msg` for a model that sees no images: its caption, saying a photo came with it (a photo
-    alone keeps `unsupported`: its sender is told that only text is read)."""
+    """`msg` for a model that sees no images: its caption, saying photos came with it (photos
+    alone keep `unsupported`: their sender is told that only text is read)."""
     if not msg.content.strip():
-        return msg.model_copy(update={"media": None})
-    return msg.model_copy(update={"media": None, "content": UNSEEN + msg.content})
+        return msg.model_copy(update={"media": None, "more_media": []})
+    said = UNSEEN if not msg.more_media else UNSEEN_SOME.format(n=1 + len(msg.more_media))
+    return msg.model_copy(update={"media": None, "more_media": [], "content": said + msg.content})

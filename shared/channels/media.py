@@ -67,7 +67,16 @@ def ahead(rt: Runtime, event_id: int) -> None:
 
 
 def prepared(rt: Runtime, msg: InboundMessage) -> InboundMessage:
-    """`msg` with its attachment made into what the model takes, or with the notice its sender gets."""
+    """`msg` with its attachments made into what the model takes, or with the notice its sender gets
+    (for the first that could not be)."""
+    msg = _prepared(rt, msg)
+    while msg.more_media and msg.notice is None:
+        msg = _prepared(rt, msg.model_copy(update={"media": msg.more_media[0], "more_media": msg.more_media[1:]}))
+    return msg
+
+
+def _prepared(rt: Runtime, msg: InboundMessage) -> InboundMessage:
+    """`msg` with its attachment `media` done with."""
     kind = (msg.media or {}).get("kind")
     if kind in AUDIO and rt.settings.llm.transcription_model:
         audio = _fetch(rt, msg, voice.MAX_AUDIO, "voice message", "Could you write it out?")
@@ -77,7 +86,7 @@ def prepared(rt: Runtime, msg: InboundMessage) -> InboundMessage:
             return images.unseen(msg)
         photo = _fetch(rt, msg, MAX_IMAGE, "photo", "Could you send it again?")
         return photo if isinstance(photo, InboundMessage) else images.attached(msg, photo[0])
-    return msg.model_copy(update={"media": None})  # its notice says that only text is read
+    return msg.model_copy(update={"media": None, "more_media": []})  # its notice says that only text is read
 
 
 def _fetch(rt: Runtime, msg: InboundMessage, limit: int, what: str, ask: str) -> tuple[bytes, str] | InboundMessage:

@@ -16,6 +16,7 @@ from slack_sdk.signature import SignatureVerifier
 from shared.channels.base import (
     IMAGE_TYPES,
     MAX_IMAGE,
+    MAX_IMAGES,
     BaseChannel,
     Bucket,
     Parsed,
@@ -89,7 +90,9 @@ class SlackChannel(BaseChannel):
         media = _media(event.get("files"))
         if not text.strip():  # a file shared without a word: only in a DM; one that cannot be read is said so
             return InboundMessage(channel=self.name, chat_id=channel, sender_id=user, content="", event_id=event_id,
-                                  unsupported="a file", media=media) if dm and subtype == "file_share" else None
+                                  unsupported="a file", media=media[0] if media else None, more_media=media[1:]) \
+                if dm and subtype == "file_share" else None
+        photos = [m for m in media if m["kind"] == "photo"]
         thread = event.get("thread_ts")
         if dm and not thread:  # a plain DM: the conversation is the DM itself
             session_key, reply_meta = f"slack:{channel}", {}
@@ -98,7 +101,7 @@ class SlackChannel(BaseChannel):
             session_key, reply_meta = f"slack:{channel}:{root}", {"thread_ts": root}
         return InboundMessage(channel=self.name, chat_id=channel, sender_id=user, content=plain(_strip(text, bot_user)),
                               event_id=event_id, session_key=session_key, reply_meta=reply_meta, group=not dm,
-                              media=media if media and media["kind"] == "photo" else None)
+                              media=photos[0] if photos else None, more_media=photos[1:])
 
     def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
         """The file's private download URL, with the bot token (the app needs the files:read scope). The
@@ -136,8 +139,10 @@ class SlackChannel(BaseChannel):
         return SendResult(str(data.get("ts") or "") or None)
 
 
-def _media(files: object) -> dict[str, str] | None:
-    """The first photo (under MAX_IMAGE) or audio clip of a message's files, for the worker to fetch."""
+def _media(files: object) -> list[dict[str, str]]:
+    """A message's photos (under MAX_IMAGE; MAX_IMAGES at most) for the worker to fetch, or else its
+    first audio clip."""
+    found: list[dict[str, str]] = []
     for f in files if isinstance(files, list) else []:
         if not (isinstance(f, dict) and isinstance(f.get("url_private_download"), str)):
             continue
@@ -145,9 +150,10 @@ def _media(files: object) -> dict[str, str] | None:
         kind = "photo" if mime in IMAGE_TYPES and isinstance(size, int) and size <= MAX_IMAGE else \
             "audio" if mime.startswith("audio/") else None
         if kind:
-            return {"kind": kind, "id": str(f.get("id", "")), "url": f["url_private_download"],
-                    "name": str(f.get("name") or "file")}
-    return None
+            found.append({"kind": kind, "id": str(f.get("id", "")), "url": f["url_private_download"],
+                          "name": str(f.get("name") or "file")})
+    photos = [m for m in found if m["kind"] == "photo"][:MAX_IMAGES]
+    return photos or found[:1]
 
 
 def _bot_user(payload: dict[str, Any]) -> str | None:

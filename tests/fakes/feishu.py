@@ -167,6 +167,21 @@ class FakeFeishu(FakePlatform):
         self.resources[(message["message_id"], key)] = (image, "image")
         return event
 
+    def post(self, *, chat: str, sender: str, event_id: str, title: str = "",
+             paragraphs: list[list[dict[str, Any]]], images: tuple[bytes, ...] = (), chat_type: str = "p2p",
+             mentions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """A rich-text message as Feishu sends it ({"title", "content": paragraphs}), each image a paragraph
+        of its own after them, served as the message's resource."""
+        event = self.event(chat=chat, sender=sender, text="", event_id=event_id, chat_type=chat_type,
+                           mentions=mentions)
+        message, content = event["event"]["message"], [list(p) for p in paragraphs]
+        for image in images:
+            key = f"img_v3_{next(self.seq)}"
+            self.resources[(message["message_id"], key)] = (image, "image")
+            content.append([{"tag": "img", "image_key": key, "width": 3, "height": 2}])
+        message.update(message_type="post", content=json.dumps({"title": title, "content": content}))
+        return event
+
     def mention(self, n: int, *, open_id: str | None = None, name: str | None = None) -> dict[str, Any]:
         """The `n`th mention of a message (`@_user_n` in its text): the bot unless `open_id` says whom."""
         who = open_id or self.bot_open_id

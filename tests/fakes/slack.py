@@ -84,15 +84,18 @@ class FakeSlack(FakePlatform):
                 "authorizations": [{"team_id": "T1", "user_id": BOT_USER, "is_bot": True}]}
 
     def file_share(self, *, channel: str, user: str, text: str, event_id: str, content: bytes, mimetype: str,
-                   name: str) -> dict[str, Any]:
-        """A direct message with a file, its download served with the bot token."""
-        file_id = f"F{len(self.files) + 1:04d}"
-        self.files[file_id] = content
-        shared = {"id": file_id, "name": name, "mimetype": mimetype, "size": len(content),
-                  "url_private": f"{self.url}/files-pri/T1-{file_id}/{name}",
-                  "url_private_download": f"{self.url}/files-pri/T1-{file_id}/download/{name}"}
+                   name: str, also: tuple[bytes, ...] = ()) -> dict[str, Any]:
+        """A direct message with a file (and `also`, more of its type), downloads served with the bot token."""
+        shared = []
+        for n, data in enumerate((content, *also)):
+            file_id = f"F{len(self.files) + 1:04d}"
+            self.files[file_id] = data
+            called = name if n == 0 else f"{n}-{name}"
+            shared.append({"id": file_id, "name": called, "mimetype": mimetype, "size": len(data),
+                           "url_private": f"{self.url}/files-pri/T1-{file_id}/{called}",
+                           "url_private_download": f"{self.url}/files-pri/T1-{file_id}/download/{called}"})
         return self.event(channel=channel, user=user, text=text, event_id=event_id, kind="message",
-                          subtype="file_share", files=[shared])
+                          subtype="file_share", files=shared)
 
     def signed(self, payload: dict[str, Any], *, timestamp: int | None = None,
                secret: str | None = None) -> tuple[bytes, dict[str, str]]:

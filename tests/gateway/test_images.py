@@ -145,3 +145,32 @@ def test_a_feishu_image_is_fetched_as_its_message_resource(channels: ChannelStac
     channels.settled(chat)
     assert d.replies(chat) == [f"echo: {seen(image)}"]
     assert fs.refused == []  # with the tenant token, as type=image
+
+
+def test_a_feishu_post_in_a_group_is_read_with_its_links_and_every_photo(channels: ChannelStack,
+                                                                         fake_llm: FakeLLM) -> None:
+    fs, d = channels.fakes["feishu"], channels.driver("feishu")
+    group, first, second = f"oc_{uuid.uuid4().hex[:10]}", png(4, 4), png(6, 2)
+    paragraphs = [[{"tag": "at", "user_id": "@_user_1", "user_name": "bot"}, {"tag": "text", "text": " compare "},
+                   {"tag": "a", "text": "these", "href": "https://example.com/a"}]]
+    post = fs.post(chat=group, sender=d.allowed, event_id=uuid.uuid4().hex, paragraphs=paragraphs,
+                   images=(first, second), chat_type="group", mentions=[fs.mention(1)])
+    for _ in range(2):  # and Feishu's resend of it
+        assert channels.post("feishu", fs.signed(post)).status_code == 200
+    channels.settled(group)
+    # (the model read the link as Markdown; Feishu's text replies render it plain)
+    assert d.replies(group) == [f"echo: compare these (https://example.com/a) {seen(first)} {seen(second)}"]
+    assert channels.scalar("select count(*) from message_images i join messages m on m.id = i.message_id "
+                           "join conversations c on c.id = m.conversation_id where c.chat_id = :g", g=group) == 2
+    assert fs.refused == [] and fake_llm.calls() == 1
+
+
+def test_a_slack_message_with_several_photos_shows_the_model_each(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    sl, d = channels.fakes["slack"], channels.driver("slack")
+    chat, photos, before = f"D{uuid.uuid4().hex[:8].upper()}", (png(2, 2), png(3, 3), png(4, 4)), len(sl.downloads)
+    shared = sl.file_share(channel=chat, user=d.allowed, text="which is larger?", event_id="EvM1",
+                           content=photos[0], mimetype="image/png", name="a.png", also=photos[1:])
+    assert channels.post("slack", sl.signed(shared)).status_code == 200
+    channels.settled(chat)
+    assert d.replies(chat) == ["echo: which is larger? " + " ".join(seen(p) for p in photos)]
+    assert sl.refused == [] and len(sl.downloads) == before + 3

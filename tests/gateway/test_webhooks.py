@@ -18,7 +18,7 @@ from sqlmodel import Session
 from shared.agent import conversations
 from shared.agent.service import HELP
 from shared.channels.discord import NOT_OURS
-from shared.channels.images import UNSEEN
+from shared.channels.images import UNSEEN, UNSEEN_SOME
 from shared.channels.inbound import UNSUPPORTED
 from shared.db import get_engine
 from tests.fakes.llm import FakeLLM
@@ -488,3 +488,14 @@ def test_a_lone_surrogate_in_a_message_is_taken_as_a_replacement_character(
     assert r.status_code == 200, r.text
     channels.settled(chat)
     assert d.replies(chat) == [f"echo: {text} \ufffd!"]
+
+
+def test_where_no_model_sees_images_a_post_s_text_goes_on_counting_its_photos(channels: ChannelStack) -> None:
+    fs, d = channels.fakes["feishu"], channels.driver("feishu")
+    chat = d.new_chat()
+    post = fs.post(chat=chat, sender=d.allowed, event_id=uuid.uuid4().hex,
+                   paragraphs=[[{"tag": "text", "text": "what are these?"}]], images=(b"\xff\xd8\xff a", b"b"))
+    assert channels.post("feishu", fs.signed(post)).status_code == 200
+    channels.settled(chat)
+    assert d.replies(chat) == [f"echo: {UNSEEN_SOME.format(n=2)}what are these?"]
+    assert [c for c in fs.calls if c.op == "im.message.resource"] == []  # not fetched for nobody

@@ -3,13 +3,14 @@ learned from bot/v3/info) is for the bot, and only the bot's mention is dropped 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from shared.channels import feishu
-from shared.channels.base import WebhookError
+from shared.channels.base import MAX_IMAGES, WebhookError
 from shared.channels.feishu import FeishuChannel
 from shared.settings import Settings
 from tests.fakes.feishu import FakeFeishu
@@ -107,3 +108,58 @@ def test_when_bot_info_fails_the_event_is_refused_for_feishu_to_send_again(
     monkeypatch.setattr(feishu, "BOT_INFO_PAUSE", 0.0)
     ch = on(fake, redis_url)
     assert [m.content for m in ch.parse({}, raw).messages] == ["hello"]  # Feishu's resend, bot info back
+
+
+def test_a_rich_text_post_is_read_as_text_with_its_links_code_and_photos(channel: FeishuChannel,
+                                                                         fake: FakeFeishu) -> None:
+    paragraphs = [
+        [{"tag": "at", "user_id": "@_user_1", "user_name": "bot"}, {"tag": "text", "text": " please read "},
+         {"tag": "a", "text": "the spec", "href": "https://example.com/spec"}, {"tag": "text", "text": " and "},
+         {"tag": "at", "user_id": "@_user_2", "user_name": "Bob"}, {"tag": "emotion", "emoji_type": "SMILE"}],
+        [{"tag": "code_block", "language": "PYTHON", "text": "print(1)\n"}],
+        [{"tag": "hr"}],
+        [{"tag": "a", "text": "https://example.com", "href": "https://example.com"}],
+        [{"tag": "media", "file_key": "f", "image_key": "i"}],
+    ]
+    mentions = [fake.mention(1), fake.mention(2, open_id=BOB, name="Bob")]
+    images = tuple(b"photo %d" % n for n in range(MAX_IMAGES + 1))
+    event = fake.post(chat="oc_1", sender="ou_1", event_id="ev", title="Review", paragraphs=paragraphs,
+                      images=images, chat_type="group", mentions=mentions)
+    [msg] = channel.parse({}, fake.signed(event)[0]).messages
+    assert msg.content == ("Review\nplease read [the spec](https://example.com/spec) and @Bob[SMILE]\n"
+                           "\n```python\nprint(1)\n```\n\n\n---\n\nhttps://example.com\n[a video]")
+    message_id = msg.reply_meta["message_id"]
+    keys = [k for (m, k) in fake.resources if m == message_id]
+    assert [msg.media, *msg.more_media] == [{"kind": "photo", "id": k, "message": message_id}
+                                           for k in keys[:MAX_IMAGES]]  # the fifth passed over
+    assert msg.unsupported is None and msg.group
+
+
+def test_a_post_in_a_group_is_for_the_bot_only_when_it_mentions_the_bot(channel: FeishuChannel,
+                                                                        fake: FakeFeishu) -> None:
+    def parsed(paragraphs: list[list[dict[str, Any]]], *mentions: dict[str, Any],
+               chat_type: str = "group", images: tuple[bytes, ...] = ()) -> list[Any]:
+        event = fake.post(chat="oc_1", sender="ou_1", event_id="ev", paragraphs=paragraphs, images=images,
+                          chat_type=chat_type, mentions=list(mentions))
+        return channel.parse({}, fake.signed(event)[0]).messages
+
+    at_bob = [[{"tag": "at", "user_id": "@_user_1", "user_name": "Bob"}, {"tag": "text", "text": " hi"}]]
+    assert parsed(at_bob, fake.mention(1, open_id=BOB, name="Bob")) == []
+    assert parsed([[{"tag": "text", "text": "no mention"}]]) == []
+    [photo_only] = parsed([[{"tag": "at", "user_id": "@_user_1"}]], fake.mention(1), images=(b"x",))
+    assert (photo_only.content, photo_only.unsupported, photo_only.more_media) == ("", "a photo", [])
+    assert parsed([[{"tag": "media", "file_key": "f"}]][:0], chat_type="p2p") == []  # nothing to read
+    [private] = parsed([[{"tag": "text", "text": "hello"}]], chat_type="p2p")
+    assert private.content == "hello" and not private.group
+
+
+def test_a_post_in_a_language_as_the_send_api_writes_it_is_read_too(channel: FeishuChannel,
+                                                                    fake: FakeFeishu) -> None:
+    event = fake.event(chat="oc_1", sender="ou_1", text="", event_id="ev", chat_type="p2p")
+    event["event"]["message"].update(message_type="post", content=json.dumps(
+        {"en_us": {"title": "", "content": [[{"tag": "text", "text": "hi"}], [{"tag": "md", "text": "**b**"}]]}}))
+    assert [m.content for m in channel.parse({}, fake.signed(event)[0]).messages] == ["hi\n**b**"]
+    event["event"]["message"]["content"] = '{"en_us": 3}'
+    with pytest.raises(WebhookError) as err:
+        channel.parse({}, fake.signed(event)[0])
+    assert err.value.status_code == 400 and "post content" in err.value.message
