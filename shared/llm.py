@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import httpx
 
 from shared.llm_faults import HINTS, retry_after, unreachable
+from shared.llm_images import without_images
 from shared.settings import LLMProfile, LLMSettings
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the cost map at import
@@ -184,15 +185,17 @@ class LLMClient:
         on_delta: Callable[[str], None] | None = None,
     ) -> LLMResponse:
         """The answer of `model` (a profile, a model string, or None: the default); when that fails
-        for good, each of the fallbacks' in turn, unless streamed text already went out. When none
-        answers, the error's user_message is the first model's (the logs have every one's)."""
+        for good, each of the fallbacks' in turn (one that sees no images is told of the photos), unless
+        streamed text already went out. When none answers, the error's user_message is the first
+        model's (the logs have every one's)."""
         relay = _Relay(on_delta) if on_delta else None
         chain = list(dict.fromkeys([model, *self.settings.fallbacks]))
         failures: list[LLMError] = []
         for i, name in enumerate(chain):
             profile = self.profile(name)
+            sent = messages if i == 0 or self.sees_images(name) else without_images(messages)
             try:
-                return self._retrying(functools.partial(self._call, profile, messages, tools, relay), relay)
+                return self._retrying(functools.partial(self._call, profile, sent, tools, relay), relay)
             except LLMError as err:
                 failures.append(err)
                 if (relay and relay.sent) or i + 1 == len(chain):

@@ -13,7 +13,7 @@ from sqlmodel import Session, col, select
 from shared.agent import lease, prompt
 from shared.errors import Retryable
 from shared.llm import LLMError
-from shared.models import Conversation, Message, MessageType, Role
+from shared.models import IMAGES, Conversation, Message, MessageType, Role
 from shared.settings import MemorySettings
 
 if TYPE_CHECKING:
@@ -133,13 +133,19 @@ def _compact(rt: Runtime, conversation_id: str, *, everything: bool, keep: int |
     return True
 
 
+def _photos(m: Message) -> str:
+    """What a summary is told of a message's photos (it is not shown them)."""
+    return f"[{m.meta[IMAGES]} photo(s)] " if m.meta.get(IMAGES) else ""
+
+
 def _summary_request(rt: Runtime, conversation_id: str, previous: str, old: list[Message]) -> dict[str, Any]:
     """The request for a summary of `old`, cut to the newest messages that fit the model's context
     window: a backlog (compactions that failed for a while, a small local model) would otherwise be
     refused every time, and the summary never move on. What is cut is left out of the summary."""
     profile = rt.llm.profile(None)
     budget = profile.context_window - (profile.max_tokens or RESERVE_TOKENS)
-    lines = [f"{m.role.value}: {prompt.said(m)[:TRIM_CHARS]}" for m in old if m.content]
+    lines = [f"{m.role.value}: {_photos(m)}{prompt.said(m)[:TRIM_CHARS]}".rstrip()
+             for m in old if m.content or m.meta.get(IMAGES)]
 
     def request(kept: list[str]) -> dict[str, Any]:
         return {"role": "user", "content": SUMMARY_PROMPT.format(previous=previous, transcript="\n".join(kept))}

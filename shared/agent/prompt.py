@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Integer, bindparam, literal_column
 from sqlmodel import Session, col, select
 
+from shared.llm_images import named
 from shared.models import IMAGES, Message, MessageImage, MessageType, Role, Run, RunKind
 from shared.settings import Settings
 from shared.skills import skills_section
@@ -46,8 +47,6 @@ _skipped: dict[Path, str] = {}
 # change within the file system's timestamp granularity could keep every field of that identity.
 _read: dict[Path, tuple[tuple[int, ...], str]] = {}
 SETTLE_NS = 2_000_000_000
-# What the model reads for photos it is not shown: a model that sees no images, or an earlier turn's.
-NOT_SHOWN = "[{n} photo(s) sent with this message, not shown here]"
 
 
 def _workspace_files(workspace: Path) -> list[str]:
@@ -184,7 +183,7 @@ def to_llm(msg: Message, images: list[MessageImage] | None = None) -> dict[str, 
                  for i in images]
         out["content"] = [{"type": "text", "text": out["content"]}, *parts] if out["content"] else parts
     elif msg.meta.get(IMAGES):
-        out["content"] = f"{NOT_SHOWN.format(n=msg.meta[IMAGES])}\n{out['content']}".rstrip()
+        out["content"] = named(out["content"], msg.meta[IMAGES])  # a model that sees none, or an earlier turn's
     if msg.role == Role.ASSISTANT and msg.tool_calls:
         out["tool_calls"] = msg.tool_calls
         out["content"] = msg.content or None

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.agent.prompt import NOT_SHOWN
 from shared.channels.images import NOT_AN_IMAGE
+from shared.llm_images import NOT_SHOWN
 from tests.fakes.llm import FakeLLM
 from tests.support.platforms import ChannelStack, started_channel_stack
 

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
-from shared.agent.prompt import NOT_SHOWN
+from shared.llm_images import NOT_SHOWN
 from tests.fakes.server import ThreadServer
 from tests.support.stack import API_KEY, Stack
 

@@ -3,6 +3,7 @@ errors it maps, on both of litellm's paths (its own httpx handler, the default; 
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -11,6 +12,7 @@ import litellm
 import pytest
 
 from shared.llm import LLMClient, LLMError, LLMResponse
+from shared.llm_images import NOT_SHOWN
 from shared.settings import LLMProfile, LLMSettings, load_settings
 from tests.fakes.llm import FakeLLM, Reply, default_handler
 from tests.support.processes import wait_until
@@ -191,6 +193,21 @@ def test_a_model_asked_for_by_name_falls_back_too(client: LLMClient, fake_llm: F
     fake_llm.handler = lambda body: Reply(status=404) if body["model"] == "asked" else default_handler(body)
     answer = _with_fallbacks(client).complete(USER, model="openai/asked")
     assert answer.model == "openai/backup-model" and _models(fake_llm) == ["asked", "backup-model"]
+
+
+def test_a_fallback_that_sees_no_images_is_told_of_the_photos_instead(client: LLMClient, fake_llm: FakeLLM) -> None:
+    """The prompt shows photos to a default model that sees them; a fallback that sees none would refuse
+    the image parts (or the provider would), and is sent a line naming them."""
+    url = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()
+    photos = [{"role": "user", "content": [{"type": "text", "text": "what is it?"},
+                                           *[{"type": "image_url", "image_url": {"url": url}}] * 2]}]
+    seeing = LLMClient(client.settings.model_copy(update={
+        "vision": True, "profiles": {"blind": LLMProfile(model="openai/blind", vision=False)}, "fallbacks": ["blind"]}))
+    fake_llm.handler = lambda body: Reply(status=503) if body["model"] == "fake" else default_handler(body)
+    assert seeing.complete(photos).content == f"echo: {NOT_SHOWN.format(n=2)}\nwhat is it?"
+    with fake_llm.lock:
+        sent = [json.dumps(r["messages"]) for r in fake_llm.requests]
+    assert [("image_url" in m) for m in sent] == [True] * (client.settings.max_retries + 1) + [False]
 
 
 def test_a_stream_that_broke_after_text_went_out_does_not_go_to_a_fallback(client: LLMClient,

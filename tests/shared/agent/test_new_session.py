@@ -15,7 +15,7 @@ from shared.agent import conversations, memory, prompt
 from shared.agent.runtime import Runtime
 from shared.db import get_engine
 from shared.llm import LLMError
-from shared.models import Message, Role, utcnow
+from shared.models import IMAGES, Message, Role, utcnow
 from tests.fakes.llm import FakeLLM
 from tests.support.stack import Stack
 
@@ -169,3 +169,18 @@ def test_a_new_summary_is_timed_on_postgres_clock(stack: Stack, monkeypatch: pyt
     assert memory.compact(rt, cid, everything=True) is False
     assert memory.DUE in _summary(rt, cid).meta  # not given up
     assert memory.resend_summaries(rt) == []  # due again a grace from now
+
+
+def test_a_summary_is_told_of_the_photos_it_is_not_shown(stack: Stack, fake_llm: FakeLLM) -> None:
+    rt = Runtime.build(stack.settings)
+    with rt.session() as s:
+        cid = conversations.get_or_create(s, session_key=f"api:photos:{utcnow().timestamp()}").id
+        s.add(Message(conversation_id=cid, role=Role.USER, content="", meta={IMAGES: 2}))  # photos alone
+        s.add(Message(conversation_id=cid, role=Role.USER, content="my cat", meta={IMAGES: 1}))
+        s.add(Message(conversation_id=cid, role=Role.ASSISTANT, content="a fine cat"))
+    fake_llm.reset()
+    _new(rt, cid)
+    assert memory.compact(rt, cid, everything=True) is True
+    with fake_llm.lock:
+        [request] = [b["messages"] for b in fake_llm.requests if "Summarise the conversation" in json.dumps(b)]
+    assert "USER: [2 photo(s)]\nUSER: [1 photo(s)] my cat\nASSISTANT: a fine cat" in request[0]["content"]
