@@ -7,12 +7,23 @@ from __future__ import annotations
 
 import re
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from nacl.exceptions import CryptoError
 from nacl.signing import VerifyKey
 
-from shared.channels.base import BaseChannel, Bucket, Parsed, Rejected, SendResult, WebhookError, json_object
-from shared.channels.clients import body, check, http, redis_client
+from shared.channels.base import (
+    IMAGE_TYPES,
+    MAX_IMAGE,
+    BaseChannel,
+    Bucket,
+    Parsed,
+    Rejected,
+    SendResult,
+    WebhookError,
+    json_object,
+)
+from shared.channels.clients import body, check, download, http, redis_client
 from shared.channels.markdown import identity
 from shared.channels.signing import fresh
 from shared.constants import KEY_CACHE
@@ -21,6 +32,8 @@ from shared.settings import Settings
 
 PING, APPLICATION_COMMAND, COMPONENT, AUTOCOMPLETE, MODAL_SUBMIT = 1, 2, 3, 4, 5  # interaction types
 PONG, CHANNEL_MESSAGE, DEFERRED, DEFERRED_UPDATE, AUTOCOMPLETE_RESULT = 1, 4, 5, 6, 8  # response types
+STRING, ATTACHMENT = 3, 11  # command option types
+CDN_HOSTS = ("cdn.discordapp.com", "media.discordapp.net")  # where attachments are served from
 # Every interaction needs a valid answer, or the user sees "interaction failed". nanofleet sends no buttons,
 # menus or modals and its /ask has no autocomplete, but other commands of the application may: a button, or
 # a modal opened from one, is acknowledged with its message left as it is; an autocomplete offers no choices.
@@ -86,15 +99,25 @@ class DiscordChannel(BaseChannel):
         user = (payload.get("member") or {}).get("user") or payload.get("user") or {}
         if not (isinstance(iid, str) and isinstance(token, str) and isinstance(channel, str) and "id" in user):
             raise WebhookError(400, "command without id, token, channel_id or user")
-        text = _prompt(payload.get("data") or {})
-        if not text:
+        data: dict[str, Any] = payload["data"] if isinstance(payload.get("data"), dict) else {}
+        text, photo = _prompt(data), _photo(data)
+        if not (text or photo):
             return Parsed(response=_ephemeral("Ask me something: `/ask question: ...`"), event_id=iid)
         meta = {"interaction_token": token, "application_id": str(payload.get("application_id") or "")}
         msg = InboundMessage(channel=self.name, chat_id=channel, sender_id=str(user["id"]), content=text,
                              event_id=iid, reply_meta=meta, sender_name=user.get("username"),
-                             group="guild_id" in payload)
+                             group="guild_id" in payload, media=photo, unsupported=None if text else "a photo")
         return Parsed(messages=[msg], response={"type": DEFERRED}, event_id=iid,
                       denied_response=_ephemeral("Sorry, you are not allowed to use this bot."))
+
+    def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
+        """An attachment from Discord's CDN (its URL is signed: no token goes with it), and from nowhere
+        else a payload may name."""
+        url, api = urlsplit(media["url"]), urlsplit(self.cfg.api_base)
+        cdn = url.scheme == "https" and url.hostname in CDN_HOSTS
+        if not (cdn or (url.scheme, url.hostname) == (api.scheme, api.hostname)):
+            raise Rejected(f"discord attachment: not on {CDN_HOSTS[0]}")
+        return download(media["url"], limit=limit, what="discord attachment"), media["name"]
 
     # ------------------------------------------------------------------ outbound
 
@@ -167,9 +190,30 @@ class DiscordChannel(BaseChannel):
         return SendResult(str(data.get("id") or "") or None)
 
 
+def _options(data: dict[str, Any], kind: int) -> list[dict[str, Any]]:
+    options = data.get("options")
+    return [o for o in options if isinstance(o, dict) and o.get("type", kind) == kind] \
+        if isinstance(options, list) else []
+
+
 def _prompt(data: dict[str, Any]) -> str:
     """The command's text: its first string option (`/ask question: ...`)."""
-    for option in data.get("options") or []:
-        if isinstance(option, dict) and isinstance(option.get("value"), str) and option["value"].strip():
+    for option in _options(data, STRING):
+        if isinstance(option.get("value"), str) and option["value"].strip():
             return str(option["value"]).strip()
     return ""
+
+
+def _photo(data: dict[str, Any]) -> dict[str, str] | None:
+    """The command's first attachment option (`/ask photo: ...`), when it is an image a model takes:
+    Discord sends its id as the option's value, and the file in data.resolved.attachments."""
+    resolved = (data.get("resolved") or {}).get("attachments") if isinstance(data.get("resolved"), dict) else None
+    for option in _options(data, ATTACHMENT):
+        found = resolved.get(str(option.get("value"))) if isinstance(resolved, dict) else None
+        if not (isinstance(found, dict) and isinstance(found.get("url"), str)):
+            continue
+        size = found.get("size", 0)
+        if found.get("content_type") in IMAGE_TYPES and isinstance(size, int) and size <= MAX_IMAGE:
+            return {"kind": "photo", "id": str(found.get("id", "")), "url": found["url"],
+                    "name": str(found.get("filename") or "photo")}
+    return None

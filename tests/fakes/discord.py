@@ -26,6 +26,8 @@ class FakeDiscord(FakePlatform):
         self.key = SigningKey.generate()
         self.interactions: dict[str, str] = {}  # interaction token -> channel id
         self.seq = itertools.count(1)
+        self.attachments: dict[str, bytes] = {}  # attachment id -> content, on the "CDN"
+        self.downloads: list[str] = []
         super().__init__()
 
     @property
@@ -35,7 +37,8 @@ class FakeDiscord(FakePlatform):
     def routes(self) -> list[Route]:
         return [Route("/webhooks/{app}/{token}/messages/@original", self._edit, methods=["PATCH"]),
                 Route("/webhooks/{app}/{token}", self._followup, methods=["POST"]),
-                Route("/channels/{channel}/messages", self._channel, methods=["POST"])]
+                Route("/channels/{channel}/messages", self._channel, methods=["POST"]),
+                Route("/attachments/{channel}/{attachment}/{name}", self._attachment, methods=["GET"])]
 
     def chat_of(self, call: Call) -> str:
         if call.op == "channel_message":
@@ -53,6 +56,15 @@ class FakeDiscord(FakePlatform):
 
     async def _channel(self, request: Request) -> Response:
         return await self.answer("channel_message", request, self._bot_message)
+
+    async def _attachment(self, request: Request) -> Response:
+        def serve(body: dict[str, Any], request: Request) -> tuple[int, Any]:
+            found = self.attachments.get(request.path_params["attachment"])
+            if found is None or "hm" not in request.query_params:  # the CDN's URLs are signed
+                return 404, {"message": "404: Not Found"}
+            self.downloads.append(request.path_params["attachment"])
+            return 200, found
+        return await self.answer("attachment", request, serve)
 
     def _webhook(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
         app, token = request.path_params["app"], request.path_params["token"]
@@ -80,14 +92,24 @@ class FakeDiscord(FakePlatform):
 
     # ------------------------------------------------------------------ inbound
 
-    def command(self, *, channel: str, user: str, text: str, interaction_id: str) -> dict[str, Any]:
+    def command(self, *, channel: str, user: str, text: str, interaction_id: str, photo: bytes | None = None,
+                content_type: str = "image/png") -> dict[str, Any]:
+        """`/ask question: text` (no question when `text` is empty), with `photo: ...` attached if given."""
         token = f"itk-{uuid.uuid4().hex}"
         self.interactions[token] = channel
+        data: dict[str, Any] = {"id": "C1", "name": "ask", "type": 1,
+                                "options": [{"name": "question", "type": 3, "value": text}] if text else []}
+        if photo is not None:
+            aid = str(next(self.seq))
+            self.attachments[aid] = photo
+            data["options"].append({"name": "photo", "type": 11, "value": aid})
+            data["resolved"] = {"attachments": {aid: {
+                "id": aid, "filename": "photo.png", "size": len(photo), "content_type": content_type,
+                "url": f"{self.url}/attachments/{channel}/{aid}/photo.png?ex=1&is=1&hm=ab",
+                "proxy_url": f"{self.url}/attachments/{channel}/{aid}/photo.png?ex=1&is=1&hm=ab"}}}
         return {"id": interaction_id, "application_id": self.application_id, "type": 2, "token": token,
                 "version": 1, "channel_id": channel, "guild_id": "G1",
-                "member": {"user": {"id": user, "username": "ann"}, "roles": []},
-                "data": {"id": "C1", "name": "ask", "type": 1,
-                         "options": [{"name": "question", "type": 3, "value": text}]}}
+                "member": {"user": {"id": user, "username": "ann"}, "roles": []}, "data": data}
 
     def signed(self, payload: dict[str, Any], *, timestamp: int | None = None,
                key: SigningKey | None = None) -> tuple[bytes, dict[str, str]]:

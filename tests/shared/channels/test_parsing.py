@@ -15,6 +15,7 @@ from shared.channels.telegram import TelegramChannel
 from shared.channels.webhook import WebhookChannel
 from shared.channels.whatsapp import WhatsAppChannel
 from shared.settings import Settings, SettingsError, load_settings
+from tests.fakes.discord import FakeDiscord
 from tests.fakes.feishu import FakeFeishu, encrypt
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
@@ -226,6 +227,17 @@ def test_discord_ping_commands_and_usage() -> None:
     assert answers == {3: {"type": 6}, 4: {"type": 8, "data": {"choices": []}}, 99: None,
                        5: {"type": 4, "data": {"content": NOT_OURS, "flags": 64}}}  # a modal of a slash command
     assert malformed(ch.parse, {"type": 2, "id": "I"}) == 400
+
+
+def test_a_discord_command_s_photo_option_is_fetched_not_read_as_its_question() -> None:
+    fd, ch = FakeDiscord("APP", "bot"), DiscordChannel(S)
+    [alone] = ch.parse({}, body(fd.command(channel="C9", user="7", text="", interaction_id="I2", photo=b"p"))).messages
+    assert (alone.content, alone.unsupported) == ("", "a photo")  # not the attachment's id
+    assert alone.media and alone.media["kind"] == "photo" and alone.media["url"].endswith("hm=ab")
+    other = fd.command(channel="C9", user="7", text="what?", interaction_id="I3", photo=b"<svg/>",
+                       content_type="image/svg+xml")
+    [asked] = ch.parse({}, body(other)).messages
+    assert (asked.content, asked.media) == ("what?", None)  # no image a model takes: the question alone
 
 
 def test_generic_webhook_fields() -> None:
