@@ -116,6 +116,13 @@ class ChatIn(RequestBody):
         return [{"mime": mime, "data": data} for mime, data in (url[5:].split(";base64,", 1) for url in self.images)]
 
 
+class RegenerateIn(RequestBody):
+    message: Text | None = Field(default=None, min_length=1, max_length=MAX_MESSAGE, description=(
+        "the last user message as edited; left out, it is answered again as it was"))
+    model: Text | None = Field(default=None, max_length=200, description=(
+        "the model of the new answer (as for chat); left out, the one the message was sent with"))
+
+
 def decoded_image(url: str, where: str) -> bytes:
     """The image a data URL holds; ValueError (naming `where`) unless it is one a model takes."""
     head, _, data = url.partition(";base64,")

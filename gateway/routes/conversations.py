@@ -1,4 +1,4 @@
-"""Conversations: create, chat (wait for the answer), post (don't wait), history, live events."""
+"""Conversations: create, chat (wait for the answer), post (don't wait), regenerate, history, live events."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from gateway.schemas import (
     ConversationPatch,
     Id,
     MessageOut,
+    RegenerateIn,
     TimedOut,
     ToolCallOut,
 )
@@ -40,7 +41,7 @@ from gateway.waiting import last_event_id, wait_for_run
 from shared.agent import conversations, views
 from shared.agent.events import DELETED, RedisEvents, watch
 from shared.agent.events import read as read_events
-from shared.agent.service import Submitted, after_commit, command_of, submit
+from shared.agent.service import Submitted, after_commit, answer_again, command_of, submit
 from shared.contracts import NO_NUL
 from shared.db import get_engine
 from shared.models import Conversation, RunStatus, new_id
@@ -177,6 +178,28 @@ async def post_message(conversation_id: Id, body: ChatIn, state: StateDep) -> Ac
     out = await run_in_threadpool(_submit, state, conversation_id, body)
     return Accepted(conversation_id=conversation_id, run_id=out.run_id, message_id=out.message_id,
                     queued=out.run_id is None and out.reply is None, reply=out.reply)
+
+
+@router.post("/{conversation_id}/regenerate", status_code=202, response_model=Accepted,
+             responses={**BAD_BODY, **NOT_FOUND, 409: {"description": "a turn is running, or there is no "
+                                                                   "message to answer again"}})
+async def regenerate(conversation_id: Id, state: StateDep, body: RegenerateIn | None = None) -> Accepted:
+    """Answer the last user message again, as edited when `message` is given: the answer and tool
+    results that followed it are deleted, the message moves to the end of the transcript (a new seq),
+    and a new turn answers it (returned at once, as for posted messages)."""
+    body = body or RegenerateIn()
+    if body.model and (refusal := state.settings.llm.refuses(body.model)):
+        raise HTTPException(422, refusal)
+
+    def again() -> Submitted:
+        with Session(get_engine(state.settings.database_url), expire_on_commit=False) as s:
+            out = answer_again(state.runtime, s, conversation_id, content=body.message, model=body.model)
+            s.commit()
+        state.dispatch(out.nexts)
+        return out
+
+    out = await run_in_threadpool(again)
+    return Accepted(conversation_id=conversation_id, run_id=out.run_id, message_id=out.message_id)
 
 
 @router.get("/{conversation_id}/messages", response_model=list[MessageOut],

@@ -6,20 +6,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func
+from sqlalchemy import delete, func, update
 from sqlmodel import Session, col, select
 
 from shared.agent import conversations, memory, prompt
 from shared.agent.finish import cancel_conversation, publish_final
 from shared.agent.runtime import Next, Runtime
 from shared.constants import T_AGENT_STEP, T_COMPACT
-from shared.models import Conversation, Run
+from shared.errors import Conflict, NotFound
+from shared.models import Conversation, Message, MessageType, Role, Run
 
 HELP = """Commands:
 /new   - summarise this conversation and start a fresh session
 /stop  - stop the running turn and its subagents
 /model - show this chat's model; /model NAME switches to one of the operator's
 /usage - the tokens and cost of this chat so far
+/retry - answer the last message again (the answer it had is dropped)
 /help  - this message"""
 DEFAULT = "default"
 
@@ -58,6 +60,11 @@ def submit(
         return Submitted(conversation_id, reply=choose_model(rt, s, conversation_id, content.split()[1:]))
     if command == "/usage":
         return Submitted(conversation_id, reply=usage(s, conversation_id))
+    if command == "/retry":
+        try:
+            return answer_again(rt, s, conversation_id, origin=origin)  # answered where /retry was sent
+        except Conflict as err:
+            return Submitted(conversation_id, reply=f"Nothing to retry: {err.message}.")
     if command == "/new":
         if not memory.start_over(s, conversation_id):
             return Submitted(conversation_id, reply="Started a new session.")
@@ -71,6 +78,42 @@ def submit(
     )
     nexts = [Next(T_AGENT_STEP, (posted.run_id, 0))] if posted.run_id else []
     return Submitted(conversation_id, message_id=posted.message_id, run_id=posted.run_id, nexts=nexts)
+
+
+def answer_again(rt: Runtime, s: Session, conversation_id: str, *, content: str | None = None,
+                 model: str | None = None, origin: dict[str, Any] | None = None) -> Submitted:
+    """/retry, and the API's regenerate: the conversation's last user message answered afresh (with
+    `content`, as edited), the answer and tool results that followed it dropped; the message moves to
+    the end of the transcript (a new seq) and into the new turn, whose model is `model`, else the
+    message's own, and whose reply goes to `origin`, else where the message came from. Raises NotFound,
+    or Conflict while a turn runs or when there is no message to answer again (none yet, or only ones a
+    summary already holds)."""
+    found = s.exec(select(Conversation.id, Conversation.active_run_id).where(Conversation.id == conversation_id)
+                   .with_for_update(key_share=True)).first()  # FOR NO KEY UPDATE, as taking the turn does
+    if found is None:
+        raise NotFound(f"no conversation {conversation_id}")
+    if found[1]:
+        raise conversations.Busy([found[1]])
+    last = s.exec(select(Message).where(Message.conversation_id == conversation_id, Message.role == Role.USER,
+                                        Message.type == MessageType.NORMAL, col(Message.pending).is_(False))
+                  .order_by(col(Message.seq).desc()).limit(1)).first()
+    if last is None or (last.seq or 0) <= prompt.covered(prompt.latest_summary(s, conversation_id, fresh=True)):
+        raise Conflict("the conversation has no message to answer again since its last summary (or /new)"
+                       if last else "the conversation has no message yet")
+    s.execute(delete(Message).where(col(Message.conversation_id) == conversation_id, col(Message.seq) > last.seq,
+                                    col(Message.type) == MessageType.NORMAL, col(Message.pending).is_(False)))
+    origin = origin or last.meta.get("origin") or {"channel": "api", "chat_id": conversation_id}
+    run_id = conversations.try_start_turn(s, conversation_id, origin=origin,
+                                          lease_seconds=rt.settings.runtime.lease_seconds,
+                                          model=model or last.meta.get("model"),
+                                          max_iterations=rt.settings.agent.max_iterations)
+    assert run_id is not None  # the conversation's row is locked, and no turn was active
+    # From now on it is answered where `origin` says (a channel tells nobody else it was answered).
+    meta = {**last.meta, "origin": origin, **({"edited": True} if content is not None else {})}
+    edited = {"content": content} if content is not None else {}
+    s.execute(update(Message).where(col(Message.id) == last.id)
+              .values(run_id=run_id, seq=func.nextval("message_seq"), meta=meta, **edited))
+    return Submitted(conversation_id, message_id=last.id, run_id=run_id, nexts=[Next(T_AGENT_STEP, (run_id, 0))])
 
 
 def choose_model(rt: Runtime, s: Session, conversation_id: str, args: list[str]) -> str:

@@ -20,6 +20,7 @@ from shared.channels.images import NOT_AN_IMAGE
 from shared.llm_images import NOT_SHOWN
 from tests.fakes.llm import FakeLLM
 from tests.support.platforms import ChannelStack, started_channel_stack
+from tests.support.processes import wait_until
 
 
 def png(width: int = 3, height: int = 2) -> bytes:
@@ -193,3 +194,18 @@ def test_a_discord_ask_with_a_photo_fetches_it_from_the_cdn_only(channels: Chann
     assert d.replies(chat)[-1] == "Sorry, I couldn't get your photo from discord (not on cdn.discordapp.com). " \
                                   "Could you send it again?"
     assert len(dc.downloads) == before + 1 and fake_llm.calls() == 1
+
+
+def test_a_regenerated_answer_is_shown_the_photos_again(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    cid = channels.api.post("/api/v1/conversations").json()["conversationId"]
+    image = png(8, 3)
+    url = f"data:image/png;base64,{base64.b64encode(image).decode()}"
+    first = channels.api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "what?", "images": [url]})
+    assert first.json()["assistantMessage"] == f"echo: what? {seen(image)}"
+    again = channels.api.post(f"/api/v1/conversations/{cid}/regenerate", json={"message": "and in French?"})
+    assert again.status_code == 202, again.text
+    run_id = again.json()["runId"]
+    wait_until(lambda: channels.scalar("select status from runs where id = :r", r=run_id) == "succeeded",
+               timeout=30, message="the regenerated answer")
+    assert channels.scalar("select final_text from runs where id = :r", r=run_id) == \
+        f"echo: and in French? {seen(image)}"  # the turn that answers it is shown them

@@ -499,3 +499,19 @@ def test_where_no_model_sees_images_a_post_s_text_goes_on_counting_its_photos(ch
     channels.settled(chat)
     assert d.replies(chat) == [f"echo: {UNSEEN_SOME.format(n=2)}what are these?"]
     assert [c for c in fs.calls if c.op == "im.message.resource"] == []  # not fetched for nobody
+
+
+def test_retry_in_a_discord_chat_answers_in_the_retry_s_own_interaction(channels: ChannelStack) -> None:
+    """The answer goes where /retry was sent: on Discord, its own interaction's "thinking..." (the first
+    interaction was answered already, and its token may have expired)."""
+    dc, d = channels.fakes["discord"], channels.driver("discord")
+    chat = d.new_chat()
+    for text, rows in (("hello", 1), ("/retry", 2)):
+        assert channels.post("discord", d.request(chat=chat, text=text)).status_code == 200
+        channels.settled(chat, rows=rows)
+    sent = dc.sent(chat)
+    assert [(c.op, dc.text_of(c)) for c in sent] == [("edit_original", "echo: hello")] * 2
+    assert sent[0].path != sent[1].path  # two interactions, each answered once
+    cid = channels.scalar("select id from conversations where chat_id = :c", c=chat)
+    assert channels.scalar("select count(*) from messages where conversation_id = :c and role = 'ASSISTANT'",
+                           c=cid) == 1
