@@ -165,6 +165,11 @@ function page() {
     return div;
   }
 
+  function render(history) {
+    $("log").replaceChildren();
+    for (const m of history.slice(-50)) bubble(m.role === "USER" ? "user" : "assistant", m.content);
+  }
+
   async function follow() {
     watching?.abort();
     watching = new AbortController();
@@ -209,8 +214,7 @@ function page() {
       }
       conversation ||= await client.newConversation();
       store.setItem("nanofleet.conversation", conversation);
-      $("log").replaceChildren();
-      for (const m of earlier.slice(-50)) bubble(m.role === "USER" ? "user" : "assistant", m.content);
+      render(earlier);
       $("status").textContent = `conversation ${conversation}`;
       $("send").disabled = false;
       follow();
@@ -249,6 +253,7 @@ function page() {
         ? "No answer yet: this message waits behind a turn that is still running. Its answer will be in the conversation (reload the page to see it)."
         : answer.text || (answer.status === "cancelled" ? "Stopped." : "");
       live.classList.remove("pending");
+      if (/^\/retry\b/i.test(text)) render(await client.history(conversation));  // the old answer is gone
     } catch (err) {
       live.textContent = String(err);
       live.className = "msg error";

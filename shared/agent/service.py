@@ -21,7 +21,7 @@ HELP = """Commands:
 /stop  - stop the running turn and its subagents
 /model - show this chat's model; /model NAME switches to one of the operator's
 /usage - the tokens and cost of this chat so far
-/retry - answer the last message again (the answer it had is dropped)
+/retry - answer the last message again (the answer it had is dropped); /retry TEXT: as if it said TEXT
 /help  - this message"""
 DEFAULT = "default"
 
@@ -62,7 +62,9 @@ def submit(
         return Submitted(conversation_id, reply=usage(s, conversation_id))
     if command == "/retry":
         try:
-            return answer_again(rt, s, conversation_id, origin=origin)  # answered where /retry was sent
+            edited = content.strip().split(maxsplit=1)[1:]  # "/retry TEXT": the last message as TEXT
+            return answer_again(rt, s, conversation_id, content=edited[0] if edited else None,
+                                origin=origin)  # answered where /retry was sent
         except Conflict as err:
             return Submitted(conversation_id, reply=f"Nothing to retry: {err.message}.")
     if command == "/new":

@@ -86,3 +86,6 @@ def test_retry_in_a_chat_answers_the_last_message_again(stack: Stack, api: Any) 
     retried = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "/retry"}).json()
     assert retried["assistantMessage"] == "echo: one" and retried["runId"]
     assert _transcript(api, cid) == [("USER", "one"), ("ASSISTANT", "echo: one")]
+    edited = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "/retry  one, but\nin two lines"})
+    assert edited.json()["assistantMessage"] == "echo: one, but\nin two lines"
+    assert _transcript(api, cid) == [("USER", "one, but\nin two lines"), ("ASSISTANT", "echo: one, but\nin two lines")]
