@@ -160,11 +160,7 @@ class FeishuChannel(BaseChannel):
             return None
         if not (isinstance(open_id, str) and isinstance(chat_id, str) and isinstance(msg.get("message_id"), str)):
             raise WebhookError(400, "message without sender open_id, chat_id or message_id")
-        try:
-            content = json.loads(msg.get("content") or "{}")
-        except ValueError:
-            content = {}
-        key = content.get("image_key" if kind == "image" else "file_key") if isinstance(content, dict) else None
+        key = _content(msg.get("content")).get("image_key" if kind == "image" else "file_key")
         media = {"kind": "photo" if kind == "image" else "audio", "id": key, "message": msg["message_id"]} \
             if kind in ("image", "audio") and isinstance(key, str) else None
         return InboundMessage(channel=self.name, chat_id=chat_id, sender_id=open_id, content="", event_id=event_id,
@@ -265,7 +261,7 @@ def _content(content: object) -> dict[str, Any]:
     """A message's content is itself JSON (an object), or {}."""
     try:
         data = json.loads(content) if isinstance(content, str) else None
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested deeper than the parser's stack allows)
         return {}
     return data if isinstance(data, dict) else {}
 

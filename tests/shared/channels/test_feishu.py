@@ -163,3 +163,17 @@ def test_a_post_in_a_language_as_the_send_api_writes_it_is_read_too(channel: Fei
     with pytest.raises(WebhookError) as err:
         channel.parse({}, fake.signed(event)[0])
     assert err.value.status_code == 400 and "post content" in err.value.message
+
+
+def test_content_that_is_no_json_object_is_read_as_nothing(channel: FeishuChannel, fake: FakeFeishu) -> None:
+    for kind, content in (("image", {"image_key": "k"}), ("image", "[" * 100_000 + "]" * 100_000),
+                          ("post", "[" * 100_000 + "]" * 100_000), ("post", '["a"]')):
+        event = fake.event(chat="oc_1", sender="ou_1", text="", event_id="ev", chat_type="p2p")
+        event["event"]["message"].update(message_type=kind, content=content)
+        if kind == "image":  # a notice that it was not read
+            [told] = channel.parse({}, fake.signed(event)[0]).messages
+            assert (told.unsupported, told.media) == ("a photo", None)
+        else:
+            with pytest.raises(WebhookError) as err:
+                channel.parse({}, fake.signed(event)[0])
+            assert err.value.status_code == 400
