@@ -9,6 +9,8 @@ import typer
 app = typer.Typer(help="Chat platform set-up.", no_args_is_help=True)
 telegram = typer.Typer(help="Telegram.", no_args_is_help=True)
 app.add_typer(telegram, name="telegram")
+discord = typer.Typer(help="Discord.", no_args_is_help=True)
+app.add_typer(discord, name="discord")
 
 
 @telegram.command("set-webhook")
@@ -32,4 +34,23 @@ def set_webhook(
     except Exception as err:
         where = f"the Bot API at {ch.cfg.api_base} (NANOFLEET_CHANNELS__TELEGRAM__API_BASE)"  # no token in it
         typer.echo(f"nanofleet: setWebhook failed: {err} ({where})", err=True)
+        raise typer.Exit(1) from None
+
+
+@discord.command("register")
+def register() -> None:
+    """Create or update the /ask slash command (a question, a photo, or both) with
+    NANOFLEET_CHANNELS__DISCORD__BOT_TOKEN; the application's other commands stay."""
+    from gateway.cli import settings_or_exit  # the main CLI imports this module
+    from shared.channels.discord import DiscordChannel
+
+    ch = DiscordChannel(settings_or_exit())
+    if missing := [*ch.missing(), *([] if ch.secret("bot_token") else ["NANOFLEET_CHANNELS__DISCORD__BOT_TOKEN"])]:
+        typer.echo(f"nanofleet: set {', '.join(missing)} first", err=True)
+        raise typer.Exit(2)
+    try:
+        typer.echo(f"discord: /ask registered (command {ch.register()})")
+    except Exception as err:
+        where = f"the Discord API at {ch.cfg.api_base} (NANOFLEET_CHANNELS__DISCORD__API_BASE)"  # no token in it
+        typer.echo(f"nanofleet: registering /ask failed: {err} ({where})", err=True)
         raise typer.Exit(1) from None

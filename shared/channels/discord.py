@@ -34,6 +34,10 @@ PING, APPLICATION_COMMAND, COMPONENT, AUTOCOMPLETE, MODAL_SUBMIT = 1, 2, 3, 4, 5
 PONG, CHANNEL_MESSAGE, DEFERRED, DEFERRED_UPDATE, AUTOCOMPLETE_RESULT = 1, 4, 5, 6, 8  # response types
 STRING, ATTACHMENT = 3, 11  # command option types
 CDN_HOSTS = ("cdn.discordapp.com", "media.discordapp.net")  # where attachments are served from
+# The slash command nanofleet answers (`nanofleet channels discord register` creates or updates it).
+ASK = {"name": "ask", "description": "Ask the agent", "options": [
+    {"type": STRING, "name": "question", "description": "What to ask"},
+    {"type": ATTACHMENT, "name": "photo", "description": "A photo to look at"}]}
 # Every interaction needs a valid answer, or the user sees "interaction failed". nanofleet sends no buttons,
 # menus or modals and its /ask has no autocomplete, but other commands of the application may: a button, or
 # a modal opened from one, is acknowledged with its message left as it is; an autocomplete offers no choices.
@@ -182,6 +186,15 @@ class DiscordChannel(BaseChannel):
             headers={"Authorization": f"Bot {self.secret('bot_token')}"},
         )
         return self._result(response, "channel message")
+
+    def register(self) -> str:
+        """Create the global /ask command, or update it (Discord matches it by name; the application's
+        other commands stay), with the bot token; its id."""
+        response = http(self.settings.channels.delivery.send_timeout).post(
+            f"{self.cfg.api_base.rstrip('/')}/applications/{self.cfg.application_id}/commands", json=ASK,
+            headers={"Authorization": f"Bot {self.secret('bot_token')}"},
+        )
+        return self._result(response, "register /ask").platform_message_id or "?"
 
     def _result(self, response: Any, what: str) -> SendResult:
         data = body(response)

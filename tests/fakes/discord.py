@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 import uuid
 from typing import Any
@@ -28,6 +29,7 @@ class FakeDiscord(FakePlatform):
         self.seq = itertools.count(1)
         self.attachments: dict[str, bytes] = {}  # attachment id -> content, on the "CDN"
         self.downloads: list[str] = []
+        self.commands: dict[str, dict[str, Any]] = {}  # global application commands, by name
         super().__init__()
 
     @property
@@ -38,7 +40,8 @@ class FakeDiscord(FakePlatform):
         return [Route("/webhooks/{app}/{token}/messages/@original", self._edit, methods=["PATCH"]),
                 Route("/webhooks/{app}/{token}", self._followup, methods=["POST"]),
                 Route("/channels/{channel}/messages", self._channel, methods=["POST"]),
-                Route("/attachments/{channel}/{attachment}/{name}", self._attachment, methods=["GET"])]
+                Route("/attachments/{channel}/{attachment}/{name}", self._attachment, methods=["GET"]),
+                Route("/applications/{app}/commands", self._command, methods=["POST"])]
 
     def chat_of(self, call: Call) -> str:
         if call.op == "channel_message":
@@ -65,6 +68,30 @@ class FakeDiscord(FakePlatform):
             self.downloads.append(request.path_params["attachment"])
             return 200, found
         return await self.answer("attachment", request, serve)
+
+    async def _command(self, request: Request) -> Response:
+        return await self.answer("command", request, self._upsert)
+
+    def _upsert(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+        """Create or update a global command (by name), checked as Discord checks one."""
+        if request.headers.get("authorization") != f"Bot {self.bot_token}" \
+                or request.path_params["app"] != self.application_id:
+            self.refuse("a command for another application, or without the bot token")
+            return 401, {"message": "401: Unauthorized", "code": 0}
+        options = body.get("options") or []
+        named = [body.get("name"), *(o.get("name") for o in options)]
+        valid = all(isinstance(n, str) and re.fullmatch(r"[-_a-z0-9]{1,32}", n) for n in named) \
+            and 1 <= len(str(body.get("description") or "")) <= 100 \
+            and all(o.get("type") in range(1, 12) and 1 <= len(str(o.get("description") or "")) <= 100
+                    for o in options) \
+            and [o.get("required", False) for o in options] == sorted((o.get("required", False) for o in options),
+                                                                     reverse=True)  # required ones first
+        if not valid:
+            self.refuse(f"an invalid command: {body}")
+            return 400, {"message": "Invalid Form Body", "code": 50035}
+        created = body["name"] not in self.commands
+        self.commands[body["name"]] = {**body, "id": self.commands.get(body["name"], {}).get("id", str(next(self.seq)))}
+        return (201 if created else 200), self.commands[body["name"]]
 
     def _webhook(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
         app, token = request.path_params["app"], request.path_params["token"]

@@ -1,4 +1,4 @@
-"""`nanofleet channels telegram set-webhook URL` against the fake Bot API."""
+"""`nanofleet channels ...` against the fake platforms: Telegram's set-webhook, Discord's register."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.fakes.discord import FakeDiscord
 from tests.fakes.server import free_port
 from tests.fakes.telegram import FakeTelegram
 from tests.support.processes import ROOT
@@ -57,3 +58,25 @@ def test_set_webhook_that_cannot_reach_telegram_says_where_it_tried() -> None:
                      NANOFLEET_CHANNELS__TELEGRAM__WEBHOOK_SECRET="s", NANOFLEET_CHANNELS__TELEGRAM__API_BASE=base)
     assert done.returncode == 1 and f"the Bot API at {base}" in done.stderr, done.stderr
     assert "secret-token" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_discord_register_creates_then_updates_the_ask_command() -> None:
+    fake = FakeDiscord("APP9", "cli-bot-token")
+    fake.start()
+    try:
+        env = {"NANOFLEET_CHANNELS__DISCORD__APPLICATION_ID": "APP9",
+               "NANOFLEET_CHANNELS__DISCORD__PUBLIC_KEY": fake.public_key,
+               "NANOFLEET_CHANNELS__DISCORD__API_BASE": fake.url}
+        missing = nanofleet("discord", "register", **env)
+        assert missing.returncode == 2 and "NANOFLEET_CHANNELS__DISCORD__BOT_TOKEN" in missing.stderr
+        env["NANOFLEET_CHANNELS__DISCORD__BOT_TOKEN"] = fake.bot_token
+        first, again = nanofleet("discord", "register", **env), nanofleet("discord", "register", **env)
+        assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
+        command = fake.commands["ask"]
+        assert f"(command {command['id']})" in first.stdout and f"(command {command['id']})" in again.stdout
+        assert [(o["name"], o["type"]) for o in command["options"]] == [("question", 3), ("photo", 11)]
+        assert [c.status for c in fake.calls if c.op == "command"] == [201, 200] and fake.refused == []
+        wrong = nanofleet("discord", "register", **{**env, "NANOFLEET_CHANNELS__DISCORD__BOT_TOKEN": "nope-token"})
+        assert wrong.returncode == 1 and "Discord API at" in wrong.stderr and "nope-token" not in wrong.stderr
+    finally:
+        fake.server.stop()
