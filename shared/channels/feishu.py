@@ -37,6 +37,7 @@ TOKEN_INVALID = {99991661, 99991663, 99991668}  # missing, invalid or expired te
 # Messages without text a person sends in a private chat (answered with a notice unless fetched and read)
 MEDIA = {"image": "a photo", "audio": "a voice message", "file": "a file", "media": "a video",
          "sticker": "a sticker", "location": "a location"}
+FETCHED = {"image": "photo", "audio": "audio", "file": "file"}  # what the worker fetches of them, as which kind
 TOKEN_MARGIN = 300  # seconds before expiry a cached token is replaced
 THROTTLED = 99991400  # "request trigger frequency limit", answered with HTTP 400 rather than 429
 BOT_INFO_TIMEOUT = 3.0  # seconds, for each of the token and bot/v3/info calls
@@ -152,17 +153,18 @@ class FeishuChannel(BaseChannel):
                               media=media[0] if media else None, more_media=media[1:])
 
     def _attachment(self, event_id: str, msg: dict[str, Any], sender: dict[str, Any]) -> InboundMessage | None:
-        """A message without text in a private chat: a photo or voice message for the worker to fetch, or
-        a notice that only text is read (in groups it is addressed to nobody: ignored)."""
+        """A message without text in a private chat: a photo, voice message or file for the worker to
+        fetch, or a notice that only text is read (in groups it is addressed to nobody: ignored)."""
         kind, open_id, chat_id = msg.get("message_type"), (sender.get("sender_id") or {}).get("open_id"), \
             msg.get("chat_id")
         if msg.get("chat_type") == "group" or kind not in MEDIA:
             return None
         if not (isinstance(open_id, str) and isinstance(chat_id, str) and isinstance(msg.get("message_id"), str)):
             raise WebhookError(400, "message without sender open_id, chat_id or message_id")
-        key = _content(msg.get("content")).get("image_key" if kind == "image" else "file_key")
-        media = {"kind": "photo" if kind == "image" else "audio", "id": key, "message": msg["message_id"]} \
-            if kind in ("image", "audio") and isinstance(key, str) else None
+        content = _content(msg.get("content"))
+        key, name = content.get("image_key" if kind == "image" else "file_key"), str(content.get("file_name") or "")
+        media = {"kind": FETCHED[kind], "id": key, "message": msg["message_id"], "name": name} \
+            if kind in FETCHED and isinstance(key, str) else None
         return InboundMessage(channel=self.name, chat_id=chat_id, sender_id=open_id, content="", event_id=event_id,
                               reply_meta={"message_id": msg["message_id"]}, unsupported=MEDIA[str(kind)], media=media)
 

@@ -39,7 +39,9 @@ def attached(msg: InboundMessage, data: bytes) -> InboundMessage:
 def unseen(msg: InboundMessage) -> InboundMessage:
     """`msg` for a model that sees no images: its caption, saying photos came with it (photos
     alone keep `unsupported`: their sender is told that only text is read)."""
+    rest = [m for m in msg.more_media if m.get("kind") != "photo"]  # (its files are read all the same)
     if not msg.content.strip():
-        return msg.model_copy(update={"media": None, "more_media": []})
-    said = UNSEEN if not msg.more_media else UNSEEN_SOME.format(n=1 + len(msg.more_media))
-    return msg.model_copy(update={"media": None, "more_media": [], "content": said + msg.content})
+        return msg.model_copy(update={"media": None, "more_media": rest})
+    photos = 1 + len(msg.more_media) - len(rest)
+    said = UNSEEN if photos == 1 else UNSEEN_SOME.format(n=photos)
+    return msg.model_copy(update={"media": None, "more_media": rest, "content": said + msg.content})

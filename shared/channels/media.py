@@ -1,5 +1,6 @@
 """What a message's attachment (InboundMessage.media) becomes before the message is submitted: a
-voice message's words become its content (voice.py), a photo goes with it (images.py). The worker
+voice message's words become its content (voice.py), a photo goes with it (images.py), a file's
+text joins its content (files.py). The worker
 that submits it fetches it from the platform before the submission's transaction where it can
 (ahead), with no database connection held through the download or the model's seconds, and writes
 the result into the ledger; a submitter that comes to the message first (one of a later message of
@@ -13,7 +14,7 @@ import logging
 from sqlalchemy import ColumnElement, select, update
 
 from shared.agent.runtime import Runtime
-from shared.channels import images, voice
+from shared.channels import files, images, voice
 from shared.channels.base import MAX_IMAGE, Rejected
 from shared.channels.delivery import channel_for
 from shared.contracts import InboundMessage
@@ -28,8 +29,9 @@ NOT_FETCHED = "Sorry, I couldn't get your {what} from {channel} ({why}). {ask}"
 
 
 def _kinds(rt: Runtime) -> list[str]:
-    """The kinds of attachment fetched here: audio with a transcription model, photos with a model that sees."""
-    return [*(AUDIO if rt.settings.llm.transcription_model else ()), *(("photo",) if images.wanted(rt) else ())]
+    """The kinds of attachment fetched here: files, audio with a transcription model, photos with a
+    model that sees."""
+    return ["file", *(AUDIO if rt.settings.llm.transcription_model else ()), *(("photo",) if images.wanted(rt) else ())]
 
 
 def _to_fetch(kinds: list[str]) -> ColumnElement[bool]:
@@ -86,6 +88,9 @@ def _prepared(rt: Runtime, msg: InboundMessage) -> InboundMessage:
             return images.unseen(msg)
         photo = _fetch(rt, msg, MAX_IMAGE, "photo", "Could you send it again?")
         return photo if isinstance(photo, InboundMessage) else images.attached(msg, photo[0])
+    if kind == "file":
+        file = _fetch(rt, msg, files.MAX_FILE, "file", "Could you send it again?")
+        return file if isinstance(file, InboundMessage) else files.read(msg, *file)
     return msg.model_copy(update={"media": None, "more_media": []})  # its notice says that only text is read
 
 

@@ -92,7 +92,7 @@ class SlackChannel(BaseChannel):
             return InboundMessage(channel=self.name, chat_id=channel, sender_id=user, content="", event_id=event_id,
                                   unsupported="a file", media=media[0] if media else None, more_media=media[1:]) \
                 if dm and subtype == "file_share" else None
-        photos = [m for m in media if m["kind"] == "photo"]
+        attached = [m for m in media if m["kind"] != "audio"]  # (a clip with words: the words alone)
         thread = event.get("thread_ts")
         if dm and not thread:  # a plain DM: the conversation is the DM itself
             session_key, reply_meta = f"slack:{channel}", {}
@@ -101,7 +101,7 @@ class SlackChannel(BaseChannel):
             session_key, reply_meta = f"slack:{channel}:{root}", {"thread_ts": root}
         return InboundMessage(channel=self.name, chat_id=channel, sender_id=user, content=plain(_strip(text, bot_user)),
                               event_id=event_id, session_key=session_key, reply_meta=reply_meta, group=not dm,
-                              media=photos[0] if photos else None, more_media=photos[1:])
+                              media=attached[0] if attached else None, more_media=attached[1:])
 
     def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
         """The file's private download URL, with the bot token (the app needs the files:read scope). The
@@ -140,20 +140,19 @@ class SlackChannel(BaseChannel):
 
 
 def _media(files: object) -> list[dict[str, str]]:
-    """A message's photos (under MAX_IMAGE; MAX_IMAGES at most) for the worker to fetch, or else its
-    first audio clip."""
+    """A message's photos (under MAX_IMAGE) and documents, MAX_IMAGES at most, for the worker to fetch,
+    or else its first audio clip."""
     found: list[dict[str, str]] = []
     for f in files if isinstance(files, list) else []:
         if not (isinstance(f, dict) and isinstance(f.get("url_private_download"), str)):
             continue
         mime, size = str(f.get("mimetype", "")), f.get("size", 0)
         kind = "photo" if mime in IMAGE_TYPES and isinstance(size, int) and size <= MAX_IMAGE else \
-            "audio" if mime.startswith("audio/") else None
+            "audio" if mime.startswith("audio/") else None if mime.startswith(("image/", "video/")) else "file"
         if kind:
             found.append({"kind": kind, "id": str(f.get("id", "")), "url": f["url_private_download"],
                           "name": str(f.get("name") or "file")})
-    photos = [m for m in found if m["kind"] == "photo"][:MAX_IMAGES]
-    return photos or found[:1]
+    return [m for m in found if m["kind"] != "audio"][:MAX_IMAGES] or found[:1]
 
 
 def _bot_user(payload: dict[str, Any]) -> str | None:

@@ -98,7 +98,7 @@ class TelegramChannel(BaseChannel):
             channel=self.name, chat_id=str(chat["id"]), sender_id=str(sender["id"]),
             content=_with_quote(msg, _strip_mention(text, username)), event_id=update_id, session_key=session_key,
             reply_meta=reply_meta, sender_name=sender.get("username") or sender.get("first_name"), group=group,
-            media=_photo(msg),
+            media=_photo(msg) or _file(msg),
         )
 
     def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
@@ -211,12 +211,20 @@ def _with_quote(msg: dict[str, Any], text: str) -> str:
 
 
 def _media(msg: dict[str, Any]) -> dict[str, str] | None:
-    """The voice message's, audio file's or photo's id on Telegram, for the worker to fetch."""
+    """The voice message's, audio file's, photo's or document's id on Telegram, for the worker to fetch."""
     for kind in AUDIO:
         item = msg.get(kind)
         if isinstance(item, dict) and isinstance(item.get("file_id"), str):
             return {"kind": kind, "id": item["file_id"]}
-    return _photo(msg)
+    return _photo(msg) or _file(msg)
+
+
+def _file(msg: dict[str, Any]) -> dict[str, str] | None:
+    """A document's id and name (one that is no image: shared.channels.files reads its text)."""
+    doc = msg.get("document")
+    if not (isinstance(doc, dict) and isinstance(doc.get("file_id"), str)) or doc.get("mime_type") in IMAGE_TYPES:
+        return None
+    return {"kind": "file", "id": doc["file_id"], "name": str(doc.get("file_name") or "")}
 
 
 def _photo(msg: dict[str, Any]) -> dict[str, str] | None:

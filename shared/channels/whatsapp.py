@@ -30,6 +30,7 @@ MAX_AGE = 7 * 24 * 3600  # seconds
 # Graph API error codes that mean "slow down", and how long to wait (seconds).
 THROTTLED = {4: 60.0, 80007: 60.0, 130429: 1.0, 131056: 6.0}
 CAPTIONED = ("image", "video", "document")
+KINDS = {"audio": "audio", "image": "photo", "document": "file"}  # WhatsApp's media types the worker fetches
 # Messages without text a person sends (reactions and system messages are not answered)
 MEDIA = {"audio": "a voice message", "image": "a photo", "video": "a video", "document": "a file",
          "sticker": "a sticker", "location": "a location", "contacts": "a contact"}
@@ -93,7 +94,7 @@ class WhatsAppChannel(BaseChannel):
                 log.warning("whatsapp: message %s was sent more than 7 days ago; ignored as a replay", wamid)
                 continue
             kind = None if text else MEDIA.get(str(m.get("type")))
-            media = _media(m) if kind or m.get("type") == "image" else None
+            media = _media(m) if kind or m.get("type") in ("image", "document") else None
             if text or kind:
                 out.append(InboundMessage(channel=self.name, chat_id=sender, sender_id=sender, content=text or "",
                                           event_id=wamid, reply_meta={"reply_to": wamid},
@@ -175,12 +176,13 @@ def _name(contact: dict[str, Any]) -> str | None:
 
 
 def _media(message: dict[str, Any]) -> dict[str, str] | None:
-    """A voice note's or photo's media id, for the worker to fetch."""
+    """A voice note's, photo's or document's media id (and a document's name), for the worker to fetch."""
     kind = message.get("type")
     part = message.get(str(kind))
-    if kind not in ("audio", "image") or not isinstance(part, dict) or not isinstance(part.get("id"), str):
+    if kind not in KINDS or not isinstance(part, dict) or not isinstance(part.get("id"), str):
         return None
-    return {"kind": "audio" if kind == "audio" else "photo", "id": part["id"]}
+    return {"kind": KINDS[kind], "id": part["id"], **({"name": str(part.get("filename") or "")} if kind == "document"
+                                                      else {})}
 
 
 def _text(message: dict[str, Any]) -> str | None:

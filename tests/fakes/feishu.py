@@ -167,6 +167,14 @@ class FakeFeishu(FakePlatform):
         self.resources[(message["message_id"], key)] = (image, "image")
         return event
 
+    def file(self, *, chat: str, sender: str, event_id: str, content: bytes, name: str) -> dict[str, Any]:
+        """A private chat's file message, the file served as the message's resource."""
+        event = self.event(chat=chat, sender=sender, text="", event_id=event_id)
+        message, key = event["event"]["message"], f"file_v3_{next(self.seq)}"
+        message.update(message_type="file", content=json.dumps({"file_key": key, "file_name": name}))
+        self.resources[(message["message_id"], key)] = (content, "file")
+        return event
+
     def post(self, *, chat: str, sender: str, event_id: str, title: str = "",
              paragraphs: list[list[dict[str, Any]]], images: tuple[bytes, ...] = (), chat_type: str = "p2p",
              mentions: list[dict[str, Any]] | None = None) -> dict[str, Any]:

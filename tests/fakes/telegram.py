@@ -160,6 +160,17 @@ class FakeTelegram(FakePlatform):
         del update["message"]["text"]
         return update
 
+    def document(self, *, chat: int, sender: int, content: bytes, name: str, mime: str,
+                 caption: str | None = None) -> dict[str, Any]:
+        """An update with a file (and its caption), served by getFile and /file/."""
+        file_id = f"doc{len(self.files) + 1}"
+        self.files[file_id] = content
+        update = self.update(chat=chat, sender=sender, text="", document={
+            "file_id": file_id, "file_unique_id": f"u{file_id}", "file_name": name, "mime_type": mime,
+            "file_size": len(content)}, **({"caption": caption} if caption is not None else {}))
+        del update["message"]["text"]
+        return update
+
     def photo(self, *, chat: int, sender: int, image: bytes, caption: str | None = None,
               chat_type: str = "private") -> dict[str, Any]:
         """An update with a photo in two sizes, as Telegram sends one (a thumbnail and the photo), the

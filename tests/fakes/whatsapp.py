@@ -119,6 +119,16 @@ class FakeWhatsApp(FakePlatform):
                                             **({"caption": caption} if caption is not None else {})})
         return event
 
+    def document(self, *, sender: str, wamid: str, content: bytes, name: str, mime: str) -> dict[str, Any]:
+        """A webhook with a file, served as voice notes are."""
+        media_id = f"media{len(self.media) + 1}"
+        self.media[media_id], self.mime[media_id] = content, mime
+        event = self.event(sender=sender, text="", wamid=wamid)
+        message = event["entry"][0]["changes"][0]["value"]["messages"][0]
+        del message["text"]
+        message.update(type="document", document={"id": media_id, "filename": name, "mime_type": mime, "sha256": "x"})
+        return event
+
     def status(self, *, recipient: str, wamid: str, status: str, code: int = 131047,
                title: str = "Re-engagement message") -> dict[str, Any]:
         """A status webhook about a message we sent: sent, delivered, read, or failed (with errors)."""

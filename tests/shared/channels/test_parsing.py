@@ -78,8 +78,11 @@ def test_telegram_photos_name_their_largest_size_under_the_limit_or_an_image_fil
     assert (photo.content, photo.unsupported, photo.media) == ("what is it?", None, {"kind": "photo", "id": "large"})
     as_file = tg.update(chat=5, sender=1, text="", document={"file_id": "d", "mime_type": "image/png"})
     assert ch.parse({}, body(as_file)).messages[0].media == {"kind": "photo", "id": "d"}
-    pdf = tg.update(chat=5, sender=1, text="", document={"file_id": "d", "mime_type": "application/pdf"})
-    assert ch.parse({}, body(pdf)).messages[0].media is None  # (a file: the notice)
+    pdf = tg.update(chat=5, sender=1, text="", caption="sum it up",
+                    document={"file_id": "d", "mime_type": "application/pdf", "file_name": "q3.pdf"})
+    del pdf["message"]["text"]
+    [doc] = ch.parse({}, body(pdf)).messages  # (its text is read: shared.channels.files)
+    assert (doc.content, doc.media) == ("sum it up", {"kind": "file", "id": "d", "name": "q3.pdf"})
 
 
 def test_telegram_ignores_messages_from_bots() -> None:
@@ -195,7 +198,7 @@ def test_feishu_decrypts_and_keeps_text_addressed_to_the_bot_and_private_attachm
     [image] = ch.parse({}, fs.signed(fs.image(chat="oc_1", sender="ou_1", event_id="ev3", image=b"x"))[0]).messages
     message_id = image.reply_meta["message_id"]
     assert (image.content, image.unsupported, image.media) == ("", "a photo", {"kind": "photo", "id": "img_v2_4",
-                                                                               "message": message_id})
+                                                                               "message": message_id, "name": ""})
     sticker = fs.event(chat="oc_1", sender="ou_1", text="x", event_id="ev4")
     sticker["event"]["message"].update(message_type="sticker", content='{"file_key": "s"}')
     [told] = ch.parse({}, fs.signed(sticker)[0]).messages

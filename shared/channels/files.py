@@ -1,0 +1,66 @@
+"""Files sent in a chat: the worker that submits one (a PDF, or a text file: notes, Markdown, CSV, JSON,
+code) fetches it, and its text goes to the model with the message, after the caption, as
+`[file NAME]` and the text, cut to MAX_CHARS. It stays in the conversation as part of the message
+(the window and the token guard bound what later prompts carry). A file with no text a model could
+read (a scan, a spreadsheet, a protected PDF) gets its sender a notice that says so and costs no LLM
+call; with a caption, the caption is answered, the model told the file was not read and why."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+from pypdf import PdfReader
+from pypdf.errors import PyPdfError
+
+from shared.contracts import InboundMessage
+
+log = logging.getLogger(__name__)
+MAX_FILE = 10 * 1024 * 1024  # bytes fetched at most
+MAX_CHARS = 20_000  # characters of a file's text the model is given (about 5,000 tokens)
+MAX_PAGES = 100  # pages of a PDF read at most
+CUT = "\n[... {n:,} more characters of the file not shown]"
+NOT_READ = "Sorry, I couldn't read {name}: {why}. Could you send its text?"
+
+
+def read(msg: InboundMessage, data: bytes, fetched_as: str) -> InboundMessage:
+    """`msg` with the text of its file (fetched by shared.channels.media) after its caption. A file
+    with no text to read gets its sender a notice that says why; with a caption, the caption goes on,
+    saying so to the model. The file is named as its sender named it, where the platform says."""
+    name = " ".join(((msg.media or {}).get("name") or fetched_as).split())[:200]  # one line
+    text, why = _pdf(data) if data.startswith(b"%PDF-") else _plain(data)
+    log.info("inbound event %s: file %r, %d bytes: %s", msg.event_id, name, len(data),
+             f"{len(text)} characters of text" if text else why)
+    if not text:
+        if not msg.content.strip():
+            return msg.answered(NOT_READ.format(name=name, why=why))
+        block = f"[file {name}: not read, {why}]"
+    else:
+        cut = CUT.format(n=len(text) - MAX_CHARS) if len(text) > MAX_CHARS else ""
+        block = f"[file {name}]\n{text[:MAX_CHARS]}{cut}"
+    content = f"{msg.content}\n\n{block}" if msg.content.strip() else block
+    return msg.model_copy(update={"content": content, "media": None, "more_media": [], "unsupported": None})
+
+
+def _plain(data: bytes) -> tuple[str, str]:
+    """The text of a file that is UTF-8 (or UTF-16 with its byte-order mark), and why there is none."""
+    try:
+        text = data.decode("utf-16") if data[:2] in (b"\xff\xfe", b"\xfe\xff") else data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return "", "it is neither a PDF nor a text file"
+    if "\x00" in text:  # (a binary file can be valid UTF-8)
+        return "", "it is neither a PDF nor a text file"
+    return text.strip(), "it is empty"
+
+
+def _pdf(data: bytes) -> tuple[str, str]:
+    """The text of a PDF's first MAX_PAGES pages, and why there is none."""
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted and not reader.decrypt(""):
+            return "", "the PDF is protected by a password"
+        pages = [page.extract_text() or "" for page in reader.pages[:MAX_PAGES]]
+    except (PyPdfError, ValueError, KeyError, TypeError, RecursionError) as err:  # a damaged file
+        log.warning("a PDF could not be read: %s: %s", type(err).__name__, err)
+        return "", "the PDF could not be read"
+    return "\n\n".join(p.strip() for p in pages if p.strip()), "the PDF has no text (a scan, perhaps)"
