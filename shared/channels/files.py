@@ -23,6 +23,12 @@ CUT = "\n[... {n:,} more characters of the file not shown]"
 NOT_READ = "Sorry, I couldn't read {name}: {why}. Could you send its text?"
 
 
+def worth_fetching(mime: object) -> bool:
+    """Whether a file of this type (as the platform says) may have text to read: not a picture, sound or
+    film (photos and voice messages have their own way in)."""
+    return not (isinstance(mime, str) and mime.startswith(("image/", "audio/", "video/")))
+
+
 def read(msg: InboundMessage, data: bytes, fetched_as: str) -> InboundMessage:
     """`msg` with the text of its file (fetched by shared.channels.media) after its caption. A file
     with no text to read gets its sender a notice that says why; with a caption, the caption goes on,

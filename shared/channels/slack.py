@@ -26,6 +26,7 @@ from shared.channels.base import (
     json_object,
 )
 from shared.channels.clients import PlatformError, body, check, download, http
+from shared.channels.files import worth_fetching
 from shared.channels.markdown import slack_mrkdwn
 from shared.contracts import InboundMessage
 from shared.settings import Settings
@@ -148,7 +149,7 @@ def _media(files: object) -> list[dict[str, str]]:
             continue
         mime, size = str(f.get("mimetype", "")), f.get("size", 0)
         kind = "photo" if mime in IMAGE_TYPES and isinstance(size, int) and size <= MAX_IMAGE else \
-            "audio" if mime.startswith("audio/") else None if mime.startswith(("image/", "video/")) else "file"
+            "audio" if mime.startswith("audio/") else "file" if worth_fetching(mime) else None
         if kind:
             found.append({"kind": kind, "id": str(f.get("id", "")), "url": f["url_private_download"],
                           "name": str(f.get("name") or "file")})

@@ -9,6 +9,7 @@ import html
 import re
 from typing import Any, ClassVar
 
+from shared.channels import files
 from shared.channels.base import (
     IMAGE_TYPES,
     MAX_IMAGE,
@@ -220,9 +221,10 @@ def _media(msg: dict[str, Any]) -> dict[str, str] | None:
 
 
 def _file(msg: dict[str, Any]) -> dict[str, str] | None:
-    """A document's id and name (one that is no image: shared.channels.files reads its text)."""
+    """A document's id and name, for shared.channels.files to read its text (not a picture, sound or film)."""
     doc = msg.get("document")
-    if not (isinstance(doc, dict) and isinstance(doc.get("file_id"), str)) or doc.get("mime_type") in IMAGE_TYPES:
+    if not (isinstance(doc, dict) and isinstance(doc.get("file_id"), str)) \
+            or not files.worth_fetching(doc.get("mime_type")):
         return None
     return {"kind": "file", "id": doc["file_id"], "name": str(doc.get("file_name") or "")}
 

@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any, ClassVar
 
+from shared.channels import files
 from shared.channels.base import (
     BaseChannel,
     Bucket,
@@ -179,7 +180,8 @@ def _media(message: dict[str, Any]) -> dict[str, str] | None:
     """A voice note's, photo's or document's media id (and a document's name), for the worker to fetch."""
     kind = message.get("type")
     part = message.get(str(kind))
-    if kind not in KINDS or not isinstance(part, dict) or not isinstance(part.get("id"), str):
+    if kind not in KINDS or not isinstance(part, dict) or not isinstance(part.get("id"), str) \
+            or (kind == "document" and not files.worth_fetching(part.get("mime_type"))):
         return None
     return {"kind": KINDS[kind], "id": part["id"], **({"name": str(part.get("filename") or "")} if kind == "document"
                                                       else {})}

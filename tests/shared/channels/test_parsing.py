@@ -83,6 +83,8 @@ def test_telegram_photos_name_their_largest_size_under_the_limit_or_an_image_fil
     del pdf["message"]["text"]
     [doc] = ch.parse({}, body(pdf)).messages  # (its text is read: shared.channels.files)
     assert (doc.content, doc.media) == ("sum it up", {"kind": "file", "id": "d", "name": "q3.pdf"})
+    film = tg.update(chat=5, sender=1, text="", document={"file_id": "v", "mime_type": "video/mp4"})
+    assert ch.parse({}, body(film)).messages[0].media is None  # (not fetched: the notice)
 
 
 def test_telegram_ignores_messages_from_bots() -> None:
