@@ -24,8 +24,12 @@ def test_a_pdf_s_pages_and_a_text_file_are_read_after_the_caption() -> None:
 
 def test_a_long_text_is_cut_saying_how_much_is_left_out() -> None:
     read = files.read(msg(), b"a" * (files.MAX_CHARS + 1234), "f")
-    assert read.content.endswith("a" * 10 + files.CUT.format(n=1234))
+    assert read.content.endswith("a" * 10 + "\n[... not shown: 1,234 more characters]")
     assert len(read.content) < files.MAX_CHARS + 100
+    page = "b" * 3000  # pages are read until MAX_CHARS are: 7 of them (and 6 blank lines), 5 left unread
+    long = files.read(msg(), pdf(*[page] * 12), "f").content
+    assert long.endswith("b\n[... not shown: 1,012 more characters and 5 more page(s)]")
+    assert long.count("b") == files.MAX_CHARS - 12
 
 
 def test_a_file_without_text_gets_a_notice_or_its_caption_says_so() -> None:
