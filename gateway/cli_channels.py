@@ -39,7 +39,7 @@ def set_webhook(
 
 @discord.command("register")
 def register() -> None:
-    """Create or update the /ask slash command (a question, a photo, or both) with
+    """Create or update the /ask slash command (a question, a photo or file, or both) with
     NANOFLEET_CHANNELS__DISCORD__BOT_TOKEN; the application's other commands stay."""
     from gateway.cli import settings_or_exit  # the main CLI imports this module
     from shared.channels.discord import DiscordChannel

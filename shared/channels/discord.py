@@ -24,6 +24,7 @@ from shared.channels.base import (
     json_object,
 )
 from shared.channels.clients import body, check, download, http, redis_client
+from shared.channels.files import worth_fetching
 from shared.channels.markdown import identity
 from shared.channels.signing import fresh
 from shared.constants import KEY_CACHE
@@ -37,7 +38,7 @@ CDN_HOSTS = ("cdn.discordapp.com", "media.discordapp.net")  # where attachments 
 # The slash command nanofleet answers (`nanofleet channels discord register` creates or updates it).
 ASK = {"name": "ask", "description": "Ask the agent", "options": [
     {"type": STRING, "name": "question", "description": "What to ask"},
-    {"type": ATTACHMENT, "name": "photo", "description": "A photo to look at"}]}
+    {"type": ATTACHMENT, "name": "file", "description": "A photo, a PDF or a text file to look at"}]}
 # Every interaction needs a valid answer, or the user sees "interaction failed". nanofleet sends no buttons,
 # menus or modals and its /ask has no autocomplete, but other commands of the application may: a button, or
 # a modal opened from one, is acknowledged with its message left as it is; an autocomplete offers no choices.
@@ -104,13 +105,14 @@ class DiscordChannel(BaseChannel):
         if not (isinstance(iid, str) and isinstance(token, str) and isinstance(channel, str) and "id" in user):
             raise WebhookError(400, "command without id, token, channel_id or user")
         data: dict[str, Any] = payload["data"] if isinstance(payload.get("data"), dict) else {}
-        text, photo = _prompt(data), _photo(data)
-        if not (text or photo):
+        text, attached = _prompt(data), _attachment(data)
+        if not (text or attached):
             return Parsed(response=_ephemeral("Ask me something: `/ask question: ...`"), event_id=iid)
         meta = {"interaction_token": token, "application_id": str(payload.get("application_id") or "")}
         msg = InboundMessage(channel=self.name, chat_id=channel, sender_id=str(user["id"]), content=text,
                              event_id=iid, reply_meta=meta, sender_name=user.get("username"),
-                             group="guild_id" in payload, media=photo, unsupported=None if text else "a photo")
+                             group="guild_id" in payload, media=attached,
+                             unsupported=None if text or not attached else f"a {attached['kind']}")
         return Parsed(messages=[msg], response={"type": DEFERRED}, event_id=iid,
                       denied_response=_ephemeral("Sorry, you are not allowed to use this bot."))
 
@@ -217,16 +219,19 @@ def _prompt(data: dict[str, Any]) -> str:
     return ""
 
 
-def _photo(data: dict[str, Any]) -> dict[str, str] | None:
-    """The command's first attachment option (`/ask photo: ...`), when it is an image a model takes:
-    Discord sends its id as the option's value, and the file in data.resolved.attachments."""
+def _attachment(data: dict[str, Any]) -> dict[str, str] | None:
+    """The command's first attachment option (`/ask file: ...`): a photo a model takes, or a file
+    that may have text to read. Discord sends its id as the option's value, and the file in
+    data.resolved.attachments."""
     resolved = (data.get("resolved") or {}).get("attachments") if isinstance(data.get("resolved"), dict) else None
     for option in _options(data, ATTACHMENT):
         found = resolved.get(str(option.get("value"))) if isinstance(resolved, dict) else None
         if not (isinstance(found, dict) and isinstance(found.get("url"), str)):
             continue
-        size = found.get("size", 0)
-        if found.get("content_type") in IMAGE_TYPES and isinstance(size, int) and size <= MAX_IMAGE:
-            return {"kind": "photo", "id": str(found.get("id", "")), "url": found["url"],
-                    "name": str(found.get("filename") or "photo")}
+        size, mime = found.get("size", 0), found.get("content_type")
+        kind = "photo" if mime in IMAGE_TYPES and isinstance(size, int) and size <= MAX_IMAGE else \
+            "file" if worth_fetching(mime) else None
+        if kind:
+            return {"kind": kind, "id": str(found.get("id", "")), "url": found["url"],
+                    "name": str(found.get("filename") or kind)}
     return None

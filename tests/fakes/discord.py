@@ -120,8 +120,9 @@ class FakeDiscord(FakePlatform):
     # ------------------------------------------------------------------ inbound
 
     def command(self, *, channel: str, user: str, text: str, interaction_id: str, photo: bytes | None = None,
-                content_type: str = "image/png") -> dict[str, Any]:
-        """`/ask question: text` (no question when `text` is empty), with `photo: ...` attached if given."""
+                content_type: str = "image/png", filename: str = "photo.png") -> dict[str, Any]:
+        """`/ask question: text` (no question when `text` is empty), with `file: ...` attached if `photo`
+        (or any file) is given."""
         token = f"itk-{uuid.uuid4().hex}"
         self.interactions[token] = channel
         data: dict[str, Any] = {"id": "C1", "name": "ask", "type": 1,
@@ -129,11 +130,11 @@ class FakeDiscord(FakePlatform):
         if photo is not None:
             aid = str(next(self.seq))
             self.attachments[aid] = photo
-            data["options"].append({"name": "photo", "type": 11, "value": aid})
+            data["options"].append({"name": "file", "type": 11, "value": aid})
+            url = f"{self.url}/attachments/{channel}/{aid}/{filename}?ex=1&is=1&hm=ab"
             data["resolved"] = {"attachments": {aid: {
-                "id": aid, "filename": "photo.png", "size": len(photo), "content_type": content_type,
-                "url": f"{self.url}/attachments/{channel}/{aid}/photo.png?ex=1&is=1&hm=ab",
-                "proxy_url": f"{self.url}/attachments/{channel}/{aid}/photo.png?ex=1&is=1&hm=ab"}}}
+                "id": aid, "filename": filename, "size": len(photo), "content_type": content_type, "url": url,
+                "proxy_url": url}}}
         return {"id": interaction_id, "application_id": self.application_id, "type": 2, "token": token,
                 "version": 1, "channel_id": channel, "guild_id": "G1",
                 "member": {"user": {"id": user, "username": "ann"}, "roles": []}, "data": data}

@@ -74,7 +74,7 @@ def test_discord_register_creates_then_updates_the_ask_command() -> None:
         assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
         command = fake.commands["ask"]
         assert f"(command {command['id']})" in first.stdout and f"(command {command['id']})" in again.stdout
-        assert [(o["name"], o["type"]) for o in command["options"]] == [("question", 3), ("photo", 11)]
+        assert [(o["name"], o["type"]) for o in command["options"]] == [("question", 3), ("file", 11)]
         assert [c.status for c in fake.calls if c.op == "command"] == [201, 200] and fake.refused == []
         wrong = nanofleet("discord", "register", **{**env, "NANOFLEET_CHANNELS__DISCORD__BOT_TOKEN": "nope-token"})
         assert wrong.returncode == 1 and "Discord API at" in wrong.stderr and "nope-token" not in wrong.stderr

@@ -70,3 +70,14 @@ def test_a_feishu_file_with_no_text_gets_a_notice_and_no_llm_call(channels: Chan
                              "where c.chat_id = :c", c=chat)
     assert fake_llm.calls() == calls and stored == 0
     assert fs.refused == []
+
+
+def test_a_pdf_attached_to_discord_s_ask_is_read(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    dc, d = channels.fakes["discord"], channels.driver("discord")
+    chat, marker = d.new_chat(), uuid.uuid4().hex[:8]
+    ask = dc.command(channel=chat, user=d.allowed, text="", interaction_id=uuid.uuid4().hex,
+                     photo=pdf(f"Minutes {marker}"), filename="minutes.pdf", content_type="application/pdf")
+    assert channels.post("discord", dc.signed(ask)).json() == {"type": 5}
+    channels.settled(chat)
+    assert asked(fake_llm, marker) == [f"[file minutes.pdf]\nMinutes {marker}"]
+    assert len(d.replies(chat)) == 1

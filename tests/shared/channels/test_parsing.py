@@ -234,7 +234,7 @@ def test_discord_ping_commands_and_usage() -> None:
     assert malformed(ch.parse, {"type": 2, "id": "I"}) == 400
 
 
-def test_a_discord_command_s_photo_option_is_fetched_not_read_as_its_question() -> None:
+def test_a_discord_command_s_file_option_is_fetched_not_read_as_its_question() -> None:
     fd, ch = FakeDiscord("APP", "bot"), DiscordChannel(S)
     [alone] = ch.parse({}, body(fd.command(channel="C9", user="7", text="", interaction_id="I2", photo=b"p"))).messages
     assert (alone.content, alone.unsupported) == ("", "a photo")  # not the attachment's id
@@ -243,6 +243,11 @@ def test_a_discord_command_s_photo_option_is_fetched_not_read_as_its_question() 
                        content_type="image/svg+xml")
     [asked] = ch.parse({}, body(other)).messages
     assert (asked.content, asked.media) == ("what?", None)  # no image a model takes: the question alone
+    report = fd.command(channel="C9", user="7", text="", interaction_id="I4", photo=b"%PDF-", filename="q3.pdf",
+                        content_type="application/pdf")
+    [doc] = ch.parse({}, body(report)).messages
+    assert (doc.unsupported, doc.media and doc.media["kind"], doc.media and doc.media["name"]) == \
+        ("a file", "file", "q3.pdf")
 
 
 def test_generic_webhook_fields() -> None:
