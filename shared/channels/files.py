@@ -68,11 +68,12 @@ def _pdf(data: bytes) -> tuple[str, str, int]:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):
             return "", "the PDF is protected by a password", 0
-        total = len(reader.pages)
+        total, size = len(reader.pages), 0
         for page in reader.pages:
-            if len(pages) == MAX_PAGES or sum(map(len, pages)) > MAX_CHARS:
+            if len(pages) == MAX_PAGES or size > MAX_CHARS:
                 break
             pages.append((page.extract_text() or "").strip())
+            size += len(pages[-1])
     except (PyPdfError, ValueError, KeyError, TypeError, RecursionError) as err:  # a damaged file
         log.warning("a PDF could not be read: %s: %s", type(err).__name__, err)
         return "", "the PDF could not be read", 0

@@ -1,11 +1,10 @@
-"""What a message's attachment (InboundMessage.media) becomes before the message is submitted: a
-voice message's words become its content (voice.py), a photo goes with it (images.py), a file's
-text joins its content (files.py). The worker
-that submits it fetches it from the platform before the submission's transaction where it can
-(ahead), with no database connection held through the download or the model's seconds, and writes
-the result into the ledger; a submitter that comes to the message first (one of a later message of
-its chat) prepares it in its transaction, under its chat's lock, so the messages sent after it still
-wait for it, in order."""
+"""What a message's attachments (InboundMessage.media, then more_media) become before the message is
+submitted: a voice message's words become its content (voice.py), a photo goes with it (images.py),
+a file's text joins its content (files.py). The worker that submits it fetches them from the platform
+before the submission's transaction where it can (ahead), with no database connection held through
+the download or the model's seconds, and writes the result into the ledger; a submitter that comes to
+the message first (one of a later message of its chat) prepares it in its transaction, under its
+chat's lock, so the messages sent after it still wait for it, in order."""
 
 from __future__ import annotations
 

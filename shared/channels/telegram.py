@@ -9,7 +9,6 @@ import html
 import re
 from typing import Any, ClassVar
 
-from shared.channels import files
 from shared.channels.base import (
     IMAGE_TYPES,
     MAX_IMAGE,
@@ -22,6 +21,7 @@ from shared.channels.base import (
     json_object,
 )
 from shared.channels.clients import Learned, PlatformError, body, check, download, http
+from shared.channels.files import worth_fetching
 from shared.channels.markdown import telegram_html
 from shared.channels.signing import same
 from shared.contracts import InboundMessage
@@ -224,7 +224,7 @@ def _file(msg: dict[str, Any]) -> dict[str, str] | None:
     """A document's id and name, for shared.channels.files to read its text (not a picture, sound or film)."""
     doc = msg.get("document")
     if not (isinstance(doc, dict) and isinstance(doc.get("file_id"), str)) \
-            or not files.worth_fetching(doc.get("mime_type")):
+            or not worth_fetching(doc.get("mime_type")):
         return None
     return {"kind": "file", "id": doc["file_id"], "name": str(doc.get("file_name") or "")}
 

@@ -7,7 +7,6 @@ import logging
 import time
 from typing import Any, ClassVar
 
-from shared.channels import files
 from shared.channels.base import (
     BaseChannel,
     Bucket,
@@ -19,6 +18,7 @@ from shared.channels.base import (
     json_object,
 )
 from shared.channels.clients import body, check, download, http
+from shared.channels.files import worth_fetching
 from shared.channels.signing import hmac_hex, same
 from shared.contracts import InboundMessage
 from shared.settings import Settings
@@ -181,10 +181,12 @@ def _media(message: dict[str, Any]) -> dict[str, str] | None:
     kind = message.get("type")
     part = message.get(str(kind))
     if kind not in KINDS or not isinstance(part, dict) or not isinstance(part.get("id"), str) \
-            or (kind == "document" and not files.worth_fetching(part.get("mime_type"))):
+            or (kind == "document" and not worth_fetching(part.get("mime_type"))):
         return None
-    return {"kind": KINDS[kind], "id": part["id"], **({"name": str(part.get("filename") or "")} if kind == "document"
-                                                      else {})}
+    found = {"kind": KINDS[kind], "id": part["id"]}
+    if kind == "document":
+        found["name"] = str(part.get("filename") or "")
+    return found
 
 
 def _text(message: dict[str, Any]) -> str | None:
