@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -11,6 +12,20 @@ telegram = typer.Typer(help="Telegram.", no_args_is_help=True)
 app.add_typer(telegram, name="telegram")
 discord = typer.Typer(help="Discord.", no_args_is_help=True)
 app.add_typer(discord, name="discord")
+
+
+def _exit(message: str, code: int) -> typer.Exit:
+    typer.echo(f"nanofleet: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _call(done: Callable[[], str], failed: str, where: str) -> None:
+    """Print what `done()` says; when it fails, why and `where` it tried (named by its API base
+    setting: no token in it), and exit 1."""
+    try:
+        typer.echo(done())
+    except Exception as err:
+        raise _exit(f"{failed}: {err} ({where})", 1) from None
 
 
 @telegram.command("set-webhook")
@@ -24,17 +39,11 @@ def set_webhook(
 
     ch = TelegramChannel(settings_or_exit())
     if missing := ch.missing():
-        typer.echo(f"nanofleet: set {', '.join(missing)} first", err=True)
-        raise typer.Exit(2)
+        raise _exit(f"set {', '.join(missing)} first", 2)
     if not url.startswith("https://"):
-        typer.echo("nanofleet: Telegram only calls https:// webhook URLs", err=True)
-        raise typer.Exit(2)
-    try:
-        typer.echo(f"telegram: {ch.set_webhook(url, drop_pending=drop_pending)}")
-    except Exception as err:
-        where = f"the Bot API at {ch.cfg.api_base} (NANOFLEET_CHANNELS__TELEGRAM__API_BASE)"  # no token in it
-        typer.echo(f"nanofleet: setWebhook failed: {err} ({where})", err=True)
-        raise typer.Exit(1) from None
+        raise _exit("Telegram only calls https:// webhook URLs", 2)
+    _call(lambda: f"telegram: {ch.set_webhook(url, drop_pending=drop_pending)}", "setWebhook failed",
+          f"the Bot API at {ch.cfg.api_base} (NANOFLEET_CHANNELS__TELEGRAM__API_BASE)")
 
 
 @discord.command("register")
@@ -46,11 +55,6 @@ def register() -> None:
 
     ch = DiscordChannel(settings_or_exit())
     if missing := [*ch.missing(), *([] if ch.secret("bot_token") else ["NANOFLEET_CHANNELS__DISCORD__BOT_TOKEN"])]:
-        typer.echo(f"nanofleet: set {', '.join(missing)} first", err=True)
-        raise typer.Exit(2)
-    try:
-        typer.echo(f"discord: /ask registered (command {ch.register()})")
-    except Exception as err:
-        where = f"the Discord API at {ch.cfg.api_base} (NANOFLEET_CHANNELS__DISCORD__API_BASE)"  # no token in it
-        typer.echo(f"nanofleet: registering /ask failed: {err} ({where})", err=True)
-        raise typer.Exit(1) from None
+        raise _exit(f"set {', '.join(missing)} first", 2)
+    _call(lambda: f"discord: /ask registered (command {ch.register()})", "registering /ask failed",
+          f"the Discord API at {ch.cfg.api_base} (NANOFLEET_CHANNELS__DISCORD__API_BASE)")
