@@ -61,8 +61,8 @@ class InboundMessage(BaseModel):
     # platform's file id}): the worker fetches it, and a transcription model's words become the content;
     # a photo goes to a model that sees images (shared.channels.media).
     media: dict[str, str] | None = None
-    # The message's further photos (a Feishu post or a Slack message may hold several), fetched after
-    # `media`, in order.
+    # The message's further attachments, photos or files (a Feishu post or a Slack message may hold
+    # several), fetched after `media`, in order.
     more_media: list[dict[str, str]] = Field(default_factory=list)
     # The photos fetched, each {"mime": "image/jpeg", "data": base64}, on their way to the conversation.
     images: list[dict[str, str]] = Field(default_factory=list)

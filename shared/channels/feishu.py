@@ -146,7 +146,7 @@ class FeishuChannel(BaseChannel):
         media = [{"kind": "photo", "id": key, "message": str(message_id)} for key in photos[:MAX_IMAGES]]
         content = _named(text, mentions, drop=ours)
         if kind == "post" and not (content or media):
-            return None  # nothing we read (a post of a video alone, say)
+            return None  # an empty post: nothing to answer
         return InboundMessage(channel=self.name, chat_id=chat_id, sender_id=open_id, content=content,
                               event_id=event_id, reply_meta={"message_id": message_id}, group=group,
                               unsupported=MEDIA["image"] if media and not content else None,

@@ -119,21 +119,21 @@ class FakeDiscord(FakePlatform):
 
     # ------------------------------------------------------------------ inbound
 
-    def command(self, *, channel: str, user: str, text: str, interaction_id: str, photo: bytes | None = None,
+    def command(self, *, channel: str, user: str, text: str, interaction_id: str, attached: bytes | None = None,
                 content_type: str = "image/png", filename: str = "photo.png") -> dict[str, Any]:
-        """`/ask question: text` (no question when `text` is empty), with `file: ...` attached if `photo`
-        (or any file) is given."""
+        """`/ask question: text` (no question when `text` is empty), with `file: ...` if `attached` is given
+        (a photo unless `content_type` says otherwise)."""
         token = f"itk-{uuid.uuid4().hex}"
         self.interactions[token] = channel
         data: dict[str, Any] = {"id": "C1", "name": "ask", "type": 1,
                                 "options": [{"name": "question", "type": 3, "value": text}] if text else []}
-        if photo is not None:
+        if attached is not None:
             aid = str(next(self.seq))
-            self.attachments[aid] = photo
+            self.attachments[aid] = attached
             data["options"].append({"name": "file", "type": 11, "value": aid})
             url = f"{self.url}/attachments/{channel}/{aid}/{filename}?ex=1&is=1&hm=ab"
             data["resolved"] = {"attachments": {aid: {
-                "id": aid, "filename": filename, "size": len(photo), "content_type": content_type, "url": url,
+                "id": aid, "filename": filename, "size": len(attached), "content_type": content_type, "url": url,
                 "proxy_url": url}}}
         return {"id": interaction_id, "application_id": self.application_id, "type": 2, "token": token,
                 "version": 1, "channel_id": channel, "guild_id": "G1",

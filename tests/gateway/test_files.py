@@ -76,7 +76,7 @@ def test_a_pdf_attached_to_discord_s_ask_is_read(channels: ChannelStack, fake_ll
     dc, d = channels.fakes["discord"], channels.driver("discord")
     chat, marker = d.new_chat(), uuid.uuid4().hex[:8]
     ask = dc.command(channel=chat, user=d.allowed, text="", interaction_id=uuid.uuid4().hex,
-                     photo=pdf(f"Minutes {marker}"), filename="minutes.pdf", content_type="application/pdf")
+                     attached=pdf(f"Minutes {marker}"), filename="minutes.pdf", content_type="application/pdf")
     assert channels.post("discord", dc.signed(ask)).json() == {"type": 5}
     channels.settled(chat)
     assert asked(fake_llm, marker) == [f"[file minutes.pdf]\nMinutes {marker}"]

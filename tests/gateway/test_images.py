@@ -180,13 +180,13 @@ def test_a_slack_message_with_several_photos_shows_the_model_each(channels: Chan
 def test_a_discord_ask_with_a_photo_fetches_it_from_the_cdn_only(channels: ChannelStack, fake_llm: FakeLLM) -> None:
     dc, d = channels.fakes["discord"], channels.driver("discord")
     chat, image, before = d.new_chat(), png(9, 9), len(dc.downloads)
-    ask = dc.command(channel=chat, user=d.allowed, text="what's this?", interaction_id=uuid.uuid4().hex, photo=image)
+    ask = dc.command(channel=chat, user=d.allowed, text="what's this?", interaction_id=uuid.uuid4().hex, attached=image)
     assert channels.post("discord", dc.signed(ask)).json() == {"type": 5}
     channels.settled(chat)
     assert d.replies(chat) == [f"echo: what's this? {seen(image)}"]
     assert len(dc.downloads) == before + 1
 
-    elsewhere = dc.command(channel=chat, user=d.allowed, text="", interaction_id=uuid.uuid4().hex, photo=image)
+    elsewhere = dc.command(channel=chat, user=d.allowed, text="", interaction_id=uuid.uuid4().hex, attached=image)
     attachment = next(iter(elsewhere["data"]["resolved"]["attachments"].values()))
     attachment["url"] = "https://attacker.example/x.png"
     assert channels.post("discord", dc.signed(elsewhere)).status_code == 200

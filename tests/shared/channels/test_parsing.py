@@ -236,14 +236,15 @@ def test_discord_ping_commands_and_usage() -> None:
 
 def test_a_discord_command_s_file_option_is_fetched_not_read_as_its_question() -> None:
     fd, ch = FakeDiscord("APP", "bot"), DiscordChannel(S)
-    [alone] = ch.parse({}, body(fd.command(channel="C9", user="7", text="", interaction_id="I2", photo=b"p"))).messages
+    photo = fd.command(channel="C9", user="7", text="", interaction_id="I2", attached=b"p")
+    [alone] = ch.parse({}, body(photo)).messages
     assert (alone.content, alone.unsupported) == ("", "a photo")  # not the attachment's id
     assert alone.media and alone.media["kind"] == "photo" and alone.media["url"].endswith("hm=ab")
-    other = fd.command(channel="C9", user="7", text="what?", interaction_id="I3", photo=b"<svg/>",
+    other = fd.command(channel="C9", user="7", text="what?", interaction_id="I3", attached=b"<svg/>",
                        content_type="image/svg+xml")
     [asked] = ch.parse({}, body(other)).messages
     assert (asked.content, asked.media) == ("what?", None)  # no image a model takes: the question alone
-    report = fd.command(channel="C9", user="7", text="", interaction_id="I4", photo=b"%PDF-", filename="q3.pdf",
+    report = fd.command(channel="C9", user="7", text="", interaction_id="I4", attached=b"%PDF-", filename="q3.pdf",
                         content_type="application/pdf")
     [doc] = ch.parse({}, body(report)).messages
     assert (doc.unsupported, doc.media and doc.media["kind"], doc.media and doc.media["name"]) == \
