@@ -7,7 +7,7 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import BigInteger, cast, func, text
+from sqlalchemy import BigInteger, Integer, bindparam, cast, func, text
 from sqlmodel import Session, col, select
 
 from shared.agent import lease, prompt
@@ -47,19 +47,20 @@ def _normal_after(s: Session, conversation_id: str, after_seq: Any) -> Any:
     )
 
 
+# Whether a conversation has more NORMAL messages than :limit - 1 since its latest summary (every run's
+# end asks; built once): counts no further than that, so a long uncompacted history costs no more.
+_COVERED = (select(cast(Message.meta[prompt.COVERS].astext, BigInteger))
+            .where(Message.conversation_id == bindparam("cid"), *prompt.IS_SUMMARY)
+            .order_by(col(Message.seq).desc()).limit(1).scalar_subquery())
+_NEWER = (select(Message.id).where(Message.conversation_id == bindparam("cid"), Message.type == MessageType.NORMAL,
+                                   col(Message.pending).is_(False), col(Message.seq) > func.coalesce(_COVERED, 0))
+          .limit(bindparam("limit", type_=Integer)))
+_COUNT_NEWER = select(func.count()).select_from(_NEWER.subquery())
+
+
 def needs_compaction(s: Session, conversation_id: str, settings: MemorySettings) -> bool:
-    """More NORMAL messages than `compact_after` since the latest summary (one query, which
-    counts no further than that: a long uncompacted history costs no more than a short one)."""
-    latest = (
-        select(cast(Message.meta[prompt.COVERS].astext, BigInteger))
-        .where(Message.conversation_id == conversation_id, *prompt.IS_SUMMARY)
-        .order_by(col(Message.seq).desc())
-        .limit(1)
-        .scalar_subquery()
-    )
-    covered = func.coalesce(latest, 0)
-    newer = _normal_after(s, conversation_id, covered).with_only_columns(Message.id).limit(settings.compact_after + 1)
-    count = s.exec(select(func.count()).select_from(newer.subquery())).one()
+    """More NORMAL messages than `compact_after` since the latest summary (one query)."""
+    count = s.exec(_COUNT_NEWER, params={"cid": conversation_id, "limit": settings.compact_after + 1}).one()
     return int(count) > settings.compact_after
 
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Integer, bindparam, literal_column
+from sqlalchemy import BigInteger, Integer, bindparam, cast, func, literal_column, union_all
 from sqlmodel import Session, col, select
 
 from shared.llm_images import named
@@ -121,24 +121,28 @@ _SUMMARY = (
     .order_by(col(Message.seq).desc())
     .limit(1)
 )
-_WINDOW = (
+# The prompt's rows in one statement (every LLM step reads them): the latest summary; the window, the
+# last :size NORMAL messages after what it covers; and the current run's messages older than the
+# window, so that a long tool-using turn never loses the request it works on (the token guard trims
+# if it must). The run's part ends where the window begins: the parts never share a row.
+_LATEST = _SUMMARY.cte("latest")
+_IN_WINDOW = (
     select(Message)
     .where(
         Message.conversation_id == bindparam("cid"),
         Message.type == MessageType.NORMAL,
         col(Message.pending).is_(False),
-        col(Message.seq) > bindparam("after"),
+        col(Message.seq) > func.coalesce(select(cast(_LATEST.c.meta[COVERS].astext, BigInteger)).scalar_subquery(), 0),
         Message.role != Role.SYSTEM,
     )
     .order_by(col(Message.seq).desc())
     .limit(bindparam("size", type_=Integer))
+    .cte("in_window")
 )
-_OWN_RUN = (
-    select(Message)
-    .where(Message.run_id == bindparam("run_id"), col(Message.pending).is_(False), Message.type == MessageType.NORMAL,
-           col(Message.seq) < bindparam("before"))
-    .order_by(col(Message.seq))
-)
+_RUN_BEFORE = select(Message).where(
+    Message.run_id == bindparam("run_id"), col(Message.pending).is_(False), Message.type == MessageType.NORMAL,
+    col(Message.seq) < func.coalesce(select(func.min(_IN_WINDOW.c.seq)).scalar_subquery(), 2**62))
+_PROMPT_ROWS = select(Message).from_statement(union_all(_LATEST.select(), _IN_WINDOW.select(), _RUN_BEFORE))
 
 
 def latest_summary(s: Session, conversation_id: str, *, fresh: bool = False) -> Message | None:
@@ -152,24 +156,23 @@ def covered(summary: Message | None) -> int:
     return int(summary.meta.get(COVERS, 0)) if summary else 0
 
 
-def window(s: Session, conversation_id: str, size: int, after_seq: int = 0) -> list[Message]:
-    """The last `size` NORMAL messages after `after_seq`, never starting with an orphan tool result."""
-    rows = list(s.exec(_WINDOW, params={"cid": conversation_id, "after": after_seq, "size": size}))
-    rows.reverse()
-    while rows and rows[0].role == Role.TOOL:
-        rows.pop(0)
-    return rows
-
-
-def _with_own_run(s: Session, run: Run, history: list[Message]) -> list[Message]:
-    """The window, extended back to the start of the current run: a long tool-using turn never
-    loses the request it is working on (the token guard trims if it must)."""
-    first = history[0].seq if history else None
-    older = s.exec(_OWN_RUN, params={"run_id": run.id, "before": first if first is not None else 2**62}).all()
-    merged = [*older, *history]
+def history(s: Session, conversation_id: str, size: int, run_id: str = "") -> tuple[Message | None, list[Message]]:
+    """The latest summary, and the history after it: the last `size` NORMAL messages, extended back
+    to the start of run `run_id`, never starting with an orphan tool result."""
+    rows: list[Message] = list(s.execute(_PROMPT_ROWS, {"cid": conversation_id, "size": size,
+                                                        "run_id": run_id}).scalars())
+    summary = next((m for m in rows if m.type == MessageType.SUMMARY), None)
+    normal = sorted((m for m in rows if m.type == MessageType.NORMAL), key=lambda m: m.seq or 0)
+    # The window's rows are the newest of those it could hold: the run's older rows come before them all.
+    after = covered(summary)
+    window = [m for m in normal if (m.seq or 0) > after and m.role != Role.SYSTEM][-size:] if size > 0 else []
+    while window and window[0].role == Role.TOOL:
+        window.pop(0)
+    first = (window[0].seq or 0) if window else 2**62
+    merged = [*(m for m in normal if m.run_id == run_id and (m.seq or 0) < first), *window]
     while merged and merged[0].role == Role.TOOL:
         merged.pop(0)
-    return merged
+    return summary, merged
 
 
 def to_llm(msg: Message, images: list[MessageImage] | None = None) -> dict[str, Any]:
@@ -221,13 +224,12 @@ def build(s: Session, settings: Settings, run: Run, *, sees_images: bool = False
     """Everything the model sees for the next step of `run`. A model that `sees_images` is shown the
     photos of the messages this run answers; older ones, which every later turn would pay for again,
     are named, as are all of them to a model that sees none."""
-    summary = latest_summary(s, run.conversation_id)
+    summary, past = history(s, run.conversation_id, settings.memory.window, run.id)
     messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt(settings, run.kind)}]
     if summary and summary.content:
         messages.append({"role": "system", "content": f"Summary of the earlier conversation:\n{summary.content}"})
-    history = _with_own_run(s, run, window(s, run.conversation_id, settings.memory.window, covered(summary)))
-    shown = _images(s, [m.id or 0 for m in history if m.run_id == run.id and m.meta.get(IMAGES)]) if sees_images else {}
-    messages += well_formed([to_llm(m, shown.get(m.id or 0)) for m in history])
+    shown = _images(s, [m.id or 0 for m in past if m.run_id == run.id and m.meta.get(IMAGES)]) if sees_images else {}
+    messages += well_formed([to_llm(m, shown.get(m.id or 0)) for m in past])
     messages.append(runtime_context(run))
     return messages
 

@@ -222,22 +222,25 @@ def _record(rt: Runtime, run_id: str, seq: int, response: LLMResponse, elapsed_m
     return nexts
 
 
+_STEPS, _CONVERSATIONS = table_of(RunStep), table_of(Conversation)
+# Every LLM step writes these: Core statements built once (no ORM bulk machinery, no statement building)
+ADD_STEP = insert(_STEPS).values(
+    run_id=bindparam("rid"), seq=bindparam("seq"), kind=Phase.LLM, model=bindparam("model"),
+    prompt_tokens=bindparam("prompt"), completion_tokens=bindparam("completion"), cost=bindparam("cost"),
+    elapsed_ms=bindparam("elapsed"), started_at=bindparam("started"), finished_at=bindparam("now"))
+ADD_USAGE = update(_CONVERSATIONS).where(_CONVERSATIONS.c.id == bindparam("cid")).values(
+    prompt_tokens=_CONVERSATIONS.c.prompt_tokens + bindparam("prompt"),
+    completion_tokens=_CONVERSATIONS.c.completion_tokens + bindparam("completion"),
+    cost=_CONVERSATIONS.c.cost + bindparam("cost"), last_active_at=func.now())
+
+
 def _add_usage(s: Session, run: Run, response: LLMResponse, seq: int, elapsed_ms: float) -> None:
     u, now = response.usage, utcnow()
-    s.execute(insert(RunStep).values(  # no unit of work on the hot path: the row is only read later
-        run_id=run.id, seq=seq, kind=Phase.LLM, model=response.model, prompt_tokens=u.prompt_tokens,
-        completion_tokens=u.completion_tokens, cost=u.cost, elapsed_ms=elapsed_ms,
-        started_at=now - timedelta(milliseconds=elapsed_ms), finished_at=now))
-    s.execute(
-        update(Conversation)
-        .where(col(Conversation.id) == run.conversation_id)
-        .values(prompt_tokens=Conversation.prompt_tokens + u.prompt_tokens,
-                completion_tokens=Conversation.completion_tokens + u.completion_tokens,
-                cost=Conversation.cost + u.cost, last_active_at=func.now())
-        .execution_options(synchronize_session=False)
-    )
-    # After the statements above (each would flush the run first): the run's row is written once,
-    # with the rest of what this step changes in it.
+    usage = {"prompt": u.prompt_tokens, "completion": u.completion_tokens, "cost": u.cost}
+    s.execute(ADD_STEP, {"rid": run.id, "seq": seq, "model": response.model, "elapsed": elapsed_ms,
+                         "started": now - timedelta(milliseconds=elapsed_ms), "now": now, **usage})
+    s.execute(ADD_USAGE, {"cid": run.conversation_id, **usage})
+    # The run's row is written once, with the rest of what this step changes in it.
     run.prompt_tokens += u.prompt_tokens
     run.completion_tokens += u.completion_tokens
     run.cost += u.cost
@@ -356,6 +359,10 @@ def _execute(rt: Runtime, run: Run, call: ToolCall, ctx: ToolContext) -> ToolRes
     return run_sync(rt.tools.execute(call.name, args, ctx))
 
 
+STEP_CALLS = (select(ToolCall).where(ToolCall.run_id == bindparam("rid"), ToolCall.step_seq == bindparam("seq"))
+              .order_by(col(ToolCall.position)))
+
+
 def advance(rt: Runtime, run_id: str, step_seq: int) -> list[Next]:
     """When every tool call of the step has a result, add them to the transcript and go on."""
     with rt.session() as s:
@@ -366,8 +373,7 @@ def _advance(rt: Runtime, s: Session, run: Run, step_seq: int) -> list[Next]:
     """`advance` for a run the caller has locked."""
     if run.phase != Phase.TOOLS or run.step_seq != step_seq or run.status not in ACTIVE:
         return []
-    calls = list(s.exec(select(ToolCall).where(ToolCall.run_id == run.id, ToolCall.step_seq == step_seq)
-                        .order_by(col(ToolCall.position))))
+    calls = list(s.exec(STEP_CALLS, params={"rid": run.id, "seq": step_seq}))
     if any(c.status not in DONE for c in calls):
         return []
     for c in calls:

@@ -103,7 +103,7 @@ def test_a_new_summary_the_model_cannot_write_is_left_to_the_sweep_then_given_up
     given_up = _summary(rt, cid)
     assert memory.DUE not in given_up.meta and given_up.content == ""
     with rt.session() as s:  # the cut stays: the new session does not see the old messages
-        assert prompt.window(s, cid, 20, prompt.covered(given_up)) == []
+        assert prompt.history(s, cid, 20) == (given_up, [])
 
 
 def test_the_sweep_resends_a_due_summary_once_per_grace_and_not_while_one_is_written(stack: Stack) -> None:
@@ -142,8 +142,10 @@ def test_a_backlog_too_long_for_the_model_is_summarised_from_its_newest_part(
     sent = request[0]["content"]
     assert "note 129:" in sent and "note 0:" not in sent  # the newest of what the window no longer shows
     summary = _summary(rt, cid)
-    with rt.session() as s:
-        assert summary.meta[prompt.COVERS] == prompt.window(s, cid, 21)[0].seq  # all 130 are behind it
+    with rt.session() as s:  # all 130 are behind it
+        after = prompt.history(s, cid, 50)
+    assert after[0] is not None and after[0].id == summary.id
+    assert [m.content.split(":")[0] for m in after[1]] == [f"note {i}" for i in range(130, 150)]
 
 
 @pytest.mark.parametrize(("gateway", "worker"), [(-1, -1), (0, 2)], ids=["clocks-behind", "worker-ahead"])

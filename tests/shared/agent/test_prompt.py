@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 from sqlalchemy.dialects import postgresql
@@ -19,7 +19,7 @@ from sqlmodel import Session
 
 from shared.agent import conversations, prompt
 from shared.db import get_engine
-from shared.models import Message, MessageType, Role, Run, RunKind
+from shared.models import Message, MessageType, Role, Run, RunKind, new_id
 from shared.settings import load_settings
 from tests.fakes.llm import unpaired
 from tests.support.stack import clean_db
@@ -49,10 +49,10 @@ def test_window_never_starts_with_an_orphan_tool_message(session: Session) -> No
     add(session, conv.id, Role.TOOL, "r2", tool_call_id="b", tool_name="time")
     add(session, conv.id, Role.ASSISTANT, "answer")
     for size in range(1, 6):
-        window = prompt.window(session, conv.id, size)
+        window = prompt.history(session, conv.id, size)[1]
         assert not window or window[0].role != Role.TOOL
         assert window[-1].content == "answer"
-    assert [m.role for m in prompt.window(session, conv.id, 3)] == [Role.ASSISTANT]
+    assert [m.role for m in prompt.history(session, conv.id, 3)[1]] == [Role.ASSISTANT]
 
 
 def test_prompt_uses_the_latest_summary_and_only_newer_messages(session: Session, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -101,22 +101,23 @@ def test_the_latest_summary_is_found_through_its_index_even_in_a_generic_plan(se
     table) cost hundreds of ms per turn in a 100k-message conversation. The partial index of
     summaries must serve the query also once the driver prepares it (a generic plan knows no
     parameter values, so the summary type has to be a literal of the query)."""
-    compiled = prompt._SUMMARY.compile(dialect=postgresql.dialect(paramstyle="numeric_dollar"))
-    values = {**compiled.params, "cid": "c1"}
-    args = ", ".join(f"'{values[name]}'" for name in compiled.positiontup or [])
     session.execute(text("set local plan_cache_mode = force_generic_plan"))
     session.execute(text("set local enable_seqscan = off"))
-    session.execute(text(f"prepare latest as {compiled}"))
-    plan = "\n".join(session.execute(text(f"explain execute latest({args})")).scalars())
-    assert "ix_messages_summaries" in plan, plan
+    for label, query in (("latest", prompt._SUMMARY), ("prompt_rows", prompt._PROMPT_ROWS)):
+        compiled = query.compile(dialect=postgresql.dialect(paramstyle="numeric_dollar"))
+        values = {**compiled.params, "cid": "c1", "size": 20, "run_id": "r1"}
+        args = ", ".join(f"'{values[name]}'" for name in compiled.positiontup or [])
+        session.execute(text(f"prepare {label} as {compiled}"))
+        plan = "\n".join(session.execute(text(f"explain execute {label}({args})")).scalars())
+        assert "ix_messages_summaries" in plan, plan
 
 
 def test_pending_messages_stay_out_until_folded(session: Session) -> None:
     conv = conversations.get_or_create(session, session_key="t:3")
     posted = conversations.post_message(session, conv.id, "hi", origin={}, lease_seconds=5)
-    assert prompt.window(session, conv.id, 10) == []
+    assert prompt.history(session, conv.id, 10)[1] == []
     assert conversations.fold_mailbox(session, conv.id, posted.run_id or "") == 1
-    assert [m.content for m in prompt.window(session, conv.id, 10)] == ["hi"]
+    assert [m.content for m in prompt.history(session, conv.id, 10)[1]] == ["hi"]
 
 
 def test_the_current_runs_request_survives_a_small_window(session: Session, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -133,6 +134,47 @@ def test_the_current_runs_request_survives_a_small_window(session: Session, tmp_
     contents = [m["content"] for m in prompt.build(session, settings, run)]  # type: ignore[arg-type]
     assert "the request" in contents and "earlier chat" not in contents
     assert contents.count("r3") == 1
+
+
+def _reference(rows: list[Message], size: int, run_id: str) -> tuple[Message | None, list[Message]]:
+    """What the prompt holds, by its definition, over every row of the conversation."""
+    summaries = [m for m in rows if m.type == MessageType.SUMMARY and "daily_summary" not in m.meta]
+    summary = max(summaries, key=lambda m: m.seq or 0, default=None)
+    normal = sorted((m for m in rows if m.type == MessageType.NORMAL and not m.pending), key=lambda m: m.seq or 0)
+    window = [m for m in normal if (m.seq or 0) > prompt.covered(summary) and m.role != Role.SYSTEM][-size:]
+    while window and window[0].role == Role.TOOL:
+        window.pop(0)
+    first = (window[0].seq or 0) if window else 2**62
+    merged = [m for m in normal if m.run_id == run_id and (m.seq or 0) < first] + window
+    while merged and merged[0].role == Role.TOOL:
+        merged.pop(0)
+    return summary, merged
+
+
+KINDS = st.sampled_from(["user", "assistant", "tool", "system", "summary", "daily", "pending"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(KINDS, st.booleans()), max_size=14), st.integers(1, 6))
+def test_the_prompt_rows_come_from_one_statement_as_they_would_from_their_definition(
+        session: Session, steps: list[tuple[str, bool]], size: int) -> None:
+    conv = conversations.get_or_create(session, session_key=f"t:prop:{new_id()}")
+    run = Run(conversation_id=conv.id)
+    session.add(run)
+    session.flush()
+    rows: list[Message] = []
+    for kind, in_run in steps:
+        role = {"user": Role.USER, "assistant": Role.ASSISTANT, "tool": Role.TOOL}.get(kind, Role.SYSTEM)
+        extra: dict[str, object] = {"run_id": run.id} if in_run else {}
+        if kind in ("summary", "daily"):
+            covers = rows[len(rows) // 2].seq if rows else 0
+            extra = {"type": MessageType.SUMMARY, "meta": {"covers_until_seq": covers}
+                     | ({"daily_summary": True} if kind == "daily" else {})}
+        elif kind == "pending":
+            role, extra = Role.USER, {**extra, "pending": True}
+        rows.append(add(session, conv.id, role, kind, **extra))
+    got = prompt.history(session, conv.id, size, run.id)
+    assert got == _reference(rows, size, run.id)
 
 
 def _calls(*ids: str) -> dict[str, object]:
