@@ -68,6 +68,9 @@ class InboundMessage(BaseModel):
     images: list[dict[str, str]] = Field(default_factory=list)
     # What to answer instead of a turn (a voice message that could not be transcribed: why).
     notice: str | None = None
+    # The album it is an item of (Telegram's media_group_id): an album is submitted as one message
+    # (shared.channels.albums).
+    album: str | None = None
 
     def key(self) -> str:
         return self.session_key or f"{self.channel}:{self.chat_id}"

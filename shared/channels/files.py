@@ -46,7 +46,7 @@ def read(msg: InboundMessage, data: bytes, fetched_as: str) -> InboundMessage:
                 *([f"{unread} more page(s)"] if unread else [])]
         block = f"[file {name}]\n{text[:MAX_CHARS]}{CUT.format(left=' and '.join(left)) if left else ''}"
     content = f"{msg.content}\n\n{block}" if msg.content.strip() else block
-    return msg.model_copy(update={"content": content, "media": None, "more_media": [], "unsupported": None})
+    return msg.model_copy(update={"content": content, "media": None, "unsupported": None})
 
 
 def _plain(data: bytes) -> tuple[str, str]:

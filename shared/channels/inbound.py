@@ -3,9 +3,10 @@
 The gateway records: many webhooks' events go to the ledger in one statement, each with its message
 (a duplicate stops here; a denied sender's event is recorded without one, so it costs no LLM call),
 and one task is enqueued to submit the new messages. A worker submits: per session, in the order
-the messages came, it finds the conversation by session key and submits the message (a command is
-answered at once, an unsupported one gets a notice), and takes the message off the ledger in the
-same transaction. The sweeper enqueues again a submission whose task was lost."""
+the messages came (an album's items as one: shared.channels.albums), it finds the conversation by
+session key and submits the message (a command is answered at once, an unsupported one gets a
+notice), and takes the message off the ledger in the same transaction. The sweeper enqueues again a
+submission whose task was lost."""
 
 from __future__ import annotations
 
@@ -16,14 +17,15 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from sqlalchemy import func, update
+from sqlalchemy import Row, func, update
 from sqlmodel import Session, select
 
 from shared.agent import conversations
 from shared.agent.runtime import Next, Runtime
 from shared.agent.service import Submitted, after_commit, command_of, submit
 from shared.agent.steps import transient
-from shared.channels import media
+from shared.channels import albums, media
+from shared.channels.albums import ALBUM_WAIT
 from shared.constants import T_INGEST
 from shared.contracts import InboundMessage
 from shared.db import table_of
@@ -51,6 +53,8 @@ RECORD = """
     ON CONFLICT (channel, event_id) DO NOTHING
     RETURNING id, channel, event_id"""
 PENDING = LEDGER.c.message.is_not(None)
+# Seconds until an album's item may be submitted (its album's other items came by then)
+ALBUM_DUE = (ALBUM_WAIT - func.extract("epoch", func.now() - LEDGER.c.received_at)).label("due")
 
 
 @dataclass(frozen=True)
@@ -122,19 +126,19 @@ def _submit_through(rt: Runtime, event_id: int, nexts: list[Next]) -> None:
     runs, an order that deadlocks with a step ending its run (conversations.find)."""
     while True:
         taking: int | None = None
+        taken: list[int] = []
         try:
             with rt.session() as s:
-                key = _locked_session(s, event_id)
-                if key is None:  # submitted (with an earlier one of its session, or by a replay)
-                    return
-                row = s.execute(select(LEDGER.c.id, LEDGER.c.message)
-                                .where(LEDGER.c.session_key == key, PENDING, LEDGER.c.id <= event_id)
-                                .order_by(LEDGER.c.id).limit(1)).first()
-                if row is None:  # another submitter took it while this one waited for the lock
-                    return
+                row = _next_row(s, event_id)
+                if row is None:  # submitted (with an earlier one of its session, by a replay, or by another
+                    return  # submitter while this one waited for the lock)
                 taking = row.id
-                submitted, added = _one(rt, s, InboundMessage.model_validate(row.message))
-                s.execute(update(LEDGER).where(LEDGER.c.id == row.id).values(message=None))
+                found = _taken_in(s, row, nexts)
+                if found is None:  # the rest of its album may still come: its chat waits
+                    return
+                msg, taken = found
+                submitted, added = _one(rt, s, msg)
+                s.execute(update(LEDGER).where(LEDGER.c.id.in_(taken)).values(message=None))
         except Exception as err:
             told = None if taking is None or transient(err) else _failed(rt, taking, err)
             if told is None:
@@ -146,8 +150,35 @@ def _submit_through(rt: Runtime, event_id: int, nexts: list[Next]) -> None:
         nexts += added
         if submitted is not None:
             after_commit(rt, submitted)
-        if row.id == event_id:
+        if event_id in taken:
             return
+
+
+def _next_row(s: Session, event_id: int) -> Row[Any] | None:
+    """The first message of the event's session still on the ledger up to `event_id`, with the
+    session's submission lock taken until the transaction ends."""
+    key = _locked_session(s, event_id)
+    return None if key is None else s.execute(
+        select(LEDGER.c.id, LEDGER.c.session_key, LEDGER.c.message, ALBUM_DUE)
+        .where(LEDGER.c.session_key == key, PENDING, LEDGER.c.id <= event_id).order_by(LEDGER.c.id).limit(1)).first()
+
+
+def _taken_in(s: Session, row: Row[Any], nexts: list[Next]) -> tuple[InboundMessage, list[int]] | None:
+    """The message of ledger row `row` to submit, and the ledger events it takes: its own, and those of
+    the items of its album that came since. None while the rest of its album may still come; the task
+    that tries again then is added to `nexts`."""
+    msg = InboundMessage.model_validate(row.message)
+    if not msg.album:
+        return msg, [row.id]
+    if row.due > 0:
+        nexts.append(Next(T_INGEST, ([row.id],), countdown=float(row.due)))
+        return None
+    rows = s.execute(select(LEDGER.c.id, LEDGER.c.message).where(
+        LEDGER.c.session_key == row.session_key, PENDING, LEDGER.c.id > row.id,
+        LEDGER.c.message["album"].astext == msg.album,
+    ).order_by(LEDGER.c.id)).all()
+    items = [msg, *(InboundMessage.model_validate(r.message) for r in rows)]
+    return albums.merged(items), [row.id, *(r.id for r in rows)]
 
 
 def _locked_session(s: Session, event_id: int) -> str | None:

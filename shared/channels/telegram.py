@@ -86,7 +86,8 @@ class TelegramChannel(BaseChannel):
             if group or kind is None:
                 return None  # in groups nothing without text is addressed to the bot
             return InboundMessage(channel=self.name, chat_id=str(chat["id"]), sender_id=str(sender["id"]),
-                                  content="", event_id=update_id, unsupported=kind, media=_media(msg))
+                                  content="", event_id=update_id, unsupported=kind, media=_media(msg),
+                                  album=_album(msg))
         username = self.username(ask=group)
         if group and not _addressed(msg, text, username):
             return None
@@ -99,7 +100,7 @@ class TelegramChannel(BaseChannel):
             channel=self.name, chat_id=str(chat["id"]), sender_id=str(sender["id"]),
             content=_with_quote(msg, _strip_mention(text, username)), event_id=update_id, session_key=session_key,
             reply_meta=reply_meta, sender_name=sender.get("username") or sender.get("first_name"), group=group,
-            media=_photo(msg) or _file(msg),
+            media=_photo(msg) or _file(msg), album=None if group else _album(msg),
         )
 
     def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
@@ -209,6 +210,13 @@ def _with_quote(msg: dict[str, Any], text: str) -> str:
         return text
     lines = original[:QUOTE_CHARS].splitlines() or [""]
     return "\n".join("> " + line for line in lines) + "\n\n" + text
+
+
+def _album(msg: dict[str, Any]) -> str | None:
+    """The album (media group) the message is an item of. In groups only an item with a caption can
+    address the bot; the others are not taken in, so none is waited for (shared.channels.albums)."""
+    group = msg.get("media_group_id")
+    return group if isinstance(group, str) and group else None
 
 
 def _media(msg: dict[str, Any]) -> dict[str, str] | None:

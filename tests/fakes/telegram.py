@@ -172,9 +172,9 @@ class FakeTelegram(FakePlatform):
         return update
 
     def photo(self, *, chat: int, sender: int, image: bytes, caption: str | None = None,
-              chat_type: str = "private") -> dict[str, Any]:
+              chat_type: str = "private", album: str | None = None) -> dict[str, Any]:
         """An update with a photo in two sizes, as Telegram sends one (a thumbnail and the photo), the
-        caption as its text; both served by getFile and /file/."""
+        caption as its text; both served by getFile and /file/. An album's items share its media group id."""
         sizes = []
         for size, content in (("s", image[:64]), ("x", image)):
             file_id = f"photo{len(self.files) + 1}{size}"
@@ -185,6 +185,8 @@ class FakeTelegram(FakePlatform):
         del update["message"]["text"]
         if caption is not None:
             update["message"]["caption"] = caption
+        if album is not None:
+            update["message"]["media_group_id"] = album
         return update
 
     def signed(self, payload: dict[str, Any], secret: str | None = None) -> tuple[bytes, dict[str, str]]:

@@ -209,3 +209,24 @@ def test_a_regenerated_answer_is_shown_the_photos_again(channels: ChannelStack, 
                timeout=30, message="the regenerated answer")
     assert channels.scalar("select final_text from runs where id = :r", r=run_id) == \
         f"echo: and in French? {seen(image)}"  # the turn that answers it is shown them
+
+
+def test_a_telegram_album_is_one_message_shown_with_every_photo(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    """An album comes as one update per photo, the caption with the first: each used to be a message
+    of its own, answered on its own."""
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    chat, photos = d.new_chat(), [png(10 + i, 10) for i in range(3)]
+    calls = fake_llm.calls()
+    for i, image in enumerate(photos):
+        update = tg.photo(chat=int(chat), sender=int(d.allowed), image=image, caption="which is largest?" if i == 0
+                          else None, album="album-1")
+        assert channels.post("telegram", tg.signed(update)).status_code == 200
+    wait_until(lambda: channels.scalar("select count(*) from inbound_events where message is not null") == 0,
+               message="the album submitted")
+    channels.settled(chat)
+    assert d.replies(chat) == ["echo: which is largest? " + " ".join(seen(p) for p in photos)]
+    assert fake_llm.calls() == calls + 1
+    assert channels.scalar("select count(*) from messages m join conversations c on c.id = m.conversation_id "
+                           "where c.chat_id = :c and m.role = 'USER'", c=chat) == 1
+    assert channels.scalar("select count(*) from message_images i join messages m on m.id = i.message_id join "
+                           "conversations c on c.id = m.conversation_id where c.chat_id = :c", c=chat) == 3

@@ -372,6 +372,21 @@ def test_where_no_model_sees_images_a_photo_s_caption_goes_on_saying_so(channels
     assert tg.downloads == []  # not fetched for nobody
 
 
+def test_where_no_model_sees_images_an_album_is_one_message_that_says_how_many(channels: ChannelStack,
+                                                                              fake_llm: FakeLLM) -> None:
+    """Each photo of an album used to get its own answer: the caption's, then a notice per photo."""
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    chat = d.new_chat()
+    for i in range(3):
+        update = tg.photo(chat=int(chat), sender=int(d.allowed), image=b"\xff\xd8\xff photo",
+                          caption="what are these?" if i == 1 else None, album=f"album-{chat}")
+        assert channels.post("telegram", tg.signed(update)).status_code == 200
+    wait_until(lambda: channels.scalar("select count(*) from inbound_events where message is not null") == 0,
+               message="the album submitted")
+    channels.settled(chat)
+    assert d.replies(chat) == [f"echo: {UNSEEN_SOME.format(n=3)}what are these?"]
+
+
 def test_a_voice_message_or_photo_gets_a_notice_and_no_llm_call(channels: ChannelStack, fake_llm: FakeLLM) -> None:
     """Without text for the model, a person in a private chat is told so, once, instead of silence."""
     tg, d = channels.fakes["telegram"], channels.driver("telegram")

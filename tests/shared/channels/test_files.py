@@ -43,3 +43,10 @@ def test_a_file_without_text_gets_a_notice_or_its_caption_says_so() -> None:
         assert alone.notice == files.NOT_READ.format(name="notes.txt", why=why), data
         captioned = files.read(msg("what's this?"), data, "f")
         assert captioned.notice is None and captioned.content == f"what's this?\n\n[file notes.txt: not read, {why}]"
+
+
+def test_the_attachments_after_a_file_are_still_taken_in() -> None:
+    """A Slack message with a PDF and then a photo lost the photo: reading the file dropped the rest."""
+    photo = {"kind": "photo", "id": "p"}
+    read = files.read(msg("compare").model_copy(update={"more_media": [photo]}), b"text", "f")
+    assert (read.media, read.more_media) == (None, [photo])

@@ -87,6 +87,21 @@ def test_telegram_photos_name_their_largest_size_under_the_limit_or_an_image_fil
     assert ch.parse({}, body(film)).messages[0].media is None  # (not fetched: the notice)
 
 
+def test_telegram_album_items_name_their_album_in_private_chats_only() -> None:
+    tg, ch = FakeTelegram("1:t", "s"), TelegramChannel(S)
+    item = tg.update(chat=5, sender=1, text="", photo=[{"file_id": "p"}], media_group_id="1357")
+    captioned = tg.update(chat=5, sender=1, text="", caption="these", photo=[{"file_id": "q"}], media_group_id="1357")
+    del item["message"]["text"], captioned["message"]["text"]
+    assert [ch.parse({}, body(u)).messages[0].album for u in (item, captioned)] == ["1357", "1357"]
+    in_group = tg.update(chat=-7, sender=1, text="", caption="@nanofleet_bot these", photo=[{"file_id": "p"}],
+                         chat_type="group", media_group_id="2468")
+    del in_group["message"]["text"]
+    [addressed] = ch.parse({}, body(in_group)).messages  # its album's other items never come in: none is waited for
+    assert (addressed.content, addressed.album) == ("these", None)
+    single = tg.update(chat=5, sender=1, text="", photo=[{"file_id": "p"}])
+    assert ch.parse({}, body(single)).messages[0].album is None
+
+
 def test_telegram_ignores_messages_from_bots() -> None:
     """Telegram delivers other bots' messages in groups: answering them, two bots would talk forever."""
     tg, ch = FakeTelegram("1:t", "s"), TelegramChannel(S)

@@ -1,0 +1,47 @@
+"""Albums: several photos or files sent at once on Telegram come as one update per item, sharing a
+media group id, the caption with one of them. They are answered as one message: the album's first item
+waits ALBUM_WAIT seconds from its arrival for the others, then takes in those that came meanwhile,
+with their attachments and captions (shared.channels.inbound), as a Slack message with several files
+is taken in. Without this, each photo was a message of its own: a reply each, or a notice each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.channels.base import MAX_IMAGES
+from shared.contracts import InboundMessage
+
+ALBUM_WAIT = 1.0  # seconds: Telegram sends an album's updates one right after another
+PASSED_OVER = "[{n} more item(s) came with this message that you were not given: {limit} are read at most.]"
+NOT_READ = "[{n} more item(s) came with this message that you were not given (videos and the like).]"
+
+
+def merged(items: list[InboundMessage]) -> InboundMessage:
+    """The album's items as one message, the first's (its event, chat and sender): the captions in
+    order, and the attachments, fetched or still to fetch, MAX_IMAGES at most (the model is told of the
+    rest). An item whose attachment could not be taken in makes the album's notice, as the first
+    attachment of a message that fails does."""
+    first = items[0]
+    attachments: list[tuple[str, Any]] = []  # ("image", fetched) or ("media", to fetch), in order
+    unread = 0
+    for item in items:
+        found = [("image", i) for i in item.images] + [("media", m) for m in ([item.media] if item.media else [])]
+        found += [("media", m) for m in item.more_media]
+        attachments += found
+        unread += not found and not item.content.strip()
+    captions = [item.content for item in items if item.content.strip()]
+    if not (attachments or captions):  # nothing to read (videos): its sender is told so, once
+        return first
+    kept, over = attachments[:MAX_IMAGES], len(attachments) - MAX_IMAGES
+    if over > 0:
+        captions.append(PASSED_OVER.format(n=over, limit=MAX_IMAGES))
+    if unread:
+        captions.append(NOT_READ.format(n=unread))
+    content = "\n\n".join(captions)
+    images = [a for kind, a in kept if kind == "image"]
+    to_fetch = [a for kind, a in kept if kind == "media"]
+    return first.model_copy(update={
+        "content": content, "images": images, "media": to_fetch[0] if to_fetch else None, "more_media": to_fetch[1:],
+        "notice": next((item.notice for item in items if item.notice), None),
+        "unsupported": None if content or images else first.unsupported,
+    })

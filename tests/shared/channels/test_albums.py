@@ -1,0 +1,44 @@
+"""Albums (shared.channels.albums), in-process: how an album's items become one message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.channels import albums, images
+from shared.channels.base import MAX_IMAGES
+from shared.contracts import InboundMessage
+
+PHOTO = {"mime": "image/png", "data": "iVBO"}
+
+
+def item(n: int, caption: str = "", **kw: Any) -> InboundMessage:
+    fields: dict[str, Any] = {"media": {"kind": "photo", "id": f"p{n}"}, "unsupported": None if caption else "a photo"}
+    return InboundMessage(channel="telegram", chat_id="5", sender_id="1", content=caption, event_id=str(n),
+                          album="a1", **{**fields, **kw})
+
+
+def test_the_items_captions_and_photos_go_in_order_fetched_or_not() -> None:
+    fetched = item(2, media=None, unsupported=None, images=[PHOTO])  # (fetched ahead of its submission)
+    one = albums.merged([item(1), fetched, item(3, "which?"), item(4, "and why")])
+    assert (one.event_id, one.content, one.unsupported, one.notice) == ("1", "which?\n\nand why", None, None)
+    assert (one.media, one.images, one.more_media) == ({"kind": "photo", "id": "p1"}, [PHOTO],
+                                                       [{"kind": "photo", "id": "p3"}, {"kind": "photo", "id": "p4"}])
+    alone = albums.merged([item(1), item(2)])  # no caption: still what a photo alone is, until fetched
+    assert (alone.content, alone.unsupported, len(alone.more_media)) == ("", "a photo", 1)
+    unseen = images.unseen(alone)  # (for a model that sees none: its sender is told so, once)
+    assert (unseen.unsupported, unseen.media, unseen.more_media) == ("a photo", None, [])
+
+
+def test_the_model_is_told_of_what_it_is_not_given() -> None:
+    many = albums.merged([item(n, "look" if n == 1 else "") for n in range(1, MAX_IMAGES + 3)])
+    assert len(many.more_media) == MAX_IMAGES - 1
+    assert many.content == "look\n\n" + albums.PASSED_OVER.format(n=2, limit=MAX_IMAGES)
+    film = item(2, media=None, unsupported="a video")
+    assert albums.merged([item(1, "look"), film]).content == "look\n\n" + albums.NOT_READ.format(n=1)
+    films = albums.merged([film, item(3, media=None, unsupported="a video")])
+    assert (films.content, films.unsupported, films.event_id) == ("", "a video", "2")  # one notice, not one each
+
+
+def test_an_item_that_could_not_be_fetched_gives_the_album_its_notice() -> None:
+    failed = item(2).answered("Sorry, I couldn't get your photo")
+    assert albums.merged([item(1, "look"), failed, item(3)]).notice == "Sorry, I couldn't get your photo"
