@@ -1,4 +1,5 @@
-"""Markdown converted to what each platform renders: Telegram HTML, Slack mrkdwn, plain text.
+"""Markdown converted to what each platform renders: Telegram HTML, Slack mrkdwn, WhatsApp's marks,
+plain text.
 
 Code blocks are found with the chunker's fence rules (shared/channels/text.py). On a line of prose,
 inline code, [text](url) links and bare URLs are set aside behind placeholders before any emphasis
@@ -174,20 +175,21 @@ _SLACK = Spans(code=lambda c: f"`{_escape(c)}`", link=lambda label, url: f"<{_es
                url=_escape)
 
 
-# mrkdwn has no escape for `*` (only &, < and > are escaped), and a literal one inside bold would end it
-# early: there it shows as this look-alike, U+2217 ASTERISK OPERATOR.
-_SLACK_STAR = "\u2217"
+# Neither mrkdwn nor WhatsApp has an escape for `*` (mrkdwn escapes only &, < and >), and a literal one
+# inside bold would end it early: there it shows as this look-alike, U+2217 ASTERISK OPERATOR.
+_STAR = "\u2217"
 
 
-def _slack_bold(text: str) -> str:
-    return f"*{text.replace('*', _SLACK_STAR)}*"
+def _star_bold(text: str) -> str:
+    return f"*{text.replace('*', _STAR)}*"
 
 
-def _slack_emphasis(text: str) -> str:
-    text = _ITALIC.sub(lambda m: f"_{_either(m)}_", _BULLET.sub(r"\1• ", _escape(text)))
-    if heading := _HEADING.match(text):  # bold as a whole, so the bold inside goes: Slack nests none
-        return _slack_bold(_STRIKE.sub(r"~\1~", _BOLD.sub(_either, heading[1])))
-    text = _BOLD.sub(lambda m: _slack_bold(_either(m)), text)  # (italic went first: a * left is literal)
+def _star_emphasis(text: str) -> str:
+    """*bold*, _italic_ and ~strike~, as Slack and WhatsApp write them (the text escaped already)."""
+    text = _ITALIC.sub(lambda m: f"_{_either(m)}_", _BULLET.sub(r"\1• ", text))
+    if heading := _HEADING.match(text):  # bold as a whole, so the bold inside goes: neither nests any
+        return _star_bold(_STRIKE.sub(r"~\1~", _BOLD.sub(_either, heading[1])))
+    text = _BOLD.sub(lambda m: _star_bold(_either(m)), text)  # (italic went first: a * left is literal)
     return _STRIKE.sub(r"~\1~", text)
 
 
@@ -195,7 +197,7 @@ def slack_mrkdwn(markdown: str) -> str:
     """Markdown as Slack mrkdwn: *bold*, _italic_, ~strike~, <url|text>, &, < and > escaped."""
     return "\n".join(
         f"{_code_fence(seg)}\n{_escape(seg.text)}\n{_code_fence(seg)}" if seg.fence
-        else _lines(seg.text, lambda s: _inline(s, _SLACK, _slack_emphasis), _escape)
+        else _lines(seg.text, lambda s: _inline(s, _SLACK, lambda t: _star_emphasis(_escape(t))), _escape)
         for seg in segments(markdown)
     )
 
@@ -218,6 +220,16 @@ def plain_text(markdown: str) -> str:
     return "\n".join(
         f"{_code_fence(seg)}\n{seg.text}\n{_code_fence(seg)}" if seg.fence
         else _lines(seg.text, lambda s: _inline(s, _PLAIN, _plain_emphasis), lambda s: s)
+        for seg in segments(markdown)
+    )
+
+
+def whatsapp_text(markdown: str) -> str:
+    """Markdown as WhatsApp writes it: *bold*, _italic_, ~strike~, ``` blocks and `code` as they are,
+    links as "text (url)"; nothing to escape (WhatsApp has no markup but these marks)."""
+    return "\n".join(
+        f"{_code_fence(seg)}\n{seg.text}\n{_code_fence(seg)}" if seg.fence
+        else _lines(seg.text, lambda s: _inline(s, _PLAIN, _star_emphasis), lambda s: s)
         for seg in segments(markdown)
     )
 

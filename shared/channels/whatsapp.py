@@ -19,6 +19,7 @@ from shared.channels.base import (
 )
 from shared.channels.clients import body, check, download, http
 from shared.channels.files import worth_fetching
+from shared.channels.markdown import whatsapp_text
 from shared.channels.signing import hmac_hex, same
 from shared.contracts import InboundMessage
 from shared.settings import Settings
@@ -118,6 +119,9 @@ class WhatsAppChannel(BaseChannel):
         return download(url, limit=limit, what="whatsapp media", headers=auth), f"{media['id']}.{extension}"
 
     # ------------------------------------------------------------------ outbound
+
+    def format(self, markdown: str) -> str:
+        return whatsapp_text(markdown)
 
     def rate_limits(self, chat_id: str) -> list[Bucket]:
         """Pair limit: one message per 6 s to a user, with bursts; 80 per second per phone number."""

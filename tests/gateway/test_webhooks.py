@@ -207,6 +207,15 @@ def test_a_whatsapp_failure_reported_before_the_send_was_recorded_is_not_lost(ch
     assert "131026" in channels.scalar("select last_error from outbox where chat_id = :c", c=chat)
 
 
+def test_a_whatsapp_reply_keeps_its_emphasis_in_whatsapp_s_marks(channels: ChannelStack) -> None:
+    """Replies went out as plain text, their bold and italics dropped."""
+    d = channels.driver("whatsapp")
+    chat = d.new_chat()
+    channels.post("whatsapp", d.request(chat=chat, text="**bold**, _it_ and ~~old~~"))
+    channels.settled(chat)
+    assert d.replies(chat) == ["echo: *bold*, _it_ and ~old~"]
+
+
 def test_whatsapp_get_verification(channels: ChannelStack) -> None:
     params = {"hub.mode": "subscribe", "hub.verify_token": "wa-verify-token", "hub.challenge": "1158201444"}
     r = channels.http.get("/webhooks/whatsapp", params=params)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from shared.channels.discord import DiscordChannel
 from shared.channels.feishu import FeishuChannel
-from shared.channels.markdown import identity, plain_text, slack_mrkdwn, telegram_html
+from shared.channels.markdown import identity, plain_text, slack_mrkdwn, telegram_html, whatsapp_text
 from shared.channels.slack import SlackChannel
 from shared.channels.telegram import TelegramChannel
 from shared.channels.text import fence_of, format_chunks, is_fence, open_fence, split_text
@@ -28,7 +28,8 @@ FRAGMENTS = ["\n", "\n\n", ". ", "! ", " ", "```python\n", "```\n", "```", "``",
              "```" + "x" * 40 + "\n", "~~~\n", "~~~", "~~~~python\n", "````\n", "````", "~~~~~~~~\n",
              "https://x.io/__init__.py", "[w](https://w.org/A_(b))", "https://x.io/a_b_."]
 markdown = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=40)), max_size=60).map("".join)
-FORMATS = {"telegram": telegram_html, "slack": slack_mrkdwn, "plain": plain_text, "identity": identity}
+FORMATS = {"telegram": telegram_html, "slack": slack_mrkdwn, "whatsapp": whatsapp_text, "plain": plain_text,
+           "identity": identity}
 
 
 def utf16(text: str) -> int:
@@ -139,6 +140,13 @@ def test_slack_mrkdwn_and_plain_text() -> None:
     assert slack_mrkdwn(md) == "*bold* _it_ ~gone~ <https://x.io|site> a&lt;b &amp; c\n```\nlet a = 1 &lt; 2\n```"
     assert plain_text(md) == "bold it gone site (https://x.io) a<b & c\n```\nlet a = 1 < 2\n```"
     assert slack_mrkdwn("# **Title**\n## A **bold** word") == "*Title*\n*A bold word*"  # Slack nests no bold
+
+
+def test_whatsapp_keeps_its_own_marks() -> None:
+    md = "# Plan\n**bold** *it* ~~gone~~ [site](https://x.io) a<b & `x*y`\n- one\n```py\nlet a = 1 < 2\n```"
+    assert whatsapp_text(md) == ("*Plan*\n*bold* _it_ ~gone~ site (https://x.io) a<b & `x*y`\n• one\n"
+                                 "```\nlet a = 1 < 2\n```")
+    assert whatsapp_text("**5* stars** for snake_case") == "*5\u2217 stars* for snake_case"
 
 
 def test_a_literal_asterisk_in_slack_bold_shows_as_a_look_alike() -> None:
