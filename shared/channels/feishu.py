@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import re
 from typing import Any, ClassVar
 
@@ -22,16 +23,19 @@ from shared.channels.base import (
     Bucket,
     Parsed,
     RateLimited,
+    Rejected,
     SendResult,
     WebhookError,
     json_object,
 )
 from shared.channels.clients import Learned, PlatformError, body, check, download, http, redis_client, retry_after
+from shared.channels.markdown import feishu_md
 from shared.channels.signing import fresh, same
 from shared.constants import KEY_CACHE
 from shared.contracts import InboundMessage
 from shared.settings import Settings
 
+log = logging.getLogger(__name__)
 MESSAGE_EVENT = "im.message.receive_v1"
 TOKEN_INVALID = {99991661, 99991663, 99991668}  # missing, invalid or expired tenant access token
 # Messages without text a person sends in a private chat (answered with a notice unless fetched and read)
@@ -196,12 +200,24 @@ class FeishuChannel(BaseChannel):
         app = self.cfg.app_id or ""
         return [Bucket(f"feishu:chat:{app}:{chat_id}", 0.2, 5), Bucket(f"feishu:app:{app}", 1 / 50, 50)]
 
+    def format(self, markdown: str) -> str:
+        return feishu_md(markdown)
+
     def send(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
-        payload = {"receive_id": chat_id, "msg_type": "text", "content": json.dumps({"text": text}),
-                   "uuid": str(meta.get("outbox_id", ""))[:50]}  # Feishu drops a repeated uuid within an hour
-        data = self._call("POST", "im/v1/messages", timeout=self.settings.channels.delivery.send_timeout,
-                          params={"receive_id_type": "chat_id"}, json=payload)
+        """A post of one markdown element, which Feishu renders; a post it refuses goes as plain text
+        (a last resort, as Telegram's unparsed HTML is)."""
+        key = str(meta.get("outbox_id", ""))[:45]  # Feishu drops a repeated uuid within an hour
+        try:
+            data = self._send(chat_id, "post", {"zh_cn": {"content": [[{"tag": "md", "text": text}]]}}, key)
+        except Rejected as err:
+            log.warning("feishu refused a reply as a post, sending it as text: %s", err)
+            data = self._send(chat_id, "text", {"text": text}, f"{key}:text" if key else "")
         return SendResult(str((data.get("data") or {}).get("message_id") or "") or None)
+
+    def _send(self, chat_id: str, msg_type: str, content: dict[str, Any], key: str) -> dict[str, Any]:
+        payload = {"receive_id": chat_id, "msg_type": msg_type, "content": json.dumps(content), "uuid": key}
+        return self._call("POST", "im/v1/messages", timeout=self.settings.channels.delivery.send_timeout,
+                          params={"receive_id_type": "chat_id"}, json=payload)
 
     def _call(self, method: str, path: str, *, timeout: float, **kw: Any) -> dict[str, Any]:
         """Feishu's answer to a call with the tenant token, once it says code 0 (else RateLimited,

@@ -1,5 +1,5 @@
 """Markdown converted to what each platform renders: Telegram HTML, Slack mrkdwn, WhatsApp's marks,
-plain text.
+Feishu's post markdown, plain text.
 
 Code blocks are found with the chunker's fence rules (shared/channels/text.py). On a line of prose,
 inline code, [text](url) links and bare URLs are set aside behind placeholders before any emphasis
@@ -232,6 +232,25 @@ def whatsapp_text(markdown: str) -> str:
         else _lines(seg.text, lambda s: _inline(s, _PLAIN, _star_emphasis), lambda s: s)
         for seg in segments(markdown)
     )
+
+
+def feishu_md(markdown: str) -> str:
+    """Markdown as the `md` element of a Feishu post renders it: as written (emphasis, links, lists,
+    code blocks), but headings, which it shows as written, as bold lines."""
+    return "\n".join(
+        f"{seg.fence.line.strip()}\n{seg.text}\n{seg.fence.marker}" if seg.fence
+        else _lines(seg.text, lambda s: _inline(s, _AS_WRITTEN, _bold_headings), lambda s: s)
+        for seg in segments(markdown)
+    )
+
+
+_AS_WRITTEN = Spans(code=lambda c: f"`{c}`", link=lambda label, url: f"[{label}]({url})", url=lambda url: url)
+
+
+def _bold_headings(text: str) -> str:
+    if heading := _HEADING.match(text):
+        return f"**{_BOLD.sub(_either, heading[1])}**"
+    return text
 
 
 def identity(markdown: str) -> str:

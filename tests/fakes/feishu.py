@@ -43,12 +43,14 @@ class FakeFeishu(FakePlatform):
         self.by_uuid: dict[str, str] = {}
         self.resources: dict[tuple[str, str], tuple[bytes, str]] = {}  # (message id, key) -> content, type
         self.seq = itertools.count(1)
+        self.refuse_posts = False  # as Feishu would a post it cannot read
         super().__init__()
 
     def reset(self) -> None:
         super().reset()
         with self.lock:
             self.by_uuid.clear()
+            self.refuse_posts = False
 
     def routes(self) -> list[Route]:
         return [Route("/auth/v3/tenant_access_token/internal", self._token, methods=["POST"]),
@@ -60,7 +62,7 @@ class FakeFeishu(FakePlatform):
         return str(call.body.get("receive_id"))
 
     def text_of(self, call: Call) -> str:
-        return str(json.loads(call.body.get("content") or "{}").get("text"))
+        return _text(call.body.get("msg_type"), json.loads(call.body.get("content") or "{}")) or ""
 
     def sent(self, chat: str | None = None) -> list[Call]:
         """Messages users see: a repeated uuid shows once."""
@@ -116,10 +118,12 @@ class FakeFeishu(FakePlatform):
         if token not in self.tokens:
             self.refuse("im message with an invalid tenant access token")
             return 400, {"code": 99991663, "msg": "Invalid access token for authorization"}
-        if request.query_params.get("receive_id_type") != "chat_id" or body.get("msg_type") != "text":
+        kind = body.get("msg_type")
+        if request.query_params.get("receive_id_type") != "chat_id" or kind not in ("text", "post") \
+                or (kind == "post" and self.refuse_posts):
             self.refuse(f"bad message request {body}")
             return 400, {"code": 230001, "msg": "invalid params"}
-        text = json.loads(body.get("content") or "{}").get("text")
+        text = _text(kind, json.loads(body.get("content") or "{}"))
         if not isinstance(text, str) or not text.strip() or len(body["content"].encode()) > 150_000:
             self.refuse("empty or oversized text content")
             return 400, {"code": 230025, "msg": "content too long or empty"}
@@ -207,3 +211,17 @@ class FakeFeishu(FakePlatform):
             sig = hashlib.sha256((ts + nonce + key).encode() + raw).hexdigest()
             headers.update({"X-Lark-Request-Timestamp": ts, "X-Lark-Request-Nonce": nonce, "X-Lark-Signature": sig})
         return raw, headers
+
+
+def _text(kind: object, content: dict[str, Any]) -> str | None:
+    """The text of a message we send: a text message's, or a post's, of the one markdown element it
+    holds (a post's paragraphs hold elements; `md` takes a paragraph of its own)."""
+    if kind == "text":
+        text = content.get("text")
+        return text if isinstance(text, str) else None
+    paragraphs = (content.get("zh_cn") or {}).get("content")
+    if not (isinstance(paragraphs, list) and len(paragraphs) == 1 and isinstance(paragraphs[0], list)
+            and len(paragraphs[0]) == 1 and isinstance(paragraphs[0][0], dict) and paragraphs[0][0].get("tag") == "md"):
+        return None
+    text = paragraphs[0][0].get("text")
+    return text if isinstance(text, str) else None

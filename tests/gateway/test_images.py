@@ -159,8 +159,8 @@ def test_a_feishu_post_in_a_group_is_read_with_its_links_and_every_photo(channel
     for _ in range(2):  # and Feishu's resend of it
         assert channels.post("feishu", fs.signed(post)).status_code == 200
     channels.settled(group)
-    # (the model read the link as Markdown; Feishu's text replies render it plain)
-    assert d.replies(group) == [f"echo: compare these (https://example.com/a) {seen(first)} {seen(second)}"]
+    # (the model read the link as Markdown, and the reply, a post's markdown, keeps it)
+    assert d.replies(group) == [f"echo: compare [these](https://example.com/a) {seen(first)} {seen(second)}"]
     assert channels.scalar("select count(*) from message_images i join messages m on m.id = i.message_id "
                            "join conversations c on c.id = m.conversation_id where c.chat_id = :g", g=group) == 2
     assert fs.refused == [] and fake_llm.calls() == 1

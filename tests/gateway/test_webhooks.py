@@ -216,6 +216,22 @@ def test_a_whatsapp_reply_keeps_its_emphasis_in_whatsapp_s_marks(channels: Chann
     assert d.replies(chat) == ["echo: *bold*, _it_ and ~old~"]
 
 
+def test_a_feishu_reply_is_a_post_feishu_renders_or_else_text(channels: ChannelStack) -> None:
+    """Replies went out as text, their markdown dropped; a post Feishu refuses still gets through."""
+    fs, d = channels.fakes["feishu"], channels.driver("feishu")
+    chat = d.new_chat()
+    channels.post("feishu", d.request(chat=chat, text="see:\n# Plan\n**bold** and `code`"))
+    channels.settled(chat)
+    assert d.replies(chat) == ["echo: see:\n**Plan**\n**bold** and `code`"]  # (a heading it would show as written)
+    assert [c.body["msg_type"] for c in fs.sent(chat)] == ["post"]
+    fs.refuse_posts = True
+    chat = d.new_chat()
+    channels.post("feishu", d.request(chat=chat, text="**again**"))
+    channels.settled(chat)
+    assert d.replies(chat) == ["echo: **again**"]
+    assert [c.body["msg_type"] for c in fs.sent(chat)] == ["text"]
+
+
 def test_whatsapp_get_verification(channels: ChannelStack) -> None:
     params = {"hub.mode": "subscribe", "hub.verify_token": "wa-verify-token", "hub.challenge": "1158201444"}
     r = channels.http.get("/webhooks/whatsapp", params=params)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from shared.channels.discord import DiscordChannel
 from shared.channels.feishu import FeishuChannel
-from shared.channels.markdown import identity, plain_text, slack_mrkdwn, telegram_html, whatsapp_text
+from shared.channels.markdown import feishu_md, identity, plain_text, slack_mrkdwn, telegram_html, whatsapp_text
 from shared.channels.slack import SlackChannel
 from shared.channels.telegram import TelegramChannel
 from shared.channels.text import fence_of, format_chunks, is_fence, open_fence, split_text
@@ -28,8 +28,8 @@ FRAGMENTS = ["\n", "\n\n", ". ", "! ", " ", "```python\n", "```\n", "```", "``",
              "```" + "x" * 40 + "\n", "~~~\n", "~~~", "~~~~python\n", "````\n", "````", "~~~~~~~~\n",
              "https://x.io/__init__.py", "[w](https://w.org/A_(b))", "https://x.io/a_b_."]
 markdown = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=40)), max_size=60).map("".join)
-FORMATS = {"telegram": telegram_html, "slack": slack_mrkdwn, "whatsapp": whatsapp_text, "plain": plain_text,
-           "identity": identity}
+FORMATS = {"telegram": telegram_html, "slack": slack_mrkdwn, "whatsapp": whatsapp_text, "feishu": feishu_md,
+           "plain": plain_text, "identity": identity}
 
 
 def utf16(text: str) -> int:
@@ -147,6 +147,12 @@ def test_whatsapp_keeps_its_own_marks() -> None:
     assert whatsapp_text(md) == ("*Plan*\n*bold* _it_ ~gone~ site (https://x.io) a<b & `x*y`\n• one\n"
                                  "```\nlet a = 1 < 2\n```")
     assert whatsapp_text("**5* stars** for snake_case") == "*5\u2217 stars* for snake_case"
+
+
+def test_feishu_keeps_markdown_but_makes_headings_bold() -> None:
+    md = "# **Plan**\n- one **b** [a](https://x.io) `#c`\n~~~py\n# a comment, not a heading\n~~~\n### Next"
+    assert feishu_md(md) == ("**Plan**\n- one **b** [a](https://x.io) `#c`\n~~~py\n# a comment, not a heading\n~~~\n"
+                             "**Next**")
 
 
 def test_a_literal_asterisk_in_slack_bold_shows_as_a_look_alike() -> None:
