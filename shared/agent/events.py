@@ -62,7 +62,7 @@ async def read(client: aioredis.Redis, conversation_id: str, since: str, block_m
 class EventSink(Protocol):
     def publish(self, conversation_id: str, event: str, data: dict[str, Any]) -> None: ...
 
-    def watched(self, conversation_id: str) -> bool: ...
+    def publish_watched(self, conversation_id: str, events: list[tuple[str, dict[str, Any]]]) -> bool: ...
 
 
 class NullEvents:
@@ -71,7 +71,7 @@ class NullEvents:
     def publish(self, conversation_id: str, event: str, data: dict[str, Any]) -> None:
         return None
 
-    def watched(self, conversation_id: str) -> bool:
+    def publish_watched(self, conversation_id: str, events: list[tuple[str, dict[str, Any]]]) -> bool:
         return False
 
 
@@ -82,15 +82,28 @@ class RedisEvents:
         self.client = client
 
     def publish(self, conversation_id: str, event: str, data: dict[str, Any]) -> None:
+        self._publish(conversation_id, [(event, data)], ask=False)
+
+    def publish_watched(self, conversation_id: str, events: list[tuple[str, dict[str, Any]]]) -> bool:
+        """Publish `events`, and say whether an SSE client reads the conversation's events (then text
+        deltas are streamed): one round trip, as a step starts."""
+        return self._publish(conversation_id, events, ask=True)
+
+    def _publish(self, conversation_id: str, events: list[tuple[str, dict[str, Any]]], *, ask: bool) -> bool:
         key = stream_key(conversation_id)
         try:
             with self.client.pipeline(transaction=False) as pipe:
-                pipe.xadd(key, {"event": event, "data": json.dumps(data, default=str)}, maxlen=STREAM_MAXLEN,
-                          approximate=True)
+                for event, data in events:
+                    pipe.xadd(key, {"event": event, "data": json.dumps(data, default=str)}, maxlen=STREAM_MAXLEN,
+                              approximate=True)
                 pipe.expire(key, STREAM_TTL)
-                pipe.execute()
+                if ask:
+                    pipe.exists(watch_key(conversation_id))
+                answers = pipe.execute()
+            return ask and bool(answers[-1])
         except redis.RedisError as err:
-            log.warning("could not publish %s: %s", event, err)
+            log.warning("could not publish %s: %s", ", ".join(e for e, _ in events), err)
+            return False
 
     def end(self, conversation_ids: list[str]) -> None:
         """Mark the conversations' streams deleted and let them go shortly after (raises RedisError)."""
@@ -99,14 +112,6 @@ class RedisEvents:
                 pipe.xadd(stream_key(cid), {"event": DELETED, "data": "{}"})
                 pipe.expire(stream_key(cid), DELETED_LINGER)
             pipe.execute()
-
-    def watched(self, conversation_id: str) -> bool:
-        """True while an SSE client reads the conversation's events (then text deltas are streamed)."""
-        try:
-            return bool(self.client.exists(watch_key(conversation_id)))
-        except redis.RedisError as err:
-            log.warning("could not check for watchers: %s", err)
-            return False
 
 
 class Deltas:

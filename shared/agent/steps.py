@@ -172,11 +172,12 @@ def _forget_retired_model(rt: Runtime, s: Session, run: Run) -> None:
 
 def _call(rt: Runtime, run: Run, seq: int, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
           kept: int | None) -> list[Next]:
-    if seq == 0:
-        rt.events.publish(run.conversation_id, events.RUN_STARTED, {"run_id": run.id, "kind": run.kind})
-    rt.events.publish(run.conversation_id, events.STEP_STARTED, {"run_id": run.id, "seq": seq, "kind": "llm"})
+    opening: list[tuple[str, dict[str, Any]]] = [(events.RUN_STARTED, {"run_id": run.id, "kind": run.kind})] \
+        if seq == 0 else []
+    opening.append((events.STEP_STARTED, {"run_id": run.id, "seq": seq, "kind": "llm"}))
+    watched = rt.events.publish_watched(run.conversation_id, opening)
     started = time.perf_counter()
-    deltas = events.Deltas(rt.events, run.conversation_id, run.id) if rt.events.watched(run.conversation_id) else None
+    deltas = events.Deltas(rt.events, run.conversation_id, run.id) if watched else None
     try:
         response = rt.llm.complete(messages, tools=tools or None, model=run.model, on_delta=deltas)
     except LLMError as err:

@@ -17,7 +17,9 @@ class Recorder:
     def publish(self, conversation_id: str, event: str, data: dict[str, Any]) -> None:
         self.events.append((conversation_id, event, data))
 
-    def watched(self, conversation_id: str) -> bool:
+    def publish_watched(self, conversation_id: str, events: list[tuple[str, dict[str, Any]]]) -> bool:
+        for event, data in events:
+            self.publish(conversation_id, event, data)
         return True
 
     def texts(self) -> list[str]:
