@@ -33,8 +33,10 @@ def set_webhook(
     url: Annotated[str, typer.Argument(metavar="URL", help="public HTTPS URL of POST /webhooks/telegram")],
     drop_pending: Annotated[bool, typer.Option(help="discard updates Telegram queued meanwhile")] = False,
 ) -> None:
-    """Point the bot at URL, with NANOFLEET_CHANNELS__TELEGRAM__WEBHOOK_SECRET as its secret token."""
+    """Point the bot at URL, with NANOFLEET_CHANNELS__TELEGRAM__WEBHOOK_SECRET as its secret token,
+    and list the in-chat commands (/new, /stop, ...) in the bot's command menu."""
     from gateway.cli import settings_or_exit  # the main CLI imports this module
+    from shared.agent.service import COMMANDS
     from shared.channels.telegram import TelegramChannel
 
     ch = TelegramChannel(settings_or_exit())
@@ -42,7 +44,9 @@ def set_webhook(
         raise _exit(f"set {', '.join(missing)} first", 2)
     if not url.startswith("https://"):
         raise _exit("Telegram only calls https:// webhook URLs", 2)
-    _call(lambda: f"telegram: {ch.set_webhook(url, drop_pending=drop_pending)}", "setWebhook failed",
+    menu = " ".join(f"/{name}" for name in COMMANDS)
+    _call(lambda: f"telegram: {ch.set_webhook(url, drop_pending=drop_pending, commands=COMMANDS)}; menu: {menu}",
+          "setWebhook failed",
           f"the Bot API at {ch.cfg.api_base} (NANOFLEET_CHANNELS__TELEGRAM__API_BASE)")
 
 

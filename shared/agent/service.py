@@ -24,6 +24,15 @@ HELP = """Commands:
 /retry - answer the last message again (the answer it had is dropped); /retry TEXT: as if it said TEXT
 /help  - this message"""
 DEFAULT = "default"
+# The commands as chat apps list them in their menus (Telegram's, set with the webhook)
+COMMANDS = {
+    "new": "Summarise this conversation and start a fresh session",
+    "stop": "Stop the running turn and its subagents",
+    "model": "Show this chat's model, or switch it: /model NAME",
+    "usage": "The tokens and cost of this chat so far",
+    "retry": "Answer the last message again; /retry TEXT: as if it said TEXT",
+    "help": "The commands",
+}
 
 
 @dataclass

@@ -168,10 +168,14 @@ class TelegramChannel(BaseChannel):
         self.call("sendChatAction", payload)
         return True
 
-    def set_webhook(self, url: str, *, drop_pending: bool = False) -> str:
-        """Point Telegram at `url` with our secret token; returns Telegram's description."""
+    def set_webhook(self, url: str, *, drop_pending: bool = False, commands: dict[str, str] | None = None) -> str:
+        """Point Telegram at `url` with our secret token, and list `commands` (name -> description)
+        in the bot's command menu; returns Telegram's description."""
         data = self.call("setWebhook", {"url": url, "secret_token": self.secret("webhook_secret"),
                                         "allowed_updates": ["message"], "drop_pending_updates": drop_pending})
+        if commands:
+            self.call("setMyCommands", {"commands": [{"command": name, "description": about}
+                                                     for name, about in commands.items()]})
         return str(data.get("description", "ok"))
 
     def call(self, method: str, payload: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:

@@ -64,6 +64,7 @@ class FakeTelegram(FakePlatform):
         self.ids = itertools.count(1)
         self.update_ids = itertools.count(10_000)
         self.webhook: dict[str, Any] = {}
+        self.commands: list[dict[str, Any]] = []
         self.files: dict[str, bytes] = {}  # file_id -> content, for getFile and /file/bot<token>/<path>
         self.downloads: list[str] = []  # the file_ids downloaded
         super().__init__()
@@ -84,7 +85,7 @@ class FakeTelegram(FakePlatform):
             self.refuse(f"wrong bot token in the path for {method}")
             return await self.answer(method, request, lambda b, r: (401, _error(401, "Unauthorized")))
         handler = {"getMe": self._get_me, "sendMessage": self._send, "sendChatAction": self._action,
-                   "setWebhook": self._set_webhook, "getFile": self._get_file}
+                   "setWebhook": self._set_webhook, "setMyCommands": self._set_commands, "getFile": self._get_file}
         if method not in handler:
             return await self.answer(method, request, lambda b, r: (404, _error(404, "Not Found")))
         return await self.answer(method, request, handler[method])
@@ -135,6 +136,17 @@ class FakeTelegram(FakePlatform):
     def _set_webhook(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
         self.webhook = body
         return 200, {"ok": True, "result": True, "description": "Webhook was set"}
+
+    def _set_commands(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+        """As the Bot API checks them: 1-32 characters of a-z, 0-9 and _, a description of 1-256."""
+        commands = body.get("commands")
+        if not isinstance(commands, list) or len(commands) > 100 or not all(
+                isinstance(c, dict) and re.fullmatch(r"[a-z0-9_]{1,32}", str(c.get("command")))
+                and isinstance(c.get("description"), str) and 1 <= len(c["description"]) <= 256 for c in commands):
+            self.refuse(f"setMyCommands with bad commands: {commands}")
+            return 400, _error(400, "Bad Request: BOT_COMMAND_INVALID")
+        self.commands = commands
+        return 200, {"ok": True, "result": True}
 
     def rate_limit(self, retry_after: int = 1, times: int = 1) -> None:
         self.script("sendMessage", 429, {**_error(429, f"Too Many Requests: retry after {retry_after}"),

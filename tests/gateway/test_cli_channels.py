@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from shared.agent.service import COMMANDS, HELP
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.server import free_port
 from tests.fakes.telegram import FakeTelegram
@@ -38,6 +39,8 @@ def test_set_webhook_registers_the_url_with_the_secret(telegram: FakeTelegram) -
     assert "Webhook was set" in done.stdout
     assert telegram.webhook["url"] == "https://bot.example.com/webhooks/telegram"
     assert telegram.webhook["secret_token"] == telegram.secret
+    assert [c["command"] for c in telegram.commands] == list(COMMANDS)  # the menu of in-chat commands
+    assert "menu: /new /stop" in done.stdout
     assert telegram.refused == []
     refused = nanofleet("telegram", "set-webhook", "http://insecure.example.com/hook", **env)
     assert refused.returncode == 2 and "https://" in refused.stderr
@@ -80,3 +83,7 @@ def test_discord_register_creates_then_updates_the_ask_command() -> None:
         assert wrong.returncode == 1 and "Discord API at" in wrong.stderr and "nope-token" not in wrong.stderr
     finally:
         fake.server.stop()
+
+
+def test_the_command_menu_lists_what_help_explains() -> None:
+    assert sorted(COMMANDS) == sorted(line.split()[0][1:] for line in HELP.splitlines()[1:])
