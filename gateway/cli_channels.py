@@ -46,7 +46,7 @@ def set_webhook(
         raise _exit("Telegram only calls https:// webhook URLs", 2)
     menu = " ".join(f"/{name}" for name in COMMANDS)
     _call(lambda: f"telegram: {ch.set_webhook(url, drop_pending=drop_pending, commands=COMMANDS)}; menu: {menu}",
-          "setWebhook failed",
+          "setting up the bot failed",  # (the error names the call: setWebhook or setMyCommands)
           f"the Bot API at {ch.cfg.api_base} (NANOFLEET_CHANNELS__TELEGRAM__API_BASE)")
 
 
