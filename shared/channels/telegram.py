@@ -100,7 +100,7 @@ class TelegramChannel(BaseChannel):
             channel=self.name, chat_id=str(chat["id"]), sender_id=str(sender["id"]),
             content=_with_quote(msg, _strip_mention(text, username)), event_id=update_id, session_key=session_key,
             reply_meta=reply_meta, sender_name=sender.get("username") or sender.get("first_name"), group=group,
-            media=_photo(msg) or _file(msg), album=None if group else _album(msg),
+            media=_photo(msg) or _file(msg) or _replied_to(msg), album=None if group else _album(msg),
         )
 
     def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
@@ -214,6 +214,12 @@ def _with_quote(msg: dict[str, Any], text: str) -> str:
         return text
     lines = original[:QUOTE_CHARS].splitlines() or [""]
     return "\n".join("> " + line for line in lines) + "\n\n" + text
+
+
+def _replied_to(msg: dict[str, Any]) -> dict[str, str] | None:
+    """The photo or file of the message a reply answers ("what is this?" to a photo sent earlier)."""
+    quoted = msg.get("reply_to_message")
+    return (_photo(quoted) or _file(quoted)) if isinstance(quoted, dict) else None
 
 
 def _album(msg: dict[str, Any]) -> str | None:

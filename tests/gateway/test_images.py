@@ -230,3 +230,15 @@ def test_a_telegram_album_is_one_message_shown_with_every_photo(channels: Channe
                            "where c.chat_id = :c and m.role = 'USER'", c=chat) == 1
     assert channels.scalar("select count(*) from message_images i join messages m on m.id = i.message_id join "
                            "conversations c on c.id = m.conversation_id where c.chat_id = :c", c=chat) == 3
+
+
+def test_a_telegram_reply_to_a_photo_shows_the_model_that_photo(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    """ "What is this?" answering a photo sent earlier (before the model could see, or by someone else in a
+    group) used to reach the model without the photo."""
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    chat, image = d.new_chat(), png(7, 5)
+    earlier = tg.photo(chat=int(chat), sender=int(d.allowed), image=image, caption="from the trip")["message"]
+    reply = tg.update(chat=int(chat), sender=int(d.allowed), text="what is this?", reply_to_message=earlier)
+    assert channels.post("telegram", tg.signed(reply)).status_code == 200
+    channels.settled(chat)
+    assert d.replies(chat) == [f"echo: &gt; from the trip\n\nwhat is this? {seen(image)}"]  # (the quote, as HTML)

@@ -87,6 +87,20 @@ def test_telegram_photos_name_their_largest_size_under_the_limit_or_an_image_fil
     assert ch.parse({}, body(film)).messages[0].media is None  # (not fetched: the notice)
 
 
+def test_a_telegram_reply_to_a_photo_or_file_brings_it() -> None:
+    tg, ch = FakeTelegram("1:t", "s"), TelegramChannel(S)
+    reply = tg.update(chat=5, sender=1, text="what is this?")
+    reply["message"]["reply_to_message"] = {"message_id": 3, "caption": "from the trip",
+                                            "photo": [{"file_id": "p-small"}, {"file_id": "p-large"}]}
+    [msg] = ch.parse({}, body(reply)).messages
+    assert (msg.content, msg.media) == ("> from the trip\n\nwhat is this?", {"kind": "photo", "id": "p-large"})
+    reply["message"]["reply_to_message"] = {"message_id": 4, "document": {
+        "file_id": "d", "mime_type": "application/pdf", "file_name": "q3.pdf"}}
+    assert ch.parse({}, body(reply)).messages[0].media == {"kind": "file", "id": "d", "name": "q3.pdf"}
+    reply["message"]["reply_to_message"] = {"message_id": 5, "text": "an answer of the bot"}
+    assert ch.parse({}, body(reply)).messages[0].media is None
+
+
 def test_telegram_album_items_name_their_album_in_private_chats_only() -> None:
     tg, ch = FakeTelegram("1:t", "s"), TelegramChannel(S)
     item = tg.update(chat=5, sender=1, text="", photo=[{"file_id": "p"}], media_group_id="1357")
