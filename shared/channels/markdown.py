@@ -234,6 +234,9 @@ def whatsapp_text(markdown: str) -> str:
     )
 
 
+_AS_WRITTEN = Spans(code=lambda c: f"`{c}`", link=lambda label, url: f"[{label}]({url})", url=lambda url: url)
+
+
 def feishu_md(markdown: str) -> str:
     """Markdown as the `md` element of a Feishu post renders it: as written (emphasis, links, lists,
     code blocks), but headings, which it shows as written, as bold lines."""
@@ -242,9 +245,6 @@ def feishu_md(markdown: str) -> str:
         else _lines(seg.text, lambda s: _inline(s, _AS_WRITTEN, _bold_headings), lambda s: s)
         for seg in segments(markdown)
     )
-
-
-_AS_WRITTEN = Spans(code=lambda c: f"`{c}`", link=lambda label, url: f"[{label}]({url})", url=lambda url: url)
 
 
 def _bold_headings(text: str) -> str:
