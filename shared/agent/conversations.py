@@ -158,12 +158,12 @@ def set_model(s: Session, conversation_id: str, name: str | None) -> None:
     s.execute(patch.values(meta=cleared if name is None else cleared.op("||")(func.jsonb_build_object(MODEL, name))))
 
 
-PENDING = (select(Message).where(Message.conversation_id == bindparam("cid"), col(Message.pending).is_(True))
+MAILBOX = (select(Message).where(Message.conversation_id == bindparam("cid"), col(Message.pending).is_(True))
            .order_by(col(Message.id)))
 
 
 def pending_messages(s: Session, conversation_id: str) -> list[Message]:
-    return list(s.exec(PENDING, params={"cid": conversation_id}))
+    return list(s.exec(MAILBOX, params={"cid": conversation_id}))
 
 
 # Waiting messages join the transcript at its end, in arrival order: a fresh seq each, drawn in id order.

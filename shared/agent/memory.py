@@ -38,7 +38,7 @@ Conversation:
 {transcript}"""
 
 
-def _normal_after(s: Session, conversation_id: str, after_seq: Any) -> Any:
+def _normal_after(conversation_id: Any, after_seq: Any) -> Any:
     return select(Message).where(
         Message.conversation_id == conversation_id,
         Message.type == MessageType.NORMAL,
@@ -52,8 +52,7 @@ def _normal_after(s: Session, conversation_id: str, after_seq: Any) -> Any:
 _COVERED = (select(cast(Message.meta[prompt.COVERS].astext, BigInteger))
             .where(Message.conversation_id == bindparam("cid"), *prompt.IS_SUMMARY)
             .order_by(col(Message.seq).desc()).limit(1).scalar_subquery())
-_NEWER = (select(Message.id).where(Message.conversation_id == bindparam("cid"), Message.type == MessageType.NORMAL,
-                                   col(Message.pending).is_(False), col(Message.seq) > func.coalesce(_COVERED, 0))
+_NEWER = (_normal_after(bindparam("cid"), func.coalesce(_COVERED, 0)).with_only_columns(Message.id)
           .limit(bindparam("limit", type_=Integer)))
 _COUNT_NEWER = select(func.count()).select_from(_NEWER.subquery())
 
@@ -198,7 +197,7 @@ def _left_behind(s: Session, conversation_id: str, summary: Message | None) -> l
     nothing to summarise is marked written here)."""
     if summary is None or DUE not in summary.meta:
         return []
-    rows = list(s.exec(_normal_after(s, conversation_id, int(summary.meta.get(FROM, 0)))
+    rows = list(s.exec(_normal_after(conversation_id, int(summary.meta.get(FROM, 0)))
                        .where(col(Message.seq) <= prompt.covered(summary)).order_by(col(Message.seq))))
     if not rows:
         _written(summary, prompt.covered(summary))
@@ -210,7 +209,7 @@ def _past_window(rt: Runtime, s: Session, conversation_id: str, summary: Message
                  keep: int | None) -> list[Message]:
     """The messages an automatic compaction summarises: all but the last `keep`, and none of the
     running turn's (they stay in its prompt whatever a summary says)."""
-    rows = list(s.exec(_normal_after(s, conversation_id, prompt.covered(summary)).order_by(col(Message.seq))))
+    rows = list(s.exec(_normal_after(conversation_id, prompt.covered(summary)).order_by(col(Message.seq))))
     keep = rt.settings.memory.window if keep is None else keep
     old = rows[: len(rows) - keep] if keep else rows
     active = s.get_one(Conversation, conversation_id).active_run_id

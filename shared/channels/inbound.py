@@ -25,7 +25,6 @@ from shared.agent.runtime import Next, Runtime
 from shared.agent.service import Submitted, after_commit, command_of, submit
 from shared.agent.steps import transient
 from shared.channels import albums, media
-from shared.channels.albums import ALBUM_WAIT
 from shared.constants import T_INGEST
 from shared.contracts import InboundMessage
 from shared.db import table_of
@@ -54,7 +53,7 @@ RECORD = """
     RETURNING id, channel, event_id"""
 PENDING = LEDGER.c.message.is_not(None)
 # Seconds until an album's item may be submitted (its album's other items came by then)
-ALBUM_DUE = (ALBUM_WAIT - func.extract("epoch", func.now() - LEDGER.c.received_at)).label("due")
+ALBUM_DUE = (albums.ALBUM_WAIT - func.extract("epoch", func.now() - LEDGER.c.received_at)).label("due")
 
 
 @dataclass(frozen=True)
