@@ -55,6 +55,20 @@ class SendResult:
 
 
 @dataclass(frozen=True)
+class OutFile:
+    """A file the agent sends (the `message` tool's `files`): its name, MIME type and bytes."""
+
+    name: str
+    mime: str
+    data: bytes
+
+    @property
+    def image(self) -> bool:
+        """A photo the platform can show as one (its bytes say so, not only its name)."""
+        return image_type(self.data) in ("image/jpeg", "image/png")
+
+
+@dataclass(frozen=True)
 class Bucket:
     """A shared rate limit: `burst` sends at once, then one per `interval` seconds."""
 
@@ -89,6 +103,7 @@ class Channel(Protocol):
     # event again (Discord): the answer then goes out by this deadline even while the message is still being
     # stored. None: the answer waits for the durable write, and a platform that got none sends the event again.
     ack_deadline: ClassVar[float | None]
+    max_file_bytes: ClassVar[int]  # the largest file a bot may send there (0: it sends none)
 
     def enabled(self) -> bool: ...
 
@@ -117,6 +132,10 @@ class Channel(Protocol):
     def send(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
         """Deliver one chunk; raise RateLimited on 429, Rejected when retrying cannot help, other
         exceptions to retry. `meta` holds the reply_meta plus chunk, chunks and outbox_id."""
+
+    def send_file(self, chat_id: str, file: OutFile, meta: dict[str, Any]) -> SendResult:
+        """Deliver one file (a JPEG or PNG shown as a photo where the platform shows photos); raise
+        as send does. `meta` is send's."""
 
     def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
         """The bytes of an attachment a message named (InboundMessage.media) and a file name for
@@ -153,6 +172,7 @@ class BaseChannel:
     reports_failures: ClassVar[bool] = False
     placeholder: ClassVar[bool] = False
     ack_deadline: ClassVar[float | None] = None
+    max_file_bytes: ClassVar[int] = 0
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -194,6 +214,9 @@ class BaseChannel:
 
     def typing(self, chat_id: str, meta: dict[str, Any]) -> bool:
         return False
+
+    def send_file(self, chat_id: str, file: OutFile, meta: dict[str, Any]) -> SendResult:
+        raise Rejected(f"{self.name}: files are not sent to this platform")
 
     def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
         raise Rejected(f"{self.name}: attachments are not fetched from this platform")

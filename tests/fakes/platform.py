@@ -10,8 +10,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl
 
 from starlette.applications import Starlette
+from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -30,6 +32,15 @@ class Call:
     headers: dict[str, str]
     body: Any
     status: int | None = None
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A file part of a multipart request: the name and type the client gave, and its bytes."""
+
+    filename: str
+    content_type: str
+    data: bytes
 
 
 @dataclass
@@ -98,13 +109,23 @@ class FakePlatform:
     def texts(self, chat: str) -> list[str]:
         return [self.text_of(c) for c in self.sent(chat)]
 
+    def files(self, chat: str) -> list[tuple[str, bytes]]:
+        """The files that reached a user in `chat` (their name and bytes), in arrival order."""
+        raise NotImplementedError
+
     async def answer(self, op: str, request: Request, handler: Handler) -> Response:
         """Record the call, then answer a scripted reply if one waits for `op`, else `handler`'s."""
         raw = await request.body()
-        try:
-            body = json.loads(raw) if raw else {}
-        except ValueError:
-            body = {"_raw": raw.decode(errors="replace")}
+        kind = request.headers.get("content-type", "")
+        if kind.startswith("multipart/form-data"):
+            body = await _form(request)
+        elif kind.startswith("application/x-www-form-urlencoded"):
+            body = dict(parse_qsl(raw.decode(errors="replace"), keep_blank_values=True))
+        else:
+            try:
+                body = json.loads(raw) if raw else {}
+            except ValueError:
+                body = {"_raw": raw.decode(errors="replace")}
         call = Call(op, request.url.path, dict(request.headers), body)
         with self.lock:
             self.calls.append(call)
@@ -120,3 +141,15 @@ class FakePlatform:
             return Response(reply.body, status_code=reply.status, headers=reply.headers,
                             media_type="application/octet-stream")
         return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
+
+
+async def _form(request: Request) -> dict[str, Any]:
+    """A multipart upload's fields: text as str, each file as an Upload."""
+    out: dict[str, Any] = {}
+    async with request.form() as form:
+        for key, value in form.multi_items():
+            if isinstance(value, UploadFile):
+                out[key] = Upload(value.filename or "", value.content_type or "", await value.read())
+            else:
+                out[key] = value
+    return out
