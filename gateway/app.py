@@ -19,7 +19,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.deps import bearer_token, database_unavailable, key_refusal, redis_unavailable
-from gateway.routes import conversations, cron, health, outbox, runs, skills, subagents, tools, web, webhooks
+from gateway.routes import conversations, cron, files, health, outbox, runs, skills, subagents, tools, web, webhooks
 from gateway.schemas import MAX_BODY
 from gateway.state import AppState
 from shared import db, startup_checks
@@ -54,7 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.nanofleet = AppState.build(settings)
     startup_checks.warn_gateway(settings)
     # webhooks first: a request is matched against the routes in order, and they come the most often
-    for module in (webhooks, health, conversations, runs, subagents, cron, tools, skills, outbox, web):
+    for module in (webhooks, health, conversations, runs, subagents, cron, tools, skills, outbox, files, web):
         app.include_router(module.router)
     app.add_middleware(ApiGate, settings=settings)
     app.add_middleware(webhooks.FastPath, state=app.state.nanofleet)  # webhooks skip FastAPI's routing

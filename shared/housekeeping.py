@@ -1,10 +1,10 @@
 """Retention: deletes the operational records older than `retention.days`, so that a deployment
 that runs for years keeps tables of the same size. What goes: the inbound ledger (kept at least
 LEDGER_DAYS: platforms retry for hours, WhatsApp for up to a week), delivered and dead-lettered
-outbox rows, cron receipts (a job's cursor is past them), finished runs with their steps and tool
-calls, and the sessions nobody will use again: a subagent's, and a removed cron job's, idle that
-long. What stays: every other conversation, its messages (the memory) and usage totals, and every
-unfinished record.
+outbox rows, the files the agent sent (once no delivery waits for them), cron receipts (a job's
+cursor is past them), finished runs with their steps and tool calls, and the sessions nobody will
+use again: a subagent's, and a removed cron job's, idle that long. What stays: every other
+conversation, its messages (the memory) and usage totals, and every unfinished record.
 
 Each batch is one short transaction, so a pass never holds locks for long, and two passes at once
 (a redelivered task) skip each other's rows (sessions: the second waits for the first's batch, and
@@ -36,9 +36,11 @@ from shared.models import (
     OutboxStatus,
     Run,
     RunStep,
+    SentFile,
     ToolCall,
     utcnow,
 )
+from shared.outbox import FILE
 from shared.scheduling import cron, subagents
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,14 @@ def _outbox(s: Session, cutoff: datetime, limit: int) -> int:
     key = col(Outbox.id)
     done = col(Outbox.status).in_((OutboxStatus.DELIVERED, OutboxStatus.FAILED))
     return _delete(s, key, _ids(s, select(key).where(done, col(Outbox.created_at) < cutoff), limit))
+
+
+def _files(s: Session, cutoff: datetime, limit: int) -> int:
+    """Files the agent sent, unless a delivery still waits for one."""
+    key = col(SentFile.id)
+    waiting = select(Outbox.id).where(col(Outbox.status) == OutboxStatus.PENDING,
+                                      func.jsonb_extract_path_text(col(Outbox.meta), FILE, "id") == key).exists()
+    return _delete(s, key, _ids(s, select(key).where(col(SentFile.created_at) < cutoff, ~waiting), limit))
 
 
 def _receipts(s: Session, cutoff: datetime, limit: int) -> int:
@@ -147,6 +157,7 @@ def _delete(s: Session, key: Mapped[Any], ids: list[Any]) -> int:
 BATCHES: dict[str, tuple[Batch, int]] = {
     "inbound_events": (_inbound, LEDGER_DAYS),
     "outbox": (_outbox, 0),
+    "sent_files": (_files, 0),
     "cron_receipts": (_receipts, 0),
     "runs": (_runs, 0),
     "conversations": (_sessions, 0),

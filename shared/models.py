@@ -296,6 +296,22 @@ class Outbox(SQLModel, table=True):
     delivered_at: datetime | None = _ts()
 
 
+class SentFile(SQLModel, table=True):
+    """A file the agent sent (the `message` tool's files): read by its delivery, and by API callers,
+    whose chat has no platform to upload to. Gone with its conversation, or after the retention once
+    no delivery still waits for it."""
+
+    __tablename__ = "sent_files"
+    id: str = Field(primary_key=True)  # derived from the tool call: a replayed call stores nothing new
+    conversation_id: str = Field(sa_column=Column(Text, ForeignKey("conversations.id", ondelete="CASCADE"),
+                                                  nullable=False, index=True))
+    name: str
+    mime: str
+    size: int
+    data: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+    created_at: datetime = _now(index=True)
+
+
 class CronJob(SQLModel, table=True):
     """A scheduled job; Postgres is the source of truth, redbeat mirrors it."""
 

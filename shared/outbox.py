@@ -1,8 +1,9 @@
-"""The outbox: one row per outbound chunk with a unique key, delivered by the outbound queue; and
+"""The outbox: one row per outbound chunk or file with a unique key, delivered by the outbound queue; and
 the "typing..." loop a turn starts there."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.dialects.postgresql import insert
@@ -16,6 +17,7 @@ from shared.models import Outbox, OutboxStatus, new_id, utcnow
 from shared.settings import Settings
 
 FALLBACK_LIMIT = 4000
+FILE = "file"  # an outbox row's meta key: the SentFile it delivers (its id, name and mime)
 # Seconds into a turn before its first "typing...": a reply that comes sooner needs none, and spends no
 # platform API call on it (Telegram counts sendChatAction against the bot's limits); the delayed task
 # then finds the run ended and sends nothing.
@@ -24,18 +26,20 @@ TYPING_AFTER = 1.0
 
 def add_reply(
     s: Session, settings: Settings, *, key: str, channel: str, chat_id: str, text: str, meta: dict[str, Any],
-    run_id: str | None = None,
+    run_id: str | None = None, files: Sequence[dict[str, str]] = (),
 ) -> list[Next]:
-    """Chunk `text` for the channel and store one row per chunk; a key seen before adds nothing."""
+    """Chunk `text` for the channel and store one row per chunk, then one per file (`files`: the
+    id, name and mime of SentFile rows), delivered in that order; a key seen before adds nothing."""
     ch = get_channel(channel, settings)
-    parts = ch.chunks(text) if ch else default_chunks(text, FALLBACK_LIMIT)
-    total = len(parts)
-    for i, part in enumerate(parts):
+    parts = (ch.chunks(text) if ch else default_chunks(text, FALLBACK_LIMIT)) if text else []
+    items: list[tuple[str, dict[str, Any]]] = [(part, {}) for part in parts] + [("", {FILE: dict(f)}) for f in files]
+    total = len(items)
+    for i, (part, extra) in enumerate(items):
         s.execute(
             insert(Outbox)
             .values(id=new_id(), key=f"{key}:{i}", channel=channel, chat_id=chat_id, content=part,
-                    meta={**meta, "chunk": i, "chunks": total}, status=OutboxStatus.PENDING.value, attempts=0,
-                    created_at=utcnow(), run_id=run_id)
+                    meta={**meta, **extra, "chunk": i, "chunks": total}, status=OutboxStatus.PENDING.value,
+                    attempts=0, created_at=utcnow(), run_id=run_id)
             .on_conflict_do_nothing(index_elements=["key"])
         )
     keys = [f"{key}:{i}" for i in range(total)]

@@ -39,6 +39,9 @@ class MessageSettings(BaseModel):
     # "channel:chat_id", or "channel:*" for every chat there. Empty: the current chat only, so text
     # the model read (a fetched page, a file) cannot have it write to other people.
     send_to: list[str] = Field(default_factory=list, examples=[["slack:C0123456", "telegram:*"]])
+    # The largest workspace file it sends (also bounded by each platform's own limit); files are kept in
+    # Postgres until delivered, and for the retention after.
+    max_file_bytes: int = Field(default=20_000_000, ge=1, le=1_000_000_000)
 
     def allows(self, channel: str, chat_id: str) -> bool:
         return f"{channel}:{chat_id}" in self.send_to or f"{channel}:*" in self.send_to

@@ -31,13 +31,14 @@ from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_expon
 
 from shared.agent.runtime import Next, Runtime
 from shared.channels import REGISTRY
-from shared.channels.base import Channel, RateLimited, Rejected, SendResult
+from shared.channels.base import Channel, OutFile, RateLimited, Rejected, SendResult
 from shared.channels.clients import redis_client
 from shared.channels.ratelimit import Limiter
 from shared.constants import KEY_SENT, KEY_UNDELIVERED, T_OUTBOUND_DELIVER, T_OUTBOUND_TYPING
 from shared.db import unavailable
 from shared.errors import Retryable
-from shared.models import TERMINAL, Outbox, OutboxStatus, Run
+from shared.models import TERMINAL, Outbox, OutboxStatus, Run, SentFile
+from shared.outbox import FILE
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ def deliver(rt: Runtime, outbox_id: str) -> list[Next]:
         _schedule(rt, row, wait)
         raise Retryable(f"{row.channel} {row.chat_id}: rate limited", delay=wait, max_retries=UNBOUNDED)
     try:
-        result = ch.send(row.chat_id, row.content, {**row.meta, "outbox_id": row.id})
+        result = _send(rt, ch, row)
     except RateLimited as err:
         if buckets:
             limiter(rt.settings).penalize(buckets[0], err.retry_after)
@@ -112,6 +113,19 @@ def deliver(rt: Runtime, outbox_id: str) -> list[Next]:
         return _failed(rt, row, f"{type(err).__name__}: {err}", delay=None)
     _delivered(rt, row, result, claimed_at)
     return _next_chunk(rt, row)
+
+
+def _send(rt: Runtime, ch: Channel, row: Outbox) -> SendResult:
+    """One row to the platform: its text, or the file it names (read from Postgres only now)."""
+    meta = {**row.meta, "outbox_id": row.id}
+    named = row.meta.get(FILE)
+    if not named:
+        return ch.send(row.chat_id, row.content, meta)
+    with rt.session() as s:
+        data = s.exec(select(SentFile.data).where(SentFile.id == named["id"])).first()
+    if data is None:
+        raise Rejected(f"the file {named['name']!r} is gone (its conversation was deleted)")
+    return ch.send_file(row.chat_id, OutFile(named["name"], named["mime"], data), meta)
 
 
 def _due(rt: Runtime, outbox_id: str) -> Outbox | None:

@@ -1,8 +1,8 @@
 """Feishu / Lark: event subscription in (url_verification, verification token, optional AES-256-CBC
 encrypted bodies with a request signature, event_id dedupe; text and rich-text (post) messages, with
 a post's photos; in groups only messages that @-mention the bot, whose open_id is asked of
-bot/v3/info), text replies out through the IM message API with a tenant access token cached in Redis
-and refreshed."""
+bot/v3/info), replies out through the IM message API (text, and files uploaded first) with a tenant access
+token cached in Redis and refreshed."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from shared.channels.base import (
     MAX_IMAGES,
     BaseChannel,
     Bucket,
+    OutFile,
     Parsed,
     RateLimited,
     Rejected,
@@ -46,6 +47,8 @@ TOKEN_MARGIN = 300  # seconds before expiry a cached token is replaced
 THROTTLED = 99991400  # "request trigger frequency limit", answered with HTTP 400 rather than 429
 BOT_INFO_TIMEOUT = 3.0  # seconds, for each of the token and bot/v3/info calls
 BOT_INFO_PAUSE = 10.0  # seconds after a failed bot/v3/info before the next
+MAX_PHOTO = 10 * 1024 * 1024  # im/v1/images' cap: a larger photo goes as a file
+FILE_TYPES = ("pdf", "doc", "xls", "ppt")  # im/v1/files' file_type for these extensions; any other is "stream"
 
 
 def decrypt(encrypted: str, key: str) -> bytes:
@@ -65,6 +68,7 @@ class FeishuChannel(BaseChannel):
     name: ClassVar[str] = "feishu"
     max_chars: ClassVar[int] = 10_000  # well under the 150 KB text message cap, even fully escaped
     required: ClassVar[tuple[str, ...]] = ("app_id", "app_secret", "verification_token")
+    max_file_bytes: ClassVar[int] = 30 * 1024 * 1024  # im/v1/files' cap
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -206,18 +210,33 @@ class FeishuChannel(BaseChannel):
     def send(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
         """A post of one markdown element, which Feishu renders; a post it refuses goes as plain text
         (a last resort, as Telegram's unparsed HTML is)."""
-        key = str(meta.get("outbox_id", ""))[:45]  # Feishu drops a repeated uuid within an hour
+        key = _uuid(meta)
         try:
-            data = self._send(chat_id, "post", {"zh_cn": {"content": [[{"tag": "md", "text": text}]]}}, key)
+            return self._send(chat_id, "post", {"zh_cn": {"content": [[{"tag": "md", "text": text}]]}}, key)
         except Rejected as err:
             log.warning("feishu refused a reply as a post, sending it as text: %s", err)
-            data = self._send(chat_id, "text", {"text": text}, f"{key}:text" if key else "")
-        return SendResult(str((data.get("data") or {}).get("message_id") or "") or None)
+            return self._send(chat_id, "text", {"text": text}, f"{key}:text" if key else "")
 
-    def _send(self, chat_id: str, msg_type: str, content: dict[str, Any], key: str) -> dict[str, Any]:
+    def send_file(self, chat_id: str, file: OutFile, meta: dict[str, Any]) -> SendResult:
+        """Uploaded (im/v1/images for a photo up to 10 MB, else im/v1/files), then sent by the key
+        Feishu gives it as an image or file message, the way send sends a text."""
+        if file.image and len(file.data) <= MAX_PHOTO:
+            kind, form = "image", {"image_type": "message"}
+        else:
+            ext = file.name.rpartition(".")[2].lower()
+            kind, form = "file", {"file_type": ext if ext in FILE_TYPES else "stream", "file_name": file.name}
+        uploaded = self._call("POST", f"im/v1/{kind}s", timeout=self.settings.channels.delivery.send_timeout,
+                              data=form, files={kind: (file.name, file.data, file.mime)})
+        key = (uploaded.get("data") or {}).get(f"{kind}_key")
+        if not isinstance(key, str) or not key:
+            raise PlatformError(f"feishu im/v1/{kind}s: no {kind}_key in the answer")
+        return self._send(chat_id, kind, {f"{kind}_key": key}, _uuid(meta))
+
+    def _send(self, chat_id: str, msg_type: str, content: dict[str, Any], key: str) -> SendResult:
         payload = {"receive_id": chat_id, "msg_type": msg_type, "content": json.dumps(content), "uuid": key}
-        return self._call("POST", "im/v1/messages", timeout=self.settings.channels.delivery.send_timeout,
+        data = self._call("POST", "im/v1/messages", timeout=self.settings.channels.delivery.send_timeout,
                           params={"receive_id_type": "chat_id"}, json=payload)
+        return SendResult(str((data.get("data") or {}).get("message_id") or "") or None)
 
     def _call(self, method: str, path: str, *, timeout: float, **kw: Any) -> dict[str, Any]:
         """Feishu's answer to a call with the tenant token, once it says code 0 (else RateLimited,
@@ -342,6 +361,11 @@ def _check(response: httpx.Response, data: dict[str, Any], *, what: str) -> None
     if _code(data) == THROTTLED:
         raise RateLimited(wait if wait is not None else retry_after(response))
     check(response, what=what, wait=wait)
+
+
+def _uuid(meta: dict[str, Any]) -> str:
+    """The message's uuid, from its outbox row: Feishu drops a repeated uuid within an hour."""
+    return str(meta.get("outbox_id", ""))[:45]
 
 
 def _code(data: dict[str, Any]) -> int | None:

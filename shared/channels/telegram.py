@@ -6,6 +6,7 @@ setWebhook for the CLI."""
 from __future__ import annotations
 
 import html
+import json
 import re
 from typing import Any, ClassVar
 
@@ -14,6 +15,7 @@ from shared.channels.base import (
     MAX_IMAGE,
     BaseChannel,
     Bucket,
+    OutFile,
     Parsed,
     Rejected,
     SendResult,
@@ -37,6 +39,7 @@ MEDIA = {"voice": "a voice message", "audio": "an audio file", "video_note": "a 
          "location": "a location", "contact": "a contact", "poll": "a poll"}
 AUDIO = ("voice", "audio")  # what a transcription model can turn into text
 QUOTE_CHARS = 500
+MAX_PHOTO = 10 * 1024 * 1024  # sendPhoto's limit; larger photos go as documents
 COMMAND = re.compile(r"/\w+(?:@(\w+))?(?![\w@])")  # /cmd or /cmd@bot_username
 
 
@@ -47,6 +50,7 @@ class TelegramChannel(BaseChannel):
     max_chars: ClassVar[int] = 4096  # UTF-16 code units (see measure)
     required: ClassVar[tuple[str, ...]] = ("token", "webhook_secret")
     typing_indicator: ClassVar[bool] = True
+    max_file_bytes: ClassVar[int] = 50 * 1024 * 1024  # what a bot may upload
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -161,6 +165,25 @@ class TelegramChannel(BaseChannel):
             data = self.call("sendMessage", payload)
         return SendResult(str((data.get("result") or {}).get("message_id", "")) or None)
 
+    def send_file(self, chat_id: str, file: OutFile, meta: dict[str, Any]) -> SendResult:
+        """A photo as a photo (sendPhoto: up to 10 MB, and within Telegram's dimensions, or it goes as
+        a document after all), anything else as a document."""
+        fields: dict[str, Any] = {"chat_id": chat_id}
+        if meta.get("reply_to_message_id") and not meta.get("chunk"):
+            fields["reply_parameters"] = json.dumps({"message_id": meta["reply_to_message_id"],
+                                                     "allow_sending_without_reply": True})
+        if meta.get("message_thread_id"):
+            fields["message_thread_id"] = meta["message_thread_id"]
+        data: dict[str, Any] | None = None
+        if file.image and len(file.data) <= MAX_PHOTO:
+            try:
+                data = self.call("sendPhoto", fields, upload=("photo", file))
+            except Rejected:  # too long or too wide for a photo, say
+                data = None
+        if data is None:
+            data = self.call("sendDocument", fields, upload=("document", file))
+        return SendResult(str((data.get("result") or {}).get("message_id", "")) or None)
+
     def typing(self, chat_id: str, meta: dict[str, Any]) -> bool:
         payload: dict[str, Any] = {"chat_id": chat_id, "action": "typing"}
         if meta.get("message_thread_id"):
@@ -178,10 +201,18 @@ class TelegramChannel(BaseChannel):
                                                      for name, about in commands.items()]})
         return str(data.get("description", "ok"))
 
-    def call(self, method: str, payload: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        """One Bot API call; the token goes in the URL path, as the Bot API wants."""
+    def call(self, method: str, payload: dict[str, Any], timeout: float | None = None,
+             upload: tuple[str, OutFile] | None = None) -> dict[str, Any]:
+        """One Bot API call; the token goes in the URL path, as the Bot API wants. With `upload`
+        (the field and the file), a multipart form of the payload's fields and the file."""
         url = f"{self.cfg.api_base.rstrip('/')}/bot{self.secret('token')}/{method}"
-        response = http(timeout or self.settings.channels.delivery.send_timeout).post(url, json=payload)
+        client = http(timeout or self.settings.channels.delivery.send_timeout)
+        if upload is None:
+            response = client.post(url, json=payload)
+        else:
+            field, file = upload
+            response = client.post(url, data={k: str(v) for k, v in payload.items()},
+                                   files={field: (file.name, file.data, file.mime)})
         data = body(response)
         wait = (data.get("parameters") or {}).get("retry_after")
         check(response, what=f"telegram {method}", wait=float(wait) if isinstance(wait, int | float) else None)

@@ -4,15 +4,18 @@ same way, with an Idempotency-Key) to the configured callback URL.
 Signing, both ways: X-Nanofleet-Timestamp is the Unix time in seconds and X-Nanofleet-Signature is
 "sha256=" + hex HMAC-SHA256(secret, timestamp + "." + raw body). Inbound body:
 {"id": unique event id, "chat_id": ..., "sender_id": ..., "text": ..., "sender_name"?: ..., "meta"?: {...}}.
+Outbound body: {"id", "chat_id", "text", "in_reply_to", "meta", "chunk", "chunks"}, and for a file the
+agent sends, "file": {"name", "mime", "data": base64} with an empty text.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from typing import Any, ClassVar
 
-from shared.channels.base import BaseChannel, Parsed, SendResult, WebhookError, json_object
+from shared.channels.base import BaseChannel, OutFile, Parsed, SendResult, WebhookError, json_object
 from shared.channels.clients import body, check, http
 from shared.channels.markdown import identity
 from shared.channels.signing import fresh, hmac_hex, same
@@ -34,6 +37,7 @@ class WebhookChannel(BaseChannel):
     name: ClassVar[str] = "webhook"
     max_chars: ClassVar[int] = 16_000
     required: ClassVar[tuple[str, ...]] = ("secret", "callback_url")
+    max_file_bytes: ClassVar[int] = 25 * 1024 * 1024  # a third more in base64
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -66,7 +70,15 @@ class WebhookChannel(BaseChannel):
         return identity(markdown)  # the receiver decides how to render markdown
 
     def send(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
-        payload = {"id": meta.get("outbox_id"), "chat_id": chat_id, "text": text,
+        return self._post(chat_id, meta, {"text": text})
+
+    def send_file(self, chat_id: str, file: OutFile, meta: dict[str, Any]) -> SendResult:
+        """The file in the JSON body: its name, MIME type and bytes in base64 (the text is empty)."""
+        return self._post(chat_id, meta, {"text": "", "file": {
+            "name": file.name, "mime": file.mime, "data": base64.b64encode(file.data).decode()}})
+
+    def _post(self, chat_id: str, meta: dict[str, Any], content: dict[str, Any]) -> SendResult:
+        payload = {"id": meta.get("outbox_id"), "chat_id": chat_id, **content,
                    "in_reply_to": meta.get("in_reply_to"), "meta": meta.get("meta") or {},
                    "chunk": meta.get("chunk", 0), "chunks": meta.get("chunks", 1)}
         raw = json.dumps(payload).encode()

@@ -10,28 +10,44 @@ stream, and the final reply is kept (it is the chat endpoint's answer).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import mimetypes
+import os
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from sqlalchemy import update
-from sqlmodel import col
+from sqlalchemy.dialects.postgresql import insert
+from sqlmodel import Session, col
 
 from shared.channel_settings import ChannelBase, ChannelsSettings
 from shared.channels import get_channel
+from shared.channels.base import OutFile, image_type
 from shared.db import session_scope
-from shared.models import Run
+from shared.models import Run, SentFile, utcnow
 from shared.scheduling.ids import call_key
+from shared.settings import Permission
 from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
+from shared.tools.workspace import NotAFile, OutsideWorkspace, open_file, resolve
 
 API = "api"
+MAX_FILES = 10
 CHANNELS = {API, *(name for name, f in ChannelsSettings.model_fields.items()
                    if isinstance(f.annotation, type) and issubclass(f.annotation, ChannelBase))}
 
 
 class MessageArgs(BaseModel):
-    content: str = Field(min_length=1, max_length=50_000, description="Text to send")
+    content: str = Field(default="", max_length=50_000, description="Text to send (may be left out with files)")
+    files: list[str] = Field(default_factory=list, max_length=MAX_FILES,
+                             description="Workspace paths of files to send after the text (documents, photos)")
     channel: str | None = Field(default=None, description="Channel name; default: the current chat's channel")
     chat_id: str | None = Field(default=None, description="Chat id on that channel; default: the current chat")
+
+    @model_validator(mode="after")
+    def _something(self) -> MessageArgs:
+        if not self.content.strip() and not self.files:
+            raise ValueError("give content, files, or both")
+        return self
 
 
 def _target(args: MessageArgs, ctx: ToolContext) -> tuple[str, str] | ToolResult:
@@ -55,8 +71,66 @@ def _target(args: MessageArgs, ctx: ToolContext) -> tuple[str, str] | ToolResult
     return channel, chat_id
 
 
-def _store(ctx: ToolContext, channel: str, chat_id: str, text: str, own_chat: bool) -> list[Any]:
-    """Outbox rows (and the reply suppression) in one transaction; returns the delivery tasks."""
+def _load(ctx: ToolContext, channel: str, paths: list[str]) -> list[OutFile] | ToolResult:
+    """The workspace files to send, each within the operator's and the platform's size limit."""
+    if not paths:
+        return []
+    if Permission.FS_READ not in ctx.settings.permissions.granted:
+        return ToolResult.fail(ErrorCode.PERMISSION_DENIED, "sending files reads the workspace: it needs "
+                               "permission FS_READ, which is not granted")
+    platform = get_channel(channel, ctx.settings)
+    limit = ctx.settings.tools.message.max_file_bytes
+    if platform is not None:
+        if not platform.max_file_bytes:
+            return ToolResult.fail(ErrorCode.INVALID_ARGS, f"files cannot be sent to {channel}")
+        limit = min(limit, platform.max_file_bytes)
+    files = []
+    for path in paths:
+        loaded = _read(ctx, path, limit, channel)
+        if isinstance(loaded, ToolResult):
+            return loaded
+        files.append(loaded)
+    return files
+
+
+def _read(ctx: ToolContext, path: str, limit: int, channel: str) -> OutFile | ToolResult:
+    too_large = ToolResult.fail(ErrorCode.TOO_LARGE, f"{path} is larger than {limit:,} bytes, the most that can "
+                                f"be sent to {channel}")
+    try:
+        target = resolve(ctx.workspace, path)
+        with open_file(ctx.workspace, target, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size > limit:
+                return too_large
+            data = fh.read(limit + 1)
+    except OutsideWorkspace as err:
+        return err.result()
+    except (FileNotFoundError, NotADirectoryError):
+        return ToolResult.fail(ErrorCode.NOT_FOUND, f"no such file: {path}")
+    except NotAFile:
+        return ToolResult.fail(ErrorCode.INVALID_ARGS, f"not a file: {path}")
+    except OSError as err:
+        return ToolResult.fail(ErrorCode.FAILED, f"cannot read {path}: {err.strerror or err}")
+    if len(data) > limit:  # it grew while read
+        return too_large
+    mime = image_type(data) or mimetypes.guess_type(target.name)[0] or "application/octet-stream"
+    return OutFile(target.name, mime, data)
+
+
+def _keep(s: Session, ctx: ToolContext, key: str, files: list[OutFile]) -> list[dict[str, str]]:
+    """SentFile rows for `files` (ids derived from `key`: a replayed call adds none); their id, name and mime."""
+    named = []
+    for i, f in enumerate(files):
+        file_id = hashlib.sha256(f"{key}:{i}".encode()).hexdigest()[:32]
+        s.execute(insert(SentFile).values(id=file_id, conversation_id=ctx.conversation_id, name=f.name, mime=f.mime,
+                                          size=len(f.data), data=f.data, created_at=utcnow())
+                  .on_conflict_do_nothing(index_elements=["id"]))
+        named.append({"id": file_id, "name": f.name, "mime": f.mime})
+    return named
+
+
+def _store(ctx: ToolContext, channel: str, chat_id: str, text: str, files: list[OutFile],
+           own_chat: bool) -> list[Any]:
+    """The files, the outbox rows (and the reply suppression) in one transaction; returns the delivery tasks."""
     from shared.outbox import add_reply  # here: shared.outbox imports the agent runtime, which imports tools
 
     origin = ctx.extra.get("origin") or {}
@@ -65,20 +139,28 @@ def _store(ctx: ToolContext, channel: str, chat_id: str, text: str, own_chat: bo
         # The call's step in the key: a model that reuses a call id in a later step sends a new message
         key = f"{call_key(s, ctx.run_id, ctx.call_id)}:msg"
         nexts = add_reply(s, ctx.settings, key=key, channel=channel, chat_id=chat_id, text=text, meta=meta,
-                          run_id=ctx.run_id or None)
+                          run_id=ctx.run_id or None, files=_keep(s, ctx, key, files))
         if own_chat and ctx.run_kind == "turn" and ctx.run_id:
             s.execute(update(Run).where(col(Run.id) == ctx.run_id).values(suppress_reply=True))
     return list(nexts)
 
 
+def _to_caller(ctx: ToolContext, files: list[OutFile]) -> list[dict[str, Any]]:
+    """The API channel's files: kept for the caller to fetch (GET /api/v1/files/{id})."""
+    with session_scope(ctx.settings.database_url) as s:
+        named = _keep(s, ctx, f"{call_key(s, ctx.run_id, ctx.call_id)}:msg", files)
+    return [{**n, "size": len(f.data), "url": f"/api/v1/files/{n['id']}"} for n, f in zip(named, files, strict=True)]
+
+
 class MessageTool(Tool):
     name = "message"
     description = ("Send a message to a chat: by default the current one (then it replaces your final reply "
-                   "there), or another the operator allows, with channel and chat_id.")
+                   "there), or another the operator allows, with channel and chat_id. `files` sends workspace "
+                   "files with it (a report, a chart, a photo).")
     Args = MessageArgs
     group = "messaging"
     max_input_bytes = 200_000
-    timeout = 30.0
+    timeout = 60.0
     idempotent = True  # a replayed send finds the outbox rows it wrote (their key derives from this tool call)
 
     async def run(self, args: MessageArgs, ctx: ToolContext) -> ToolResult:
@@ -86,12 +168,18 @@ class MessageTool(Tool):
         if isinstance(target, ToolResult):
             return target
         channel, chat_id = target
+        files = await asyncio.to_thread(_load, ctx, channel, args.files)
+        if isinstance(files, ToolResult):
+            return files
         if channel == API:
-            ctx.emit("message", {"call_id": ctx.call_id, "chat_id": chat_id, "content": args.content})
+            sent = await asyncio.to_thread(_to_caller, ctx, files) if files else []
+            ctx.emit("message", {"call_id": ctx.call_id, "chat_id": chat_id, "content": args.content,
+                                 **({"files": sent} if sent else {})})
             return ToolResult.success({"channel": API, "chat_id": chat_id, "delivered": "to the API caller",
-                                       "content": args.content})
+                                       "content": args.content, **({"files": sent} if sent else {})})
         own_chat = channel == ctx.channel and chat_id == ctx.chat_id
-        nexts = await asyncio.to_thread(_store, ctx, channel, chat_id, args.content, own_chat)
+        nexts = await asyncio.to_thread(_store, ctx, channel, chat_id, args.content, files, own_chat)
         ctx.followups.extend(nexts)
         note = " (this replaces your final reply there)" if own_chat and ctx.run_kind == "turn" else ""
-        return ToolResult.success(f"message queued for {channel}:{chat_id}{note}")
+        what = f"message with {len(files)} file(s)" if files else "message"
+        return ToolResult.success(f"{what} queued for {channel}:{chat_id}{note}")

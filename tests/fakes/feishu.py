@@ -1,7 +1,7 @@
 """A fake Feishu / Lark Open API: tenant access tokens (issued, expiring, revocable), the IM message
-API and the bot's info (bot/v3/info, its open_id) behind `Authorization: Bearer <tenant token>` (a
-repeated uuid is sent once, as Feishu does), and events, with @-mentions, encrypted (AES-256-CBC) and
-signed as Feishu sends them."""
+API (text and posts, images and files uploaded first) and the bot's info (bot/v3/info, its open_id)
+behind `Authorization: Bearer <tenant token>` (a repeated uuid is sent once, as Feishu does), and
+events, with @-mentions, encrypted (AES-256-CBC) and signed as Feishu sends them."""
 
 from __future__ import annotations
 
@@ -20,7 +20,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tests.fakes.platform import Call, FakePlatform
+from tests.fakes.platform import Call, FakePlatform, Handler, Upload
+
+MB = 1024 * 1024
+UPLOAD_LIMITS = {"image": 10 * MB, "file": 30 * MB}
+FILE_TYPES = ("opus", "mp4", "pdf", "doc", "xls", "ppt", "stream")
+IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF8", b"RIFF", b"BM")  # formats Feishu reads
 
 
 def encrypt(plain: bytes, key: str) -> str:
@@ -42,6 +47,7 @@ class FakeFeishu(FakePlatform):
         self.tokens: set[str] = set()
         self.by_uuid: dict[str, str] = {}
         self.resources: dict[tuple[str, str], tuple[bytes, str]] = {}  # (message id, key) -> content, type
+        self.uploads: dict[str, tuple[str, str, bytes]] = {}  # image or file key -> kind, name, content
         self.seq = itertools.count(1)
         self.refuse_posts = False  # as Feishu would a post it cannot read
         super().__init__()
@@ -50,11 +56,14 @@ class FakeFeishu(FakePlatform):
         super().reset()
         with self.lock:
             self.by_uuid.clear()
+            self.uploads.clear()
             self.refuse_posts = False
 
     def routes(self) -> list[Route]:
         return [Route("/auth/v3/tenant_access_token/internal", self._token, methods=["POST"]),
                 Route("/im/v1/messages", self._message, methods=["POST"]),
+                Route("/im/v1/images", self._image, methods=["POST"]),
+                Route("/im/v1/files", self._file, methods=["POST"]),
                 Route("/bot/v3/info", self._bot_info, methods=["GET"]),
                 Route("/im/v1/messages/{message_id}/resources/{key}", self._resource, methods=["GET"])]
 
@@ -63,6 +72,17 @@ class FakeFeishu(FakePlatform):
 
     def text_of(self, call: Call) -> str:
         return _text(call.body.get("msg_type"), json.loads(call.body.get("content") or "{}")) or ""
+
+    def received_files(self, chat: str) -> list[tuple[str, bytes]]:
+        """Image and file messages users see: the name (a file's file_name, an image's part's
+        filename) and bytes of what they name."""
+        out = []
+        for call in self.sent(chat):
+            kind = call.body.get("msg_type")
+            if kind in UPLOAD_LIMITS:
+                _, name, data = self.uploads[json.loads(call.body["content"])[f"{kind}_key"]]
+                out.append((name, data))
+        return out
 
     def sent(self, chat: str | None = None) -> list[Call]:
         """Messages users see: a repeated uuid shows once."""
@@ -119,17 +139,51 @@ class FakeFeishu(FakePlatform):
             self.refuse("im message with an invalid tenant access token")
             return 400, {"code": 99991663, "msg": "Invalid access token for authorization"}
         kind = body.get("msg_type")
-        if request.query_params.get("receive_id_type") != "chat_id" or kind not in ("text", "post") \
+        if request.query_params.get("receive_id_type") != "chat_id" or kind not in ("text", "post", "image", "file") \
                 or (kind == "post" and self.refuse_posts):
             self.refuse(f"bad message request {body}")
             return 400, {"code": 230001, "msg": "invalid params"}
-        text = _text(kind, json.loads(body.get("content") or "{}"))
-        if not isinstance(text, str) or not text.strip() or len(body["content"].encode()) > 150_000:
+        content = json.loads(body.get("content") or "{}")
+        if kind in UPLOAD_LIMITS:
+            if self.uploads.get(content.get(f"{kind}_key"), ("",))[0] != kind:
+                self.refuse(f"{kind} message naming no {kind} uploaded: {content}")
+                return 400, {"code": 230001, "msg": f"invalid {kind}_key"}
+        elif not isinstance(text := _text(kind, content), str) or not text.strip() \
+                or len(body["content"].encode()) > 150_000:
             self.refuse("empty or oversized text content")
             return 400, {"code": 230025, "msg": "content too long or empty"}
         with self.lock:
             mid = self.by_uuid.setdefault(body.get("uuid") or uuid.uuid4().hex, f"om_{next(self.seq)}")
         return 200, {"code": 0, "msg": "success", "data": {"message_id": mid, "chat_id": body["receive_id"]}}
+
+    async def _image(self, request: Request) -> Response:
+        return await self.answer("im.image.create", request, self._uploader("image"))
+
+    async def _file(self, request: Request) -> Response:
+        return await self.answer("im.file.create", request, self._uploader("file"))
+
+    def _uploader(self, kind: str) -> Handler:
+        """im/v1/images or im/v1/files: a multipart form with its type and the `kind` part, not empty and
+        under the cap (an image in a format Feishu reads); answers the key it is sent by."""
+        def upload(body: dict[str, Any], request: Request) -> tuple[int, Any]:
+            if request.headers.get("authorization", "").removeprefix("Bearer ") not in self.tokens:
+                self.refuse(f"{kind} upload with an invalid tenant access token")
+                return 400, {"code": 99991663, "msg": "Invalid access token for authorization"}
+            part, name = body.get(kind), body.get("file_name")
+            typed = body.get("image_type") == "message" if kind == "image" else \
+                body.get("file_type") in FILE_TYPES and isinstance(name, str) and bool(name)
+            if not (typed and isinstance(part, Upload)):
+                self.refuse(f"bad {kind} upload {sorted(body)}")
+                return 400, {"code": 234001, "msg": "Invalid request param."}
+            if not 0 < len(part.data) <= UPLOAD_LIMITS[kind] \
+                    or (kind == "image" and not part.data.startswith(IMAGE_MAGIC)):
+                self.refuse(f"{kind} upload of {len(part.data)} bytes, empty, too large or no image")
+                return 400, {"code": 234006, "msg": "The file size exceed the max value or is not valid."}
+            key = f"{'img' if kind == 'image' else 'file'}_v3_up{next(self.seq)}"
+            with self.lock:
+                self.uploads[key] = (kind, name if isinstance(name, str) else part.filename, part.data)
+            return 200, {"code": 0, "msg": "success", "data": {f"{kind}_key": key}}
+        return upload
 
     async def _resource(self, request: Request) -> Response:
         def serve(body: dict[str, Any], request: Request) -> tuple[int, Any]:

@@ -109,7 +109,7 @@ class FakePlatform:
     def texts(self, chat: str) -> list[str]:
         return [self.text_of(c) for c in self.sent(chat)]
 
-    def files(self, chat: str) -> list[tuple[str, bytes]]:
+    def received_files(self, chat: str) -> list[tuple[str, bytes]]:
         """The files that reached a user in `chat` (their name and bytes), in arrival order."""
         raise NotImplementedError
 

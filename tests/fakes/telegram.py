@@ -1,12 +1,14 @@
 """A fake Telegram Bot API: the bot token in the URL path, getMe, sendMessage (HTML parse mode
 checked: only Telegram's tags, properly nested, at most 4096 UTF-16 code units of text, as Telegram
-counts), sendChatAction, setWebhook; and signed webhook updates as Telegram sends them."""
+counts), sendPhoto and sendDocument (multipart uploads), sendChatAction, setWebhook; and signed
+webhook updates as Telegram sends them."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import re
+from collections.abc import Callable
 from html.parser import HTMLParser
 from typing import Any
 
@@ -14,8 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tests.fakes.platform import Call, FakePlatform
+from tests.fakes.platform import Call, FakePlatform, Upload
 
+MAX_PHOTO, MAX_DOCUMENT = 10 * 1024 * 1024, 50 * 1024 * 1024  # what a bot may upload
 MAX_TEXT = 4096  # UTF-16 code units of the text after entity parsing
 TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "a", "code", "pre", "tg-spoiler",
         "span", "blockquote"}
@@ -85,6 +88,7 @@ class FakeTelegram(FakePlatform):
             self.refuse(f"wrong bot token in the path for {method}")
             return await self.answer(method, request, lambda b, r: (401, _error(401, "Unauthorized")))
         handler = {"getMe": self._get_me, "sendMessage": self._send, "sendChatAction": self._action,
+                   "sendPhoto": self._upload("photo"), "sendDocument": self._upload("document"),
                    "setWebhook": self._set_webhook, "setMyCommands": self._set_commands, "getFile": self._get_file}
         if method not in handler:
             return await self.answer(method, request, lambda b, r: (404, _error(404, "Not Found")))
@@ -105,6 +109,32 @@ class FakeTelegram(FakePlatform):
             return 400, _error(400, "Bad Request: message is too long" if visible.strip() else "text is empty")
         return 200, {"ok": True, "result": {"message_id": next(self.ids), "chat": {"id": body["chat_id"]},
                                             "text": visible}}
+
+    def _upload(self, field: str) -> Callable[[dict[str, Any], Request], tuple[int, Any]]:
+        """sendPhoto or sendDocument, as a multipart form with the file in `field`, within the Bot API's
+        upload limits (photos 10 MB, other files 50 MB)."""
+        def handle(body: dict[str, Any], request: Request) -> tuple[int, Any]:
+            file, limit = body.get(field), MAX_PHOTO if field == "photo" else MAX_DOCUMENT
+            if not isinstance(file, Upload) or "chat_id" not in body:
+                self.refuse(f"send {field} without chat_id or a file part named {field}")
+                return 400, _error(400, f"Bad Request: there is no {field} in the request")
+            if len(file.data) > limit:
+                self.refuse(f"{field} of {len(file.data)} bytes")
+                return 413, _error(413, "Request Entity Too Large")
+            try:
+                json.loads(body.get("reply_parameters") or "{}")
+            except ValueError:
+                self.refuse("reply_parameters that are not JSON")
+                return 400, _error(400, "Bad Request: can't parse reply parameters JSON object")
+            return 200, {"ok": True, "result": {"message_id": next(self.ids), "chat": {"id": body["chat_id"]},
+                                                field: {"file_id": f"sent{next(self.ids)}"}}}
+        return handle
+
+    def received_files(self, chat: str) -> list[tuple[str, bytes]]:
+        with self.lock:
+            return [(c.body[f].filename, c.body[f].data) for c in self.calls
+                    for f in ("photo", "document") if c.op == f"send{f.title()}" and c.status == 200
+                    and str(c.body.get("chat_id")) == chat]
 
     def _get_me(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
         bot_id = self.token.split(":", 1)[0]  # a bot token starts with the bot's id

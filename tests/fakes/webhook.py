@@ -3,6 +3,7 @@ records it (with its Idempotency-Key), and signs inbound messages the way an int
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import itertools
@@ -41,6 +42,10 @@ class FakeWebhookReceiver(FakePlatform):
 
     def text_of(self, call: Call) -> str:
         return str(call.body.get("text"))
+
+    def received_files(self, chat: str) -> list[tuple[str, bytes]]:
+        return [(c.body["file"]["name"], base64.b64decode(c.body["file"]["data"]))
+                for c in self.sent(chat) if isinstance(c.body.get("file"), dict)]
 
     async def _callback(self, request: Request) -> Response:
         raw = await request.body()

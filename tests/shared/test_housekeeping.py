@@ -27,9 +27,11 @@ from shared.models import (
     Run,
     RunStatus,
     RunStep,
+    SentFile,
     ToolCall,
     utcnow,
 )
+from shared.outbox import FILE
 from tests.support.locks import cancelled_with_a_call_running, race_with_late_result
 from tests.support.processes import wait_until
 from tests.support.stack import Stack
@@ -69,7 +71,11 @@ def _fill(s: Session) -> dict[str, str]:
                        message={"content": "still to submit"}))
     for key, status, when in (("o1", OutboxStatus.DELIVERED, OLD), ("o2", OutboxStatus.FAILED, OLD),
                               ("o3", OutboxStatus.PENDING, OLD), ("o4", OutboxStatus.DELIVERED, NEW)):
-        s.add(Outbox(key=key, channel="telegram", chat_id="1", content="hi", status=status, created_at=when))
+        meta = {FILE: {"id": "waited-for", "name": "a.pdf", "mime": "application/pdf"}} if key == "o3" else {}
+        s.add(Outbox(key=key, channel="telegram", chat_id="1", content="", status=status, created_at=when, meta=meta))
+    for file_id, when in (("sent", OLD), ("waited-for", OLD), ("recent", NEW)):  # o3 still waits to send one
+        s.add(SentFile(id=file_id, conversation_id=conv.id, name="a.pdf", mime="application/pdf", size=1, data=b"x",
+                       created_at=when))
     s.add(CronReceipt(job_id="j", scheduled_for=OLD, created_at=OLD))
     s.add(CronReceipt(job_id="j", scheduled_for=NEW, created_at=NEW))
     s.add(CronJob(id="live", message="every day", every_seconds=86400))
@@ -92,13 +98,15 @@ def test_a_pass_deletes_old_finished_records_and_keeps_memory_and_unfinished_wor
     with Session(get_engine(stack.settings.database_url)) as s:
         ids = _fill(s)
     counts = housekeeping.prune(rt, batch=2)
-    assert counts == {"inbound_events": 5, "outbox": 2, "cron_receipts": 1, "runs": 2, "conversations": 2}
+    assert counts == {"inbound_events": 5, "outbox": 2, "sent_files": 1, "cron_receipts": 1, "runs": 2,
+                      "conversations": 2}
     with Session(get_engine(stack.settings.database_url)) as s:
         assert set(s.exec(select(Run.id).where(Run.conversation_id == ids["conversation"])).all()) == \
             {ids["old_running"], ids["new_done"]}
         assert _count(s, RunStep) == _count(s, ToolCall) == 3  # of those two, and the busy subagent's run
         assert set(s.exec(select(InboundEvent.event_id)).all()) == {"new", "unsubmitted"}
         assert set(s.exec(select(Outbox.key)).all()) == {"o3", "o4"}
+        assert set(s.exec(select(SentFile.id)).all()) == {"waited-for", "recent"}
         assert s.exec(select(CronReceipt.created_at)).one() > OLD
         assert _count(s, Message) == 4 + 4  # the transcript is memory: every message stays...
         conv = s.get_one(Conversation, ids["conversation"])

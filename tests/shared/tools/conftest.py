@@ -7,8 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlmodel import Session, select
 
 from shared.aio import run_sync
+from shared.db import get_engine
+from shared.models import Conversation, Run, RunKind
 from shared.settings import Permission, Settings, load_settings
 from shared.tools import build_registry
 from shared.tools.base import ToolContext, ToolResult
@@ -16,6 +19,8 @@ from shared.tools.registry import ToolRegistry
 from tests.fakes.web import FakeWeb
 
 ALL_PERMISSIONS = [p.value for p in Permission]
+# Where make_run's runs come from unless said otherwise: a Telegram chat, answering its message 7
+MESSAGE_ORIGIN = {"channel": "telegram", "chat_id": "42", "reply_meta": {"reply_to_message_id": 7}}
 
 
 def tool_settings(workspace: Path, *, allowed: list[str] | None = None, granted: list[str] | None = None,
@@ -55,3 +60,18 @@ def web() -> Iterator[FakeWeb]:
     site = FakeWeb().start()
     yield site
     site.stop()
+
+
+@pytest.fixture
+def make_run(database_url: str) -> Callable[..., Run]:
+    def make(kind: RunKind = RunKind.TURN, origin: dict[str, Any] | None = None) -> Run:
+        with Session(get_engine(database_url), expire_on_commit=False) as s:
+            conv = Conversation(session_key=f"telegram:{len(s.exec(select(Conversation)).all())}")
+            s.add(conv)
+            s.flush()
+            run = Run(conversation_id=conv.id, kind=kind, origin=origin or MESSAGE_ORIGIN)
+            s.add(run)
+            s.commit()
+            return run
+
+    return make

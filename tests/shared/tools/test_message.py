@@ -12,7 +12,7 @@ from sqlmodel import Session, select
 
 from shared.constants import T_OUTBOUND_DELIVER
 from shared.db import get_engine
-from shared.models import Conversation, Outbox, Run, RunKind, ToolCall
+from shared.models import Outbox, Run, RunKind, ToolCall
 from shared.settings import Settings
 from shared.tool_settings import MessageSettings
 from shared.tools import build_registry
@@ -21,7 +21,6 @@ from shared.tools.registry import ToolRegistry
 from tests.shared.tools.conftest import call, tool_settings
 from tests.support.stack import clean_db
 
-ORIGIN = {"channel": "telegram", "chat_id": "42", "reply_meta": {"reply_to_message_id": 7}}
 CHANNELS = {"telegram": {"token": "123:telegram-test-token", "webhook_secret": "telegram-test-secret"},
             "slack": {"bot_token": "xoxb-slack-test-token", "signing_secret": "slack-test-secret"}}
 
@@ -43,21 +42,6 @@ def allowing(database_url: str, workspace: Path, send_to: list[str]) -> ToolRegi
 def reg(database_url: str, workspace: Path) -> ToolRegistry:
     clean_db(database_url)
     return build_registry(configured(tool_settings(workspace, allowed=["message"], granted=[]), database_url))
-
-
-@pytest.fixture
-def make_run(database_url: str) -> Callable[..., Run]:
-    def make(kind: RunKind = RunKind.TURN, origin: dict[str, Any] | None = None) -> Run:
-        with Session(get_engine(database_url), expire_on_commit=False) as s:
-            conv = Conversation(session_key=f"telegram:{len(s.exec(select(Conversation)).all())}")
-            s.add(conv)
-            s.flush()
-            run = Run(conversation_id=conv.id, kind=kind, origin=origin or ORIGIN)
-            s.add(run)
-            s.commit()
-            return run
-
-    return make
 
 
 def send(reg: ToolRegistry, run: Run, args: dict[str, Any], call_id: str = "call_1") -> tuple[Any, ToolContext]:

@@ -1,0 +1,85 @@
+"""Files the model sends with the message tool, end to end: a real worker reads them from the
+workspace, keeps them in Postgres, and the outbound queue uploads each to the fake platform after the
+text, as that platform takes files; an API caller gets links and fetches them from the gateway."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.llm import FakeLLM
+from tests.gateway.test_images import png
+from tests.support.platforms import ChannelStack, started_channel_stack
+
+PLATFORMS = ["telegram", "feishu", "webhook"]
+
+
+@pytest.fixture(scope="module")
+def channel_stack(database_url: str, redis_server: str, fake_llm: FakeLLM,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChannelStack]:
+    """The channel stack of the other webhook tests, its model allowed the message tool and FS_READ."""
+    with started_channel_stack(database_url, redis_server, fake_llm, tmp_path_factory.mktemp("sent-files"),
+                               TOOLS__ALLOWED=json.dumps(["message"]),
+                               PERMISSIONS__GRANTED=json.dumps(["FS_READ"])) as stack:
+        yield stack
+
+
+def workspace(channels: ChannelStack) -> Path:
+    return Path(channels.stack.env["NANOFLEET_WORKSPACE"])
+
+
+def asking(**args: object) -> str:
+    """What makes the fake model call the message tool with these arguments."""
+    return f"call:message{json.dumps(args)}"
+
+
+@pytest.mark.parametrize("name", PLATFORMS)
+def test_files_the_model_sends_reach_the_chat_after_the_text(channels: ChannelStack, name: str) -> None:
+    d, marker = channels.driver(name), uuid.uuid4().hex[:8]
+    chat, report, chart = d.new_chat(), f"a,b\n{marker},2\n".encode(), png(30, 20)
+    (workspace(channels) / f"report-{marker}.csv").write_bytes(report)
+    (workspace(channels) / "chart.png").write_bytes(chart)
+    ask = asking(content=f"Here it is {marker}", files=[f"report-{marker}.csv", "chart.png"])
+    assert channels.post(name, d.request(chat=chat, text=ask)).status_code == 200
+    channels.settled(chat, rows=3)
+    assert d.fake.received_files(chat) == [(f"report-{marker}.csv", report), ("chart.png", chart)]
+    assert d.replies(chat)[0] == f"Here it is {marker}"  # the text first; the model's final reply replaced
+    sent = channels.scalar("select count(*) from outbox where chat_id = :c and status = 'delivered'", c=chat)
+    assert sent == 3 and d.fake.refused == []
+
+
+def test_a_file_the_platform_refuses_is_dead_lettered_after_the_text(channels: ChannelStack) -> None:
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    chat = d.new_chat()
+    (workspace(channels) / "notes.txt").write_text("notes")
+    tg.script("sendDocument", 400, {"ok": False, "error_code": 400, "description": "Bad Request: chat not found"})
+    assert channels.post("telegram", d.request(chat=chat, text=asking(content="notes", files=["notes.txt"]))
+                         ).status_code == 200
+    channels.settled(chat, rows=2)
+    assert d.replies(chat) == ["notes"] and tg.received_files(chat) == []
+    failed = channels.scalar("select last_error from outbox where chat_id = :c and status = 'failed'", c=chat)
+    assert "chat not found" in failed
+
+
+def test_an_api_caller_fetches_the_files_by_their_links(channels: ChannelStack) -> None:
+    marker = uuid.uuid4().hex[:8]
+    (workspace(channels) / f"{marker} résumé.pdf").write_bytes(b"%PDF-1.4 " + marker.encode())
+    conversation = channels.api.post("/api/v1/conversations", json={}).json()["conversationId"]
+    answer = channels.api.post(f"/api/v1/conversations/{conversation}/chat",
+                               json={"message": asking(content="attached", files=[f"{marker} résumé.pdf"])})
+    assert answer.status_code == 200, answer.text
+    [call] = answer.json()["toolCalls"]
+    [link] = json.loads(call["result"])["files"]
+    assert (link["name"], link["mime"], link["size"]) == (f"{marker} résumé.pdf", "application/pdf", 17)
+    got = channels.api.get(link["url"])
+    assert got.status_code == 200 and got.content == b"%PDF-1.4 " + marker.encode()
+    assert got.headers["content-type"] == "application/pdf" and got.headers["x-content-type-options"] == "nosniff"
+    assert got.headers["content-disposition"] == f"attachment; filename*=UTF-8''{marker}%20r%C3%A9sum%C3%A9.pdf"
+    assert channels.http.get(link["url"]).status_code == 401  # the API key is needed
+    assert channels.api.get("/api/v1/files/nope").status_code == 404
+    assert channels.api.delete(f"/api/v1/conversations/{conversation}").status_code == 204
+    assert channels.api.get(link["url"]).status_code == 404  # gone with its conversation
