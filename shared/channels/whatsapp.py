@@ -1,5 +1,6 @@
 """WhatsApp Cloud API: GET verification handshake, X-Hub-Signature-256 webhooks in (message id
-dedupe), plain-text replies out through the Graph API messages endpoint."""
+dedupe), plain-text replies and files (uploaded to /media, then sent by id) out through the Graph API
+messages endpoint."""
 
 from __future__ import annotations
 
@@ -7,17 +8,21 @@ import logging
 import time
 from typing import Any, ClassVar
 
+import httpx
+
 from shared.channels.base import (
     BaseChannel,
     Bucket,
+    OutFile,
     Parsed,
     RateLimited,
     Rejected,
     SendResult,
     WebhookError,
+    image_type,
     json_object,
 )
-from shared.channels.clients import body, check, download, http
+from shared.channels.clients import DOWNLOAD_TIMEOUT, PlatformError, body, check, download, http
 from shared.channels.files import worth_fetching
 from shared.channels.markdown import whatsapp_text
 from shared.channels.signing import hmac_hex, same
@@ -36,6 +41,16 @@ KINDS = {"audio": "audio", "image": "photo", "document": "file"}  # WhatsApp's m
 # Messages without text a person sends (reactions and system messages are not answered)
 MEDIA = {"audio": "a voice message", "image": "a photo", "video": "a video", "document": "a file",
          "sticker": "a sticker", "location": "a location", "contacts": "a contact"}
+# Meta's "Supported media types": a JPEG or PNG up to 5 MB shows as a photo, a document may be 100 MB, and
+# /media refuses a document of a type not listed here.
+PHOTO_LIMIT = 5 * 1024 * 1024
+DOCUMENT_LIMIT = 100 * 1024 * 1024
+DOCUMENTS = frozenset({
+    "text/plain", "application/pdf", "application/msword", "application/vnd.ms-excel", "application/vnd.ms-powerpoint",
+    "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+    "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+    "application/vnd.openxmlformats-officedocument.presentationml.presentation"})
+TEXTUAL = ("application/json", "application/xml", "application/yaml", "application/x-yaml")  # text, not text/*
 
 
 class WhatsAppChannel(BaseChannel):
@@ -45,6 +60,7 @@ class WhatsAppChannel(BaseChannel):
     max_chars: ClassVar[int] = 4096
     required: ClassVar[tuple[str, ...]] = ("access_token", "app_secret", "verify_token", "phone_number_id")
     reports_failures: ClassVar[bool] = True  # `failed` statuses
+    max_file_bytes: ClassVar[int] = DOCUMENT_LIMIT  # a JPEG or PNG over PHOTO_LIMIT goes as a document
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -105,7 +121,7 @@ class WhatsAppChannel(BaseChannel):
 
     def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
         """The media's URL from the Graph API, then the file, both with the access token."""
-        auth = {"Authorization": f"Bearer {self.secret('access_token')}"}
+        auth = self._auth()
         response = http(self.settings.channels.delivery.send_timeout).get(
             f"{self.cfg.api_base.rstrip('/')}/{media['id']}", headers=auth)
         check(response, what="whatsapp media")
@@ -129,22 +145,72 @@ class WhatsAppChannel(BaseChannel):
         return [Bucket(f"whatsapp:to:{number}:{chat_id}", 6.0, 20), Bucket(f"whatsapp:number:{number}", 1 / 80, 80)]
 
     def send(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
+        return self._message(chat_id, meta, type="text", text={"preview_url": False, "body": text})
+
+    def send_file(self, chat_id: str, file: OutFile, meta: dict[str, Any]) -> SendResult:
+        """Upload the file, then send its media id: a JPEG or PNG within PHOTO_LIMIT as a photo, anything
+        else as a document under its name. A message that fails after its upload leaves that media unused
+        (WhatsApp deletes it after 30 days): a retry uploads the file again."""
+        media_id = self._upload(file)
+        if file.image and len(file.data) <= PHOTO_LIMIT:
+            return self._message(chat_id, meta, type="image", image={"id": media_id})
+        return self._message(chat_id, meta, type="document", document={"id": media_id, "filename": file.name})
+
+    def _message(self, chat_id: str, meta: dict[str, Any], **content: Any) -> SendResult:
+        """POST /messages with `content` (the type and its object); the first chunk of a reply quotes
+        the message it answers."""
         payload: dict[str, Any] = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": chat_id,
-                                   "type": "text", "text": {"preview_url": False, "body": text}}
+                                   **content}
         if meta.get("reply_to") and not meta.get("chunk"):
             payload["context"] = {"message_id": meta["reply_to"]}
         response = http(self.settings.channels.delivery.send_timeout).post(
-            f"{self.cfg.api_base.rstrip('/')}/{self.cfg.phone_number_id}/messages", json=payload,
-            headers={"Authorization": f"Bearer {self.secret('access_token')}"},
-        )
-        data = body(response)
-        error = data.get("error")
-        code = error.get("code") if isinstance(error, dict) else None
-        if isinstance(code, int) and code in THROTTLED:
-            raise RateLimited(THROTTLED[code])
-        check(response, what="whatsapp messages")
+            self._endpoint("messages"), json=payload, headers=self._auth())
+        data = _answer(response, what="whatsapp messages")
         ids = [m.get("id") for m in data.get("messages") or [] if isinstance(m, dict)]
         return SendResult(str(ids[0]) if ids and ids[0] else None)
+
+    def _upload(self, file: OutFile) -> str:
+        """POST /media (multipart): the id WhatsApp gave the file. Meta reads the file part's type, not
+        only the `type` field, so both say the same."""
+        kind = _upload_type(file)
+        # A large file takes a while to send and for Meta to take in: the download's patience, not a send's.
+        response = http(DOWNLOAD_TIMEOUT).post(
+            self._endpoint("media"), headers=self._auth(), data={"messaging_product": "whatsapp", "type": kind},
+            files={"file": (file.name, file.data, kind)})
+        media_id = _answer(response, what="whatsapp media upload").get("id")
+        if not isinstance(media_id, str) or not media_id:
+            raise PlatformError("whatsapp media upload: the answer gave no media id")
+        return media_id
+
+    def _endpoint(self, op: str) -> str:
+        return f"{self.cfg.api_base.rstrip('/')}/{self.cfg.phone_number_id}/{op}"
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.secret('access_token')}"}
+
+
+def _answer(response: httpx.Response, *, what: str) -> dict[str, Any]:
+    """The Graph API's JSON answer; RateLimited for its throttling codes (whatever the HTTP status),
+    else as check() maps the status."""
+    data = body(response)
+    error = data.get("error")
+    code = error.get("code") if isinstance(error, dict) else None
+    if isinstance(code, int) and code in THROTTLED:
+        raise RateLimited(THROTTLED[code])
+    check(response, what=what)
+    return data
+
+
+def _upload_type(file: OutFile) -> str:
+    """The type a file is uploaded as: a photo's read from its bytes; a text file of a type WhatsApp does
+    not list (Markdown, CSV, JSON...) as text/plain, its name keeping its extension; else its own (one
+    WhatsApp does not take, the upload refuses: Rejected)."""
+    if file.image:
+        return image_type(file.data) or file.mime
+    mime = file.mime.split(";")[0].strip().lower()
+    if mime not in DOCUMENTS and (mime.startswith("text/") or mime in TEXTUAL):
+        return "text/plain"
+    return mime
 
 
 def _objects(parent: dict[str, Any], key: str) -> list[dict[str, Any]]:

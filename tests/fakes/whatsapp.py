@@ -1,5 +1,6 @@
-"""A fake WhatsApp Cloud API (Graph API /{phone_number_id}/messages with `Authorization: Bearer`)
-and webhooks signed as Meta signs them (X-Hub-Signature-256, HMAC of the raw body)."""
+"""A fake WhatsApp Cloud API (Graph API /{phone_number_id}/messages and /media uploads with
+`Authorization: Bearer`) and webhooks signed as Meta signs them (X-Hub-Signature-256, HMAC of the raw
+body)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tests.fakes.platform import Call, FakePlatform
+from tests.fakes.platform import Call, FakePlatform, Upload
+
+# What /media takes (the list its refusal names) and Meta's limits: 5 MB for a photo, 100 MB for anything.
+IMAGE_TYPES = ("image/jpeg", "image/png")
+DOCUMENT_TYPES = (
+    "text/plain", "application/pdf", "application/msword", "application/vnd.ms-excel", "application/vnd.ms-powerpoint",
+    "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+    "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+    "application/vnd.openxmlformats-officedocument.presentationml.presentation")
+UPLOAD_TYPES = (*IMAGE_TYPES, *DOCUMENT_TYPES, "image/webp", "audio/aac", "audio/mp4", "audio/mpeg", "audio/amr",
+                "audio/ogg", "audio/opus", "video/mp4", "video/3gpp")
+MAX_IMAGE, MAX_MEDIA = 5 * 1024 * 1024, 100 * 1024 * 1024
 
 
 class FakeWhatsApp(FakePlatform):
@@ -24,10 +36,12 @@ class FakeWhatsApp(FakePlatform):
         self.sent_ids = 0
         self.media: dict[str, bytes] = {}  # media id -> content, for GET /{media id} and its download URL
         self.mime: dict[str, str] = {}  # media id -> its type, where not a voice note's
+        self.uploaded: dict[str, str] = {}  # media id -> the file name, for what the bot uploaded to /media
         super().__init__()
 
     def routes(self) -> list[Route]:
         return [Route("/{number}/messages", self._post, methods=["POST"]),
+                Route("/{number}/media", self._post_media, methods=["POST"]),
                 Route("/download/{media_id}", self._download, methods=["GET"]),
                 Route("/{media_id}", self._media_url, methods=["GET"])]
 
@@ -37,27 +51,96 @@ class FakeWhatsApp(FakePlatform):
     def text_of(self, call: Call) -> str:
         return str((call.body.get("text") or {}).get("body"))
 
+    def texts(self, chat: str) -> list[str]:
+        return [self.text_of(c) for c in self.sent(chat) if c.body.get("type") == "text"]
+
+    def received_files(self, chat: str) -> list[tuple[str, bytes]]:
+        """Photos and documents that reached `chat`, with the name the user sees: a document's `filename`
+        ("" without one), a photo's the name it was uploaded under."""
+        out = []
+        for call in self.sent(chat):
+            kind, part = call.body.get("type"), call.body.get(str(call.body.get("type")))
+            if kind in ("image", "document"):
+                name = part.get("filename", "") if kind == "document" else self.uploaded[part["id"]]
+                out.append((name, self.media[part["id"]]))
+        return out
+
     async def _post(self, request: Request) -> Response:
         return await self.answer("messages", request, self._handle)
 
-    def _handle(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+    async def _post_media(self, request: Request) -> Response:
+        return await self.answer("upload", request, self._upload)
+
+    def _unauthorized(self, request: Request, what: str) -> tuple[int, Any] | None:
+        """The answer to a call without the access token or for another phone number, else None."""
         if request.headers.get("authorization") != f"Bearer {self.access_token}":
-            self.refuse("messages without the access token")
+            self.refuse(f"{what} without the access token")
             return 401, _error(190, "Invalid OAuth access token")
         if request.path_params["number"] != self.phone_number_id:
-            self.refuse("messages for an unknown phone number id")
+            self.refuse(f"{what} for an unknown phone number id")
             return 400, _error(100, "Unsupported post request")
-        text = (body.get("text") or {}).get("body")
-        if body.get("messaging_product") != "whatsapp" or body.get("type") != "text" or not isinstance(text, str):
+        return None
+
+    def _handle(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+        if (refused := self._unauthorized(request, "messages")) is not None:
+            return refused
+        kind = body.get("type")
+        if body.get("messaging_product") != "whatsapp" or kind not in ("text", "image", "document"):
             self.refuse(f"bad message payload {body}")
             return 400, _error(100, "Invalid parameter")
-        if not text.strip() or len(text) > 4096:
-            self.refuse(f"text body of {len(text)} characters")
-            return 400, _error(100, "Param text['body'] must be at most 4096 characters long")
+        problem = self._text_problem(body) if kind == "text" else self._media_problem(kind, body.get(kind))
+        if problem is not None:
+            self.refuse(problem[1]["error"]["message"])
+            return problem
         wamid = self.next_wamid()
         self.sent_ids += 1
         return 200, {"messaging_product": "whatsapp", "contacts": [{"input": body["to"], "wa_id": body["to"]}],
                      "messages": [{"id": wamid}]}
+
+    def _text_problem(self, body: dict[str, Any]) -> tuple[int, Any] | None:
+        text = (body.get("text") or {}).get("body")
+        if not isinstance(text, str):
+            return 400, _error(100, f"Invalid parameter: bad text message {body}")
+        if not text.strip() or len(text) > 4096:
+            return 400, _error(100, "Param text['body'] must be at most 4096 characters long")
+        return None
+
+    def _media_problem(self, kind: str, part: object) -> tuple[int, Any] | None:
+        """A photo or document must name media the bot uploaded; a photo, a JPEG or PNG within 5 MB."""
+        media_id = part.get("id") if isinstance(part, dict) else None
+        if media_id not in self.uploaded:
+            return 400, _error(100, f"Invalid parameter: {kind} names no uploaded media ({part})")
+        if kind == "image" and (self.mime[media_id] not in IMAGE_TYPES or len(self.media[media_id]) > MAX_IMAGE):
+            return 400, _error(131053, f"Media upload error: an image must be a JPEG or PNG of at most {MAX_IMAGE}"
+                                       f" bytes, not {self.mime[media_id]} of {len(self.media[media_id])}")
+        return None
+
+    def _upload(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+        """POST /{number}/media (multipart: messaging_product, type, file): {"id": media id}. Meta judges
+        the file part's own type."""
+        if (refused := self._unauthorized(request, "a media upload")) is not None:
+            return refused
+        file = body.get("file")
+        if body.get("messaging_product") != "whatsapp" or not body.get("type") or not isinstance(file, Upload):
+            self.refuse(f"bad media upload {sorted(body)}")
+            return 400, _error(100, "The parameters messaging_product, type and file are required")
+        if file.content_type not in UPLOAD_TYPES:
+            self.refuse(f"a media upload of type {file.content_type!r}")
+            return 400, _error(100, f"Param file must be a file with one of the following types: "
+                                    f"{', '.join(UPLOAD_TYPES)}. Received file of type '{file.content_type}'.")
+        if len(file.data) > MAX_MEDIA:
+            self.refuse(f"a media upload of {len(file.data)} bytes")
+            return 400, _error(100, "Invalid parameter: File Too Large")
+        with self.lock:
+            media_id = f"media{len(self.media) + 1}"
+            self.media[media_id], self.mime[media_id] = file.data, file.content_type
+            self.uploaded[media_id] = file.filename
+        return 200, {"id": media_id}
+
+    def uploads(self) -> int:
+        """Files uploaded to /media and accepted."""
+        with self.lock:
+            return sum(1 for c in self.calls if c.op == "upload" and c.status == 200)
 
     async def _media_url(self, request: Request) -> Response:
         def found(body: dict[str, Any], request: Request) -> tuple[int, Any]:
