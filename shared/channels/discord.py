@@ -1,14 +1,16 @@
 """Discord: interactions endpoint in (Ed25519 signature, PING -> PONG, a slash command such as /ask
 answered at once with a deferred response), replies out: the interaction's first reply edits the
 deferred response, everything else for it follows as follow-up messages (a bot message in the channel
-once the interaction token expired)."""
+once the interaction token expired). A file goes the same way, as an attachment (Discord's multipart form)."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+import httpx
 from nacl.exceptions import CryptoError
 from nacl.signing import VerifyKey
 
@@ -17,6 +19,7 @@ from shared.channels.base import (
     MAX_IMAGE,
     BaseChannel,
     Bucket,
+    OutFile,
     Parsed,
     Rejected,
     SendResult,
@@ -52,6 +55,8 @@ EPHEMERAL = 64
 # opened from a component): its submitter is told, privately.
 NOT_OURS = "This form is not handled by this bot."
 NO_MENTIONS: dict[str, list[str]] = {"parse": []}  # a reply never pings @everyone or anyone else
+# The largest file a bot may attach in a server without boosts: Discord answers 413 (code 40005) past it.
+MAX_FILE = 10 * 1024 * 1024
 TOKEN_LIFETIME = 15 * 60  # an interaction token, and with it its @original and follow-ups
 # A Discord id (a 64-bit integer in decimal). A chat id goes into the URL path of a bot message: anything
 # else (`../guilds/...`, handed to the `message` tool) would reach another API endpoint with the bot's token.
@@ -70,6 +75,7 @@ class DiscordChannel(BaseChannel):
     required: ClassVar[tuple[str, ...]] = ("application_id", "public_key")
     placeholder: ClassVar[bool] = True  # the deferred response's "thinking..."
     ack_deadline: ClassVar[float | None] = 2.5  # Discord's is 3 s, and it never sends an interaction again
+    max_file_bytes: ClassVar[int] = MAX_FILE
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -136,29 +142,49 @@ class DiscordChannel(BaseChannel):
         return [Bucket(f"discord:channel:{chat_id}", 1.0, 5), Bucket(f"discord:app:{app}", 1 / 50, 50)]
 
     def send(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
+        return self._deliver(chat_id, {"content": text}, meta)
+
+    def send_file(self, chat_id: str, file: OutFile, meta: dict[str, Any]) -> SendResult:
+        """The file as the message's one attachment, sent where a text would go: a file that is the
+        interaction's first reply (a reply of files only) replaces "thinking..." as text would.
+        Discord shows a photo inline by itself."""
+        return self._deliver(chat_id, {"attachments": [{"id": 0, "filename": file.name}]}, meta, file)
+
+    def _deliver(self, chat_id: str, message: dict[str, Any], meta: dict[str, Any],
+                 file: OutFile | None = None) -> SendResult:
         token = meta.get("interaction_token")
         if not token:
-            return self._channel_message(chat_id, text, meta)
+            return self._channel_message(chat_id, message, meta, file)
         try:
-            return self._interaction_reply(str(token), text, meta)
+            return self._interaction_reply(str(token), message, meta, file)
         except Rejected:
             if not self.secret("bot_token"):  # an interaction token lives 15 minutes
                 raise
-            return self._channel_message(chat_id, text, meta)
+            return self._channel_message(chat_id, message, meta, file)
 
-    def _interaction_reply(self, token: str, text: str, meta: dict[str, Any]) -> SendResult:
+    def _interaction_reply(self, token: str, message: dict[str, Any], meta: dict[str, Any],
+                           file: OutFile | None) -> SendResult:
         """The interaction's first reply edits the deferred "thinking..." response; anything else
         sent with its token (later chunks, a subagent's report, a cron firing or another `message`
         that inherited the reply_meta) is a follow-up, so nothing overwrites an answer already read."""
         app = meta.get("application_id") or self.cfg.application_id
         url = f"{self.cfg.api_base.rstrip('/')}/webhooks/{app}/{token}"
-        payload = {"content": text, "allowed_mentions": NO_MENTIONS}
-        client = http(self.settings.channels.delivery.send_timeout)
         if self._owns_original(token, meta):
-            response = client.patch(f"{url}/messages/@original", json=payload)
+            response = self._request("PATCH", f"{url}/messages/@original", message, file)
         else:
-            response = client.post(url, params={"wait": "true"}, json=payload)
+            response = self._request("POST", url, message, file, params={"wait": "true"})
         return self._result(response, "interaction response")
+
+    def _request(self, method: str, url: str, message: dict[str, Any], file: OutFile | None, *,
+                 params: dict[str, str] | None = None, headers: dict[str, str] | None = None) -> httpx.Response:
+        """The message as JSON; with a file, Discord's multipart form: the message in `payload_json`,
+        the file in the part `files[0]` its attachment (id 0) names."""
+        payload = {**message, "allowed_mentions": NO_MENTIONS}
+        client = http(self.settings.channels.delivery.send_timeout)
+        if file is None:
+            return client.request(method, url, json=payload, params=params, headers=headers)
+        return client.request(method, url, data={"payload_json": json.dumps(payload)},
+                              files={"files[0]": (file.name, file.data, file.mime)}, params=params, headers=headers)
 
     def _owns_original(self, token: str, meta: dict[str, Any]) -> bool:
         """Whether this row is the interaction's first reply. The first chunk 0 to ask takes the
@@ -177,14 +203,14 @@ class DiscordChannel(BaseChannel):
             return None
         return f"chat id {chat_id[:64]!r} is not a Discord channel id (a snowflake: digits only)"
 
-    def _channel_message(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
+    def _channel_message(self, chat_id: str, message: dict[str, Any], meta: dict[str, Any],
+                         file: OutFile | None) -> SendResult:
         """A bot message; the nonce makes Discord drop a repeat of the same outbox row."""
         if problem := self.chat_id_problem(chat_id):
             raise Rejected(f"discord channel message: {problem}")
-        response = http(self.settings.channels.delivery.send_timeout).post(
-            f"{self.cfg.api_base.rstrip('/')}/channels/{chat_id}/messages",
-            json={"content": text, "allowed_mentions": NO_MENTIONS,
-                  "nonce": str(meta.get("outbox_id", ""))[:25], "enforce_nonce": True},
+        response = self._request(
+            "POST", f"{self.cfg.api_base.rstrip('/')}/channels/{chat_id}/messages",
+            {**message, "nonce": str(meta.get("outbox_id", ""))[:25], "enforce_nonce": True}, file,
             headers={"Authorization": f"Bot {self.secret('bot_token')}"},
         )
         return self._result(response, "channel message")

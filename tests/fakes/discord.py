@@ -1,6 +1,7 @@
 """A fake Discord API: interaction webhooks (edit @original, follow-ups) that accept only tokens of
-interactions it issued, bot channel messages behind `Authorization: Bot`, and interactions signed
-with Ed25519 as Discord signs them."""
+interactions it issued, bot channel messages behind `Authorization: Bot`, each as JSON or as a
+multipart form with files (checked as Discord checks one), and interactions signed with Ed25519 as
+Discord signs them."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tests.fakes.platform import Call, FakePlatform
+from tests.fakes.platform import Call, FakePlatform, Upload
+
+UPLOAD_LIMIT = 10 * 1024 * 1024  # per file, for a bot in a server without boosts
+FILE_PART = re.compile(r"files\[([0-9]+)\]")
+INVALID_FORM = {"message": "Invalid Form Body", "code": 50035}
 
 
 class FakeDiscord(FakePlatform):
@@ -49,7 +54,19 @@ class FakeDiscord(FakePlatform):
         return self.interactions.get(call.path.split("/")[3], "?")
 
     def text_of(self, call: Call) -> str:
-        return str(call.body.get("content"))
+        return str(message_of(call).get("content", ""))
+
+    def received_files(self, chat: str) -> list[tuple[str, bytes]]:
+        """Attachments of the messages users see in `chat`: each part `files[n]` under the filename its
+        attachment `n` gives (else the part's own), in the order of the calls, then of n."""
+        out = []
+        for call in self.sent(chat):
+            if not _multipart(call.headers):
+                continue
+            names = {str(a.get("id")): a.get("filename") for a in message_of(call).get("attachments") or []}
+            for n, part in _parts(call.body):
+                out.append((str(names.get(n) or part.filename), part.data))
+        return out
 
     async def _edit(self, request: Request) -> Response:
         return await self.answer("edit_original", request, self._webhook)
@@ -98,13 +115,50 @@ class FakeDiscord(FakePlatform):
         if app != self.application_id or token not in self.interactions:
             self.refuse("interaction webhook with an unknown application id or token")
             return 401, {"message": "Invalid Webhook Token", "code": 50027}
-        return self._content(body)
+        return self._message(body, request)
 
     def _bot_message(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
         if request.headers.get("authorization") != f"Bot {self.bot_token}":
             self.refuse("channel message without the bot token")
             return 401, {"message": "401: Unauthorized", "code": 0}
-        return self._content(body)
+        return self._message(body, request)
+
+    def _message(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+        return self._form(body) if _multipart(request.headers) else self._content(body)
+
+    def _form(self, form: dict[str, Any]) -> tuple[int, Any]:
+        """A message with files, as Discord checks one: `payload_json` is a JSON object, each of its
+        attachments names a part `files[id]`, a part has a filename and is within the upload limit, and
+        the message has content (up to 2000 characters) or a file."""
+        try:
+            message = json.loads(form.get("payload_json") or "{}")
+        except (TypeError, ValueError):
+            message = None
+        if not isinstance(message, dict):
+            self.refuse("payload_json that is no JSON object")
+            return 400, {"message": "The request body contains invalid JSON.", "code": 50109}
+        parts, attachments = dict(_parts(form)), message.get("attachments") or []
+        stray = [k for k, v in form.items() if isinstance(v, Upload) and not FILE_PART.fullmatch(k)]
+        if stray or not isinstance(attachments, list) or any(
+                not isinstance(a, dict) or str(a.get("id")) not in parts for a in attachments):
+            self.refuse(f"attachments {attachments} that name no part files[id] (parts: {sorted(form)})")
+            return 400, INVALID_FORM
+        if any(not p.filename for p in parts.values()):
+            self.refuse("a file part without a filename")
+            return 400, INVALID_FORM
+        if any(len(p.data) > UPLOAD_LIMIT for p in parts.values()):
+            self.refuse("a file over the upload limit")
+            return 413, {"message": "Request entity too large", "code": 40005}
+        content = message.get("content")
+        if content is not None and (not isinstance(content, str) or len(content) > 2000):
+            self.refuse("content that is no string of up to 2000 characters")
+            return 400, INVALID_FORM
+        if not parts and not (content or "").strip():
+            self.refuse("a message with neither content nor files")
+            return 400, {"message": "Cannot send an empty message", "code": 50006}
+        return 200, {"id": str(next(self.seq)), "content": content or "",
+                     "attachments": [{"id": str(next(self.seq)), "filename": p.filename, "size": len(p.data)}
+                                     for p in parts.values()]}
 
     def _content(self, body: dict[str, Any]) -> tuple[int, Any]:
         content = body.get("content")
@@ -145,3 +199,25 @@ class FakeDiscord(FakePlatform):
         ts = str(int(time.time()) if timestamp is None else timestamp)
         sig = (key or self.key).sign(ts.encode() + raw).signature.hex()
         return raw, {"Content-Type": "application/json", "X-Signature-Ed25519": sig, "X-Signature-Timestamp": ts}
+
+
+def message_of(call: Call) -> dict[str, Any]:
+    """The message a call sent: its JSON body, or a multipart form's `payload_json`."""
+    if not _multipart(call.headers):
+        return call.body if isinstance(call.body, dict) else {}
+    try:
+        message = json.loads(call.body.get("payload_json") or "{}")
+    except (TypeError, ValueError):
+        return {}
+    return message if isinstance(message, dict) else {}
+
+
+def _multipart(headers: Any) -> bool:
+    return str(headers.get("content-type", "")).startswith("multipart/form-data")
+
+
+def _parts(form: dict[str, Any]) -> list[tuple[str, Upload]]:
+    """The form's file parts `files[n]`, as (n, part), by n."""
+    found = [(m.group(1), v) for k, v in form.items()
+             if isinstance(v, Upload) and (m := FILE_PART.fullmatch(k))]
+    return sorted(found, key=lambda item: int(item[0]))
