@@ -1,5 +1,5 @@
-"""Slack: Events API in (v0 signature, url_verification; DMs and mentions), mrkdwn replies out in
-the thread of the message, one session per thread.
+"""Slack: Events API in (v0 signature, url_verification; DMs and mentions), mrkdwn replies and files
+(Slack's external upload) out in the thread of the message, one session per thread.
 
 The ledger key of a message is its channel and `ts`, not the event's id: Slack sends one message
 more than once under new event ids (an edit of a mention comes again as `app_mention`; a mention in
@@ -19,13 +19,14 @@ from shared.channels.base import (
     MAX_IMAGES,
     BaseChannel,
     Bucket,
+    OutFile,
     Parsed,
     Rejected,
     SendResult,
     WebhookError,
     json_object,
 )
-from shared.channels.clients import PlatformError, body, check, download, http
+from shared.channels.clients import DOWNLOAD_TIMEOUT, PlatformError, body, check, download, http
 from shared.channels.files import worth_fetching
 from shared.channels.markdown import slack_mrkdwn
 from shared.contracts import InboundMessage
@@ -44,6 +45,7 @@ class SlackChannel(BaseChannel):
 
     name: ClassVar[str] = "slack"
     max_chars: ClassVar[int] = 4000
+    max_file_bytes: ClassVar[int] = 1_000_000_000  # Slack takes files of up to 1 GB
     required: ClassVar[tuple[str, ...]] = ("bot_token", "signing_secret")
 
     def __init__(self, settings: Settings) -> None:
@@ -123,21 +125,46 @@ class SlackChannel(BaseChannel):
         return [Bucket(f"slack:channel:{chat_id}", 1.0)]
 
     def send(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
-        payload: dict[str, Any] = {"channel": chat_id, "text": text, "unfurl_links": False}
-        if meta.get("thread_ts"):
-            payload["thread_ts"] = meta["thread_ts"]
+        data = self._call("chat.postMessage",
+                          json={"channel": chat_id, "text": text, "unfurl_links": False, **_thread(meta)})
+        return SendResult(str(data.get("ts") or "") or None)
+
+    def send_file(self, chat_id: str, file: OutFile, meta: dict[str, Any]) -> SendResult:
+        """Slack's external upload: files.getUploadURLExternal (the name and length) answers where the
+        bytes go and the file's id; the bytes go there (without the token: the URL grants the upload);
+        files.completeUploadExternal then shares the file in the chat, in the thread `send` answers in.
+        A failure after the upload leaves that copy unshared, private to the bot: a retry uploads again."""
+        slot = self._call("files.getUploadURLExternal", data={"filename": file.name, "length": str(len(file.data))})
+        url, file_id = slot.get("upload_url"), slot.get("file_id")
+        if not (isinstance(url, str) and url and isinstance(file_id, str) and file_id):
+            raise PlatformError("slack files.getUploadURLExternal: no upload_url or file_id in the answer")
+        # A large file takes a while to send: the download's patience, not a send's.
+        check(http(DOWNLOAD_TIMEOUT).post(url, files={"file": (file.name, file.data, file.mime)}),
+              what="slack file upload")
+        self._call("files.completeUploadExternal",
+                   json={"files": [{"id": file_id, "title": file.name}], "channel_id": chat_id, **_thread(meta)})
+        return SendResult(file_id)
+
+    def _call(self, method: str, **request: Any) -> dict[str, Any]:
+        """A Web API method, POSTed with the bot token. Slack answers its errors with HTTP 200 and
+        ok=false: one that goes away on its own is retried (PlatformError), any other is Rejected."""
         response = http(self.settings.channels.delivery.send_timeout).post(
-            f"{self.cfg.api_base.rstrip('/')}/chat.postMessage", json=payload,
-            headers={"Authorization": f"Bearer {self.secret('bot_token')}"},
+            f"{self.cfg.api_base.rstrip('/')}/{method}",
+            headers={"Authorization": f"Bearer {self.secret('bot_token')}"}, **request,
         )
-        check(response, what="slack chat.postMessage")
+        check(response, what=f"slack {method}")
         data = body(response)
         if data.get("ok") is not True:
             error = str(data.get("error", "not ok"))
             if error in TRANSIENT:
-                raise PlatformError(f"slack chat.postMessage: {error}")
-            raise Rejected(f"slack chat.postMessage: {error}")
-        return SendResult(str(data.get("ts") or "") or None)
+                raise PlatformError(f"slack {method}: {error}")
+            raise Rejected(f"slack {method}: {error}")
+        return data
+
+
+def _thread(meta: dict[str, Any]) -> dict[str, Any]:
+    """The thread a reply goes into (reply_meta's thread_ts), as the request's field; {} outside one."""
+    return {"thread_ts": meta["thread_ts"]} if meta.get("thread_ts") else {}
 
 
 def _media(files: object) -> list[dict[str, str]]:

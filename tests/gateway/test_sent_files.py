@@ -15,7 +15,7 @@ from tests.fakes.llm import FakeLLM
 from tests.gateway.test_images import png
 from tests.support.platforms import ChannelStack, started_channel_stack
 
-PLATFORMS = ["telegram", "whatsapp", "feishu", "discord", "webhook"]
+PLATFORMS = ["telegram", "slack", "whatsapp", "feishu", "discord", "webhook"]
 
 
 @pytest.fixture(scope="module")
