@@ -21,7 +21,7 @@ def _count(stack: Stack, table: str) -> int:
         return int(conn.execute(text(f"select count(*) from {table}")).scalar_one())
 
 
-@pytest.mark.parametrize("path", ["/api/v1/runs/a%00b", "/api/v1/conversations/a%00b/messages",
+@pytest.mark.parametrize("path", ["/api/v1/runs/a%00b", "/api/v1/conversations/a%00b/messages", "/api/v1/files/a%00b",
                                   "/api/v1/runs/" + "x" * 5000])
 def test_odd_ids_in_paths_are_4xx(api: Any, path: str) -> None:
     assert 400 <= api.get(path).status_code < 500
