@@ -17,15 +17,19 @@ def free_port() -> int:
 
 
 class ThreadServer:
-    """uvicorn in a daemon thread; `url` once started."""
+    """uvicorn in a daemon thread; `url` once started. The socket is bound here, and kept: a port
+    picked by free_port() and bound later could meanwhile be taken as some connection's local port."""
 
     def __init__(self, app: Any, port: int | None = None) -> None:
-        self.port = port or free_port()
+        self.socket = socket.socket()
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(("127.0.0.1", port or 0))
+        self.port = int(self.socket.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                 lifespan="off", timeout_keep_alive=30, backlog=4096)
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
 
     def start(self) -> ThreadServer:
         self.thread.start()
