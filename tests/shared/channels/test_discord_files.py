@@ -17,7 +17,6 @@ from shared.channels.clients import PlatformError
 from shared.channels.discord import DiscordChannel
 from shared.settings import Settings
 from tests.fakes.discord import FakeDiscord, message_of
-from tests.support import services
 
 CHAT = "112233445566778899"
 PDF = OutFile("quarterly report é.pdf", "application/pdf", b"%PDF-1.7\n" + bytes(range(256)) * 40)
@@ -30,12 +29,6 @@ def fake() -> Iterator[FakeDiscord]:
     dc.start()
     yield dc
     dc.server.stop()
-
-
-@pytest.fixture(scope="module")
-def redis_url(redis_server: str) -> Iterator[str]:
-    with services.claimed_redis_dbs(redis_server, 1) as (db,):
-        yield f"{redis_server}/{db}"
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from shared.channels.feishu import FeishuChannel
 from shared.settings import Settings
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.server import free_port
-from tests.support import services
 
 BOB = "ou_bob"
 
@@ -26,12 +25,6 @@ def fake() -> Iterator[FakeFeishu]:
     fs.start()
     yield fs
     fs.server.stop()
-
-
-@pytest.fixture(scope="module")
-def redis_url(redis_server: str) -> Iterator[str]:
-    with services.claimed_redis_dbs(redis_server, 1) as (db,):
-        yield f"{redis_server}/{db}"
 
 
 @pytest.fixture

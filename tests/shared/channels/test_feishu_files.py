@@ -15,7 +15,6 @@ from shared.channels.clients import PlatformError
 from shared.channels.feishu import FeishuChannel
 from tests.fakes.feishu import FakeFeishu
 from tests.shared.channels.test_feishu import on
-from tests.support import services
 
 CHAT = "oc_files"
 PDF = OutFile("report.pdf", "application/pdf", b"%PDF-1.4\n" + bytes(range(256)) * 40)
@@ -28,12 +27,6 @@ def fake() -> Iterator[FakeFeishu]:
     fs.start()
     yield fs
     fs.server.stop()
-
-
-@pytest.fixture(scope="module")
-def redis_url(redis_server: str) -> Iterator[str]:
-    with services.claimed_redis_dbs(redis_server, 1) as (db,):
-        yield f"{redis_server}/{db}"
 
 
 @pytest.fixture
