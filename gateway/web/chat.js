@@ -82,6 +82,13 @@ export class Client {
     }
   }
 
+  // A file the agent sent (a `message` event's files[i].url) as a Blob: the link needs the API key.
+  async download(url) {
+    const res = await fetch(this.base + url, { headers: this.headers() });
+    if (!res.ok) throw new ApiError(res.status, await res.text());
+    return res.blob();
+  }
+
   async waitRun(runId) {
     for (;;) {
       const { data } = await this.call("GET", `/api/v1/runs/${runId}`);
@@ -165,6 +172,29 @@ function page() {
     return div;
   }
 
+  // What the agent sent with the `message` tool: its text, and a download link per file.
+  function sent(data) {
+    const div = bubble("assistant", data.content ?? "");
+    for (const file of data.files ?? []) {
+      const link = document.createElement("a");
+      link.href = "#";
+      link.className = "file";
+      link.textContent = `📎 ${file.name} (${sizeOf(file.size)})`;
+      link.addEventListener("click", async (event) => {
+        event.preventDefault();
+        try {
+          const url = URL.createObjectURL(await client.download(file.url));
+          const save = Object.assign(document.createElement("a"), { href: url, download: file.name });
+          save.click();
+          setTimeout(() => URL.revokeObjectURL(url), 60000);
+        } catch (err) {
+          $("status").textContent = `could not download ${file.name}: ${err.message ?? err}`;
+        }
+      });
+      div.append(link);
+    }
+  }
+
   function render(history) {
     $("log").replaceChildren();
     for (const m of history.slice(-50)) bubble(m.role === "USER" ? "user" : "assistant", m.content);
@@ -182,6 +212,7 @@ function page() {
           if (event === "text.delta" && live) live.textContent += data.text;
           if (event === "tool.started") bubble("tool", `⚙ ${data.tool} …`);
           if (event === "tool.finished") bubble("tool", `⚙ ${data.tool}: ${data.status} (${Math.round(data.elapsed_ms)} ms)`);
+          if (event === "message") sent(data);
         }
       } catch (err) {
         if (signal.aborted) return;
@@ -284,6 +315,13 @@ function page() {
 // A message's text, with the photos sent with it counted (the page does not show them again).
 export function withPhotos(text, count) {
   return count ? `${text}${text ? " " : ""}[${count} photo${count > 1 ? "s" : ""}]` : text;
+}
+
+// A file's size as people read it: 812 B, 14 KB, 3.2 MB.
+export function sizeOf(bytes) {
+  if (bytes < 1000) return `${bytes} B`;
+  if (bytes < 1e6) return `${Math.round(bytes / 1e3)} KB`;
+  return `${(bytes / 1e6).toFixed(1)} MB`;
 }
 
 function dataUrl(file) {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +57,21 @@ def test_the_pages_client_chats_and_follows_the_event_stream(stack: Stack) -> No
     assert out["history"][4]["content"] == "look [1 photo]"
     assert out["unknown"] == 404
     assert out["listed"] == {"mine": True, "title": "hello"}
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+def test_the_pages_client_downloads_the_files_the_agent_sends(make_stack: Callable[..., Stack]) -> None:
+    stack = make_stack(TOOLS__ALLOWED=json.dumps(["message"]), PERMISSIONS__GRANTED=json.dumps(["FS_READ"]))
+    (stack.workspace / "notes.md").write_text("# Notes\nbuy milk\n")
+    stack.worker()
+    server = ThreadServer(create_app(stack.settings)).start()
+    ask = 'call:message{"content": "your notes", "files": ["notes.md"]}'
+    try:
+        done = subprocess.run(["node", str(CLIENT), server.url, API_KEY, ask], capture_output=True, text=True,
+                              timeout=90, check=False)
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr
+    out: dict[str, Any] = json.loads(done.stdout)
+    assert out["downloads"] == [{"name": "notes.md", "size": "17 B", "type": "text/markdown",
+                                 "text": "# Notes\nbuy milk\n"}]

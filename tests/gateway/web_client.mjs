@@ -1,9 +1,11 @@
 // Drives the web page's client (gateway/web/chat.js) against a running gateway, as the page does:
-// node web_client.mjs BASE KEY MESSAGE... prints {"replies", "events", "history", "unknown", "listed"}
+// node web_client.mjs BASE KEY MESSAGE... prints {"replies", "events", "history", "unknown", "listed",
+// "downloads"}
 // (a MESSAGE "photo:TEXT" is TEXT sent with a 1x1 PNG)
 // as JSON ("unknown": the HTTP status the history of a conversation that does not exist gets;
-// "listed": whether the conversation, named after its first message, is the newest one listed).
-import { ApiError, Client } from "../../gateway/web/chat.js";
+// "listed": whether the conversation, named after its first message, is the newest one listed;
+// "downloads": the name, type and text of each file a `message` event linked, fetched as the page does).
+import { ApiError, Client, sizeOf } from "../../gateway/web/chat.js";
 
 const PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAAAAAA6fptVAAAACklEQVR4nGNoAAAAggCBd81ytgAAAABJRU5ErkJggg==";
 
@@ -12,11 +14,13 @@ const client = new Client(base, key);
 const conversation = await client.newConversation();
 const stop = new AbortController();
 const events = [];
+const linked = [];
 let finished = 0;
 const following = (async () => {
   try {
-    for await (const { event } of client.events(conversation, stop.signal, "0")) {
+    for await (const { event, data } of client.events(conversation, stop.signal, "0")) {
       events.push(event);
+      if (event === "message") linked.push(...(data.files ?? []));
       if (event === "run.finished" && ++finished === messages.length) return;
     }
   } catch (err) {
@@ -37,4 +41,9 @@ await client.rename(conversation, messages[0]);  // (the page names it after the
 const [newest] = await client.conversations();
 const listed = { mine: newest.conversationId === conversation, title: newest.title };
 const unknown = await client.history("no-such-conversation").then(() => 200, (err) => (err instanceof ApiError ? err.status : -1));
-console.log(JSON.stringify({ replies, events, history, unknown, listed }));
+const downloads = [];
+for (const file of linked) {
+  const blob = await client.download(file.url);
+  downloads.push({ name: file.name, size: sizeOf(file.size), type: blob.type, text: await blob.text() });
+}
+console.log(JSON.stringify({ replies, events, history, unknown, listed, downloads }));
