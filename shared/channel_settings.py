@@ -110,6 +110,9 @@ class ChannelsSettings(BaseModel):
     """Per-platform settings; a platform with no secrets configured is off."""
 
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
+    # Keep the files users send in the workspace (inbox/<date>/<name>), and tell the model where: its
+    # file tools and commands can then open what it could not read as text (shared.channels.saved).
+    save_files: bool = False
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
     slack: SlackSettings = Field(default_factory=SlackSettings)
     whatsapp: WhatsAppSettings = Field(default_factory=WhatsAppSettings)

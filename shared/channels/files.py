@@ -3,7 +3,9 @@ code) fetches it, and its text goes to the model with the message, after the cap
 `[file NAME]` and the text, cut to MAX_CHARS. It stays in the conversation as part of the message
 (the window and the token guard bound what later prompts carry). A file with no text a model could
 read (a scan, a spreadsheet, a protected PDF) gets its sender a notice that says so and costs no LLM
-call; with a caption, the caption is answered, the model told the file was not read and why."""
+call; with a caption, the caption is answered, the model told the file was not read and why. Where
+files are kept in the workspace (shared.channels.saved), the model is told where, and a file it could
+not read goes to it all the same: its tools may open it."""
 
 from __future__ import annotations
 
@@ -29,22 +31,29 @@ def worth_fetching(mime: object) -> bool:
     return not (isinstance(mime, str) and mime.startswith(("image/", "audio/", "video/")))
 
 
-def read(msg: InboundMessage, data: bytes, fetched_as: str) -> InboundMessage:
-    """`msg` with the text of its file (fetched by shared.channels.media) after its caption. A file
-    with no text to read gets its sender a notice that says why; with a caption, the caption goes on,
-    saying so to the model. The file is named as its sender named it, where the platform says."""
-    name = " ".join(((msg.media or {}).get("name") or fetched_as).split())[:200]  # one line
+def named(msg: InboundMessage, fetched_as: str) -> str:
+    """The file's name as its sender named it, where the platform says, on one line."""
+    return " ".join(((msg.media or {}).get("name") or fetched_as).split())[:200]
+
+
+def read(msg: InboundMessage, data: bytes, fetched_as: str, kept: str | None = None) -> InboundMessage:
+    """`msg` with the text of its file (fetched by shared.channels.media) after its caption, and
+    where the file was kept in the workspace (`kept`) if it was. A file with no text to read gets its
+    sender a notice that says why, unless it was kept (the agent may open it with its tools) or has
+    a caption: then the message goes on, saying so to the model."""
+    name = named(msg, fetched_as)
     text, why, unread = _pdf(data) if data.startswith(b"%PDF-") else (*_plain(data), 0)
-    log.info("inbound event %s: file %r, %d bytes: %s", msg.event_id, name, len(data),
-             f"{len(text)} characters of text" if text else why)
+    log.info("inbound event %s: file %r, %d bytes: %s%s", msg.event_id, name, len(data),
+             f"{len(text)} characters of text" if text else why, f"; kept as {kept}" if kept else "")
+    where = f"; saved as {kept}" if kept else ""
     if not text:
-        if not msg.content.strip():
+        if not msg.content.strip() and not kept:
             return msg.answered(NOT_READ.format(name=name, why=why))
-        block = f"[file {name}: not read, {why}]"
+        block = f"[file {name}: not read, {why}{where}]"
     else:
         left = [*([f"{len(text) - MAX_CHARS:,} more characters"] if len(text) > MAX_CHARS else []),
                 *([f"{unread} more page(s)"] if unread else [])]
-        block = f"[file {name}]\n{text[:MAX_CHARS]}{CUT.format(left=' and '.join(left)) if left else ''}"
+        block = f"[file {name}{where}]\n{text[:MAX_CHARS]}{CUT.format(left=' and '.join(left)) if left else ''}"
     content = f"{msg.content}\n\n{block}" if msg.content.strip() else block
     return msg.model_copy(update={"content": content, "media": None, "unsupported": None})
 

@@ -13,12 +13,12 @@ import logging
 from sqlalchemy import ColumnElement, select, update
 
 from shared.agent.runtime import Runtime
-from shared.channels import files, images, voice
+from shared.channels import files, images, saved, voice
 from shared.channels.base import MAX_IMAGE, Rejected
 from shared.channels.delivery import channel_for
 from shared.contracts import InboundMessage
 from shared.db import table_of
-from shared.models import InboundEvent
+from shared.models import InboundEvent, utcnow
 
 log = logging.getLogger(__name__)
 LEDGER = table_of(InboundEvent)
@@ -89,8 +89,23 @@ def _prepared(rt: Runtime, msg: InboundMessage) -> InboundMessage:
         return photo if isinstance(photo, InboundMessage) else images.attached(msg, photo[0])
     if kind == "file":
         file = _fetch(rt, msg, files.MAX_FILE, "file", "Could you send it again?")
-        return file if isinstance(file, InboundMessage) else files.read(msg, *file)
+        if isinstance(file, InboundMessage):
+            return file
+        data, fetched_as = file
+        return files.read(msg, data, fetched_as, _kept(rt, msg, files.named(msg, fetched_as), data))
     return msg.model_copy(update={"media": None, "more_media": []})  # its notice says that only text is read
+
+
+def _kept(rt: Runtime, msg: InboundMessage, name: str, data: bytes) -> str | None:
+    """Where the file was kept in the workspace, when files are (NANOFLEET_CHANNELS__SAVE_FILES) and it
+    could be: one that could not still goes to the model as it would have, with the log saying why."""
+    if not rt.settings.channels.save_files:
+        return None
+    try:
+        return saved.save(rt.settings.workspace, name, data, utcnow().date())
+    except saved.NotKept as err:
+        log.warning("inbound event %s: file %r not kept in the workspace: %s", msg.event_id, name, err)
+        return None
 
 
 def _fetch(rt: Runtime, msg: InboundMessage, limit: int, what: str, ask: str) -> tuple[bytes, str] | InboundMessage:

@@ -1,17 +1,20 @@
-"""Files the model sends with the message tool, end to end: a real worker reads them from the
-workspace, keeps them in Postgres, and the outbound queue uploads each to the fake platform after the
-text, as that platform takes files; an API caller gets links and fetches them from the gateway."""
+"""Files both ways, end to end. Sent: the model's message tool names workspace files, a real worker
+reads them and keeps them in Postgres, and the outbound queue uploads each to the fake platform after
+the text, as that platform takes files; an API caller gets links and fetches them from the gateway.
+Received (NANOFLEET_CHANNELS__SAVE_FILES): a file a user sends is kept in the workspace and the model
+told where, even one it cannot read as text."""
 
 from __future__ import annotations
 
 import json
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from tests.fakes.llm import FakeLLM
+from tests.fakes.llm import FakeLLM, last_user_text
 from tests.gateway.test_images import png
 from tests.support.platforms import ChannelStack, started_channel_stack
 
@@ -21,10 +24,11 @@ PLATFORMS = ["telegram", "slack", "whatsapp", "feishu", "discord", "webhook"]
 @pytest.fixture(scope="module")
 def channel_stack(database_url: str, redis_server: str, fake_llm: FakeLLM,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChannelStack]:
-    """The channel stack of the other webhook tests, its model allowed the message tool and FS_READ."""
+    """The channel stack of the other webhook tests, its model allowed the message tool and FS_READ, the
+    files users send kept."""
     with started_channel_stack(database_url, redis_server, fake_llm, tmp_path_factory.mktemp("sent-files"),
                                TOOLS__ALLOWED=json.dumps(["message"]),
-                               PERMISSIONS__GRANTED=json.dumps(["FS_READ"])) as stack:
+                               PERMISSIONS__GRANTED=json.dumps(["FS_READ"]), CHANNELS__SAVE_FILES="true") as stack:
         yield stack
 
 
@@ -83,3 +87,22 @@ def test_an_api_caller_fetches_the_files_by_their_links(channels: ChannelStack) 
     assert channels.api.get("/api/v1/files/nope").status_code == 404
     assert channels.api.delete(f"/api/v1/conversations/{conversation}").status_code == 204
     assert channels.api.get(link["url"]).status_code == 404  # gone with its conversation
+
+
+def test_a_file_a_user_sends_is_kept_and_the_model_told_where_even_one_it_cannot_read(
+        channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    chat, sheet = d.new_chat(), b"PK\x03\x04" + uuid.uuid4().bytes * 8  # a spreadsheet: a zip, no text
+    day = datetime.now(UTC).date().isoformat()
+    for _ in range(2):  # sent twice: kept once
+        update = tg.document(chat=int(chat), sender=int(d.allowed), content=sheet, name="../q3 sales.xlsx",
+                             mime="application/vnd.openxmlformats-officedocument.spreadsheetml.sheet")
+        assert channels.post("telegram", tg.signed(update)).status_code == 200
+        channels.settled(chat, rows=len(d.replies(chat)) + 1)
+    kept = f"inbox/{day}/q3 sales.xlsx"
+    assert (workspace(channels) / kept).read_bytes() == sheet
+    assert sorted(p.name for p in (workspace(channels) / "inbox" / day).iterdir()) == ["q3 sales.xlsx"]
+    with fake_llm.lock:
+        asked = [last_user_text(r["messages"]) for r in fake_llm.requests]
+    said = f"[file ../q3 sales.xlsx: not read, it is neither a PDF nor a text file; saved as {kept}]"
+    assert asked.count(said) == 2  # answered by the model, not with a notice

@@ -1,0 +1,61 @@
+"""Files users send, kept in the workspace (NANOFLEET_CHANNELS__SAVE_FILES), so that the agent's file
+tools and commands can open what it could not read as text: a spreadsheet, an archive, a scan.
+
+A file goes under inbox/<date>/<its name>. The same file arriving again (a platform's retry, a fetch
+done twice) finds itself there and is not written twice; another file of the same name that day gets
+-2, -3... before its extension."""
+
+from __future__ import annotations
+
+import re
+from datetime import date
+from pathlib import Path
+
+INBOX = "inbox"
+MAX_NAME = 120  # characters of a kept file's name
+TRIES = 100  # names tried, name-2 to name-100, before the day's folder is called full
+
+
+class NotKept(Exception):
+    """The file could not be kept: the disk refused, the inbox leads out of the workspace (a
+    symlink), or a hundred different files of one name came that day."""
+
+
+def save(workspace: Path, name: str, data: bytes, day: date) -> str:
+    """Keep `data` under a free name in the day's inbox (or where it already is); its workspace path.
+    Raises NotKept."""
+    from shared.tools.workspace import OutsideWorkspace, open_file, resolve  # here: the tools import the channels
+
+    stem, ext = _split(clean(name))
+    try:
+        for n in range(1, TRIES + 1):
+            path = f"{INBOX}/{day.isoformat()}/{stem}{f'-{n}' if n > 1 else ''}{ext}"
+            target = resolve(workspace, path)
+            try:
+                with open_file(workspace, target, "rb") as fh:
+                    if fh.read(len(data) + 1) == data:
+                        return path
+            except FileNotFoundError:
+                with open_file(workspace, target, "wb", make_parents=True) as fh:
+                    fh.write(data)
+                return path
+    except (OutsideWorkspace, OSError) as err:
+        raise NotKept(str(err)) from err
+    raise NotKept(f"{INBOX}/{day.isoformat()} already has {TRIES} files named {stem}{ext}")
+
+
+def clean(name: str) -> str:
+    """A name the file can have on any disk: the last part of a path, no control characters, no
+    leading dots (hidden, or `..`), at most MAX_NAME characters with its extension kept."""
+    base = re.split(r"[/\\]", name)[-1]
+    base = re.sub(r"[\x00-\x1f\x7f]", "", base).strip().lstrip(".").strip()
+    if not base:
+        return "file"
+    stem, ext = _split(base)
+    ext = ext[:20]
+    return stem[:MAX_NAME - len(ext)] + ext
+
+
+def _split(name: str) -> tuple[str, str]:
+    stem, dot, ext = name.rpartition(".")
+    return (stem, dot + ext) if stem and dot else (name, "")
