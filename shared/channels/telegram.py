@@ -1,7 +1,7 @@
 """Telegram: Bot API webhook in (secret-token header, update_id dedupe; in groups only what is
 addressed to the bot, whose username is configured or asked of getMe), HTML messages out (their
-length counted in UTF-16 code units, as Telegram counts), "typing..." while a turn runs, and
-setWebhook for the CLI."""
+length counted in UTF-16 code units, as Telegram counts) and files (sendPhoto, sendDocument),
+"typing..." while a turn runs, and setWebhook for the CLI."""
 
 from __future__ import annotations
 
