@@ -22,6 +22,7 @@ from sqlalchemy import Engine, text
 from bench.services import DedicatedPostgres, DedicatedRedis, RedisClaim, free_port
 from shared.db import get_engine
 from shared.migrate import upgrade
+from shared.settings import LLMSettings
 from tests.fakes.llm import FakeLLM
 from tests.support.processes import Proc, wait_until
 from tests.support.stack import API_KEY, Stack, make_env
@@ -181,8 +182,10 @@ def child_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def bench_defaults(telegram_url: str) -> dict[str, str]:
-    """Production defaults where the test environment shortens them, and a Telegram bot."""
+    """Production defaults where the test environment shortens them or names a model litellm does not
+    know (pricing an unknown model, litellm looks for it in vain on every call), and a Telegram bot."""
     return {
+        "LLM__MODEL": str(LLMSettings.model_fields["model"].default),
         "RUNTIME__LEASE_SECONDS": "4", "RUNTIME__SWEEP_INTERVAL": "1", "AGENT__CHAT_TIMEOUT": "120",
         "CHANNELS__TELEGRAM__TOKEN": TELEGRAM_TOKEN, "CHANNELS__TELEGRAM__WEBHOOK_SECRET": TELEGRAM_SECRET,
         "CHANNELS__TELEGRAM__ALLOW_FROM": json.dumps(["*"]),
