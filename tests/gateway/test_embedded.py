@@ -172,9 +172,17 @@ def _raw_redis(port: int, command: bytes) -> bytes:
 
 
 def _cmdlines(pid: int) -> bytes:
-    """The command lines of `pid` and its children, as every user on the host may read them."""
+    """The command lines of `pid` and its children, as every user on the host may read them (a child
+    that ended since it was listed, such as a Postgres backend, has none)."""
     root = psutil.Process(pid)
-    return b"\n".join(Path(f"/proc/{p.pid}/cmdline").read_bytes() for p in [root, *root.children(recursive=True)])
+    return b"\n".join(_cmdline(p.pid) for p in [root, *root.children(recursive=True)])
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
 
 
 def test_redis_answers_only_with_the_password_and_not_to_config(tmp_path: Path) -> None:
