@@ -24,19 +24,17 @@ class NotKept(Exception):
 def save(workspace: Path, name: str, data: bytes, day: date) -> str:
     """Keep `data` under a free name in the day's inbox (or where it already is); its workspace path.
     Raises NotKept."""
-    from shared.tools.workspace import OutsideWorkspace, open_file, resolve  # here: the tools import the channels
+    from shared.tools.workspace import OutsideWorkspace, open_file, read_start, resolve  # (the tools import us)
 
     stem, ext = _split(clean(name))
     try:
         for n in range(1, TRIES + 1):
             path = f"{INBOX}/{day.isoformat()}/{stem}{f'-{n}' if n > 1 else ''}{ext}"
-            target = resolve(workspace, path)
             try:
-                with open_file(workspace, target, "rb") as fh:
-                    if fh.read(len(data) + 1) == data:
-                        return path
+                if read_start(workspace, path, len(data)) == (data, False):
+                    return path
             except FileNotFoundError:
-                with open_file(workspace, target, "wb", make_parents=True) as fh:
+                with open_file(workspace, resolve(workspace, path), "wb", make_parents=True) as fh:
                     fh.write(data)
                 return path
     except (OutsideWorkspace, OSError) as err:

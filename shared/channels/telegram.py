@@ -149,12 +149,7 @@ class TelegramChannel(BaseChannel):
 
     def send(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
         payload: dict[str, Any] = {"chat_id": chat_id, "text": text, "parse_mode": "HTML",
-                                   "link_preview_options": {"is_disabled": True}}
-        if meta.get("reply_to_message_id") and not meta.get("chunk"):
-            payload["reply_parameters"] = {"message_id": meta["reply_to_message_id"],
-                                           "allow_sending_without_reply": True}
-        if meta.get("message_thread_id"):
-            payload["message_thread_id"] = meta["message_thread_id"]
+                                   "link_preview_options": {"is_disabled": True}, **_addressed_to(meta)}
         try:
             data = self.call("sendMessage", payload)
         except Rejected as err:
@@ -168,12 +163,7 @@ class TelegramChannel(BaseChannel):
     def send_file(self, chat_id: str, file: OutFile, meta: dict[str, Any]) -> SendResult:
         """A photo as a photo (sendPhoto: up to 10 MB, and within Telegram's dimensions, or it goes as
         a document after all), anything else as a document."""
-        fields: dict[str, Any] = {"chat_id": chat_id}
-        if meta.get("reply_to_message_id") and not meta.get("chunk"):
-            fields["reply_parameters"] = json.dumps({"message_id": meta["reply_to_message_id"],
-                                                     "allow_sending_without_reply": True})
-        if meta.get("message_thread_id"):
-            fields["message_thread_id"] = meta["message_thread_id"]
+        fields = {"chat_id": chat_id, **_addressed_to(meta)}
         data: dict[str, Any] | None = None
         if file.image and len(file.data) <= MAX_PHOTO:
             try:
@@ -204,21 +194,32 @@ class TelegramChannel(BaseChannel):
     def call(self, method: str, payload: dict[str, Any], timeout: float | None = None,
              upload: tuple[str, OutFile] | None = None) -> dict[str, Any]:
         """One Bot API call; the token goes in the URL path, as the Bot API wants. With `upload`
-        (the field and the file), a multipart form of the payload's fields and the file."""
+        (the field and the file), a multipart form of the payload's fields (objects in JSON) and the file."""
         url = f"{self.cfg.api_base.rstrip('/')}/bot{self.secret('token')}/{method}"
         client = http(timeout or self.settings.channels.delivery.send_timeout)
         if upload is None:
             response = client.post(url, json=payload)
         else:
             field, file = upload
-            response = client.post(url, data={k: str(v) for k, v in payload.items()},
-                                   files={field: (file.name, file.data, file.mime)})
+            fields = {k: json.dumps(v) if isinstance(v, dict | list) else str(v) for k, v in payload.items()}
+            response = client.post(url, data=fields, files={field: (file.name, file.data, file.mime)})
         data = body(response)
         wait = (data.get("parameters") or {}).get("retry_after")
         check(response, what=f"telegram {method}", wait=float(wait) if isinstance(wait, int | float) else None)
         if data.get("ok") is not True:
             raise PlatformError(f"telegram {method}: {data.get('description', 'not ok')}")
         return data
+
+
+def _addressed_to(meta: dict[str, Any]) -> dict[str, Any]:
+    """Where a reply goes within its chat: the reply's first message answers the message it replies
+    to (if that is gone, it is sent all the same), every message goes to the topic it came from."""
+    where: dict[str, Any] = {}
+    if meta.get("reply_to_message_id") and not meta.get("chunk"):
+        where["reply_parameters"] = {"message_id": meta["reply_to_message_id"], "allow_sending_without_reply": True}
+    if meta.get("message_thread_id"):
+        where["message_thread_id"] = meta["message_thread_id"]
+    return where
 
 
 def _addressed(msg: dict[str, Any], text: str, username: str) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import mimetypes
-import os
+from pathlib import PurePosixPath
 from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
@@ -28,7 +28,7 @@ from shared.models import Run, SentFile, utcnow
 from shared.scheduling.ids import call_key
 from shared.settings import Permission
 from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
-from shared.tools.workspace import NotAFile, OutsideWorkspace, open_file, resolve
+from shared.tools.workspace import NotAFile, OutsideWorkspace, read_start
 
 API = "api"
 MAX_FILES = 10
@@ -94,14 +94,8 @@ def _load(ctx: ToolContext, channel: str, paths: list[str]) -> list[OutFile] | T
 
 
 def _read(ctx: ToolContext, path: str, limit: int, channel: str) -> OutFile | ToolResult:
-    too_large = ToolResult.fail(ErrorCode.TOO_LARGE, f"{path} is larger than {limit:,} bytes, the most that can "
-                                f"be sent to {channel}")
     try:
-        target = resolve(ctx.workspace, path)
-        with open_file(ctx.workspace, target, "rb") as fh:
-            if os.fstat(fh.fileno()).st_size > limit:
-                return too_large
-            data = fh.read(limit + 1)
+        data, more = read_start(ctx.workspace, path, limit)
     except OutsideWorkspace as err:
         return err.result()
     except (FileNotFoundError, NotADirectoryError):
@@ -110,10 +104,17 @@ def _read(ctx: ToolContext, path: str, limit: int, channel: str) -> OutFile | To
         return ToolResult.fail(ErrorCode.INVALID_ARGS, f"not a file: {path}")
     except OSError as err:
         return ToolResult.fail(ErrorCode.FAILED, f"cannot read {path}: {err.strerror or err}")
-    if len(data) > limit:  # it grew while read
-        return too_large
-    mime = image_type(data) or mimetypes.guess_type(target.name)[0] or "application/octet-stream"
-    return OutFile(target.name, mime, data)
+    if more:
+        return ToolResult.fail(ErrorCode.TOO_LARGE, f"{path} is larger than {limit:,} bytes, the most that can be "
+                               f"sent to {channel}")
+    name = PurePosixPath(path).name
+    return OutFile(name, image_type(data) or mimetypes.guess_type(name)[0] or "application/octet-stream", data)
+
+
+def _key(s: Session, ctx: ToolContext) -> str:
+    """The call's rows' key. The call's step is in it: a model that reuses a call id in a later step
+    sends a new message."""
+    return f"{call_key(s, ctx.run_id, ctx.call_id)}:msg"
 
 
 def _keep(s: Session, ctx: ToolContext, key: str, files: list[OutFile]) -> list[dict[str, str]]:
@@ -136,8 +137,7 @@ def _store(ctx: ToolContext, channel: str, chat_id: str, text: str, files: list[
     origin = ctx.extra.get("origin") or {}
     meta = {**(origin.get("reply_meta", {}) if own_chat else {}), "run_id": ctx.run_id, "via": "message"}
     with session_scope(ctx.settings.database_url) as s:
-        # The call's step in the key: a model that reuses a call id in a later step sends a new message
-        key = f"{call_key(s, ctx.run_id, ctx.call_id)}:msg"
+        key = _key(s, ctx)
         nexts = add_reply(s, ctx.settings, key=key, channel=channel, chat_id=chat_id, text=text, meta=meta,
                           run_id=ctx.run_id or None, files=_keep(s, ctx, key, files))
         if own_chat and ctx.run_kind == "turn" and ctx.run_id:
@@ -148,7 +148,7 @@ def _store(ctx: ToolContext, channel: str, chat_id: str, text: str, files: list[
 def _to_caller(ctx: ToolContext, files: list[OutFile]) -> list[dict[str, Any]]:
     """The API channel's files: kept for the caller to fetch (GET /api/v1/files/{id})."""
     with session_scope(ctx.settings.database_url) as s:
-        named = _keep(s, ctx, f"{call_key(s, ctx.run_id, ctx.call_id)}:msg", files)
+        named = _keep(s, ctx, _key(s, ctx), files)
     return [{**n, "size": len(f.data), "url": f"/api/v1/files/{n['id']}"} for n, f in zip(named, files, strict=True)]
 
 
@@ -172,11 +172,10 @@ class MessageTool(Tool):
         if isinstance(files, ToolResult):
             return files
         if channel == API:
-            sent = await asyncio.to_thread(_to_caller, ctx, files) if files else []
-            ctx.emit("message", {"call_id": ctx.call_id, "chat_id": chat_id, "content": args.content,
-                                 **({"files": sent} if sent else {})})
+            sent = {"files": await asyncio.to_thread(_to_caller, ctx, files)} if files else {}
+            ctx.emit("message", {"call_id": ctx.call_id, "chat_id": chat_id, "content": args.content, **sent})
             return ToolResult.success({"channel": API, "chat_id": chat_id, "delivered": "to the API caller",
-                                       "content": args.content, **({"files": sent} if sent else {})})
+                                       "content": args.content, **sent})
         own_chat = channel == ctx.channel and chat_id == ctx.chat_id
         nexts = await asyncio.to_thread(_store, ctx, channel, chat_id, args.content, files, own_chat)
         ctx.followups.extend(nexts)

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from gateway.app import create_app
 from shared.channels import telegram
-from shared.channels.base import WebhookError
+from shared.channels.base import OutFile, WebhookError
 from shared.channels.clients import MustAsk, may_ask
 from shared.channels.telegram import TelegramChannel
 from shared.settings import Settings
@@ -149,3 +149,20 @@ def test_an_emoji_heavy_long_reply_is_delivered_whole(channels: ChannelStack, fa
     channels.settled(chat, rows=len(expected))
     assert d.replies(chat) == expected and "".join(expected).count("🎉") == 2800
     assert tg.refused == []
+
+
+def test_a_file_s_first_row_quotes_the_message_and_a_photo_telegram_refuses_goes_as_a_document(
+        fake: FakeTelegram) -> None:
+    ch, chat = without_username(fake), str(uuid.uuid4().int % 10**9)
+    photo = OutFile("chart.png", "image/png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+    meta = {"reply_to_message_id": 9, "message_thread_id": 3, "chunk": 0, "outbox_id": "o1"}
+    fake.script("sendPhoto", 400, {"ok": False, "error_code": 400,
+                                   "description": "Bad Request: PHOTO_INVALID_DIMENSIONS"})
+    ch.send_file(chat, photo, meta)
+    ch.send_file(chat, photo, {**meta, "chunk": 1})
+    with fake.lock:
+        sent = [(c.op, c.status, c.body.get("reply_parameters"), c.body.get("message_thread_id"))
+                for c in fake.calls if str(c.body.get("chat_id")) == chat]
+    quoted = json.dumps({"message_id": 9, "allow_sending_without_reply": True})  # JSON, as the Bot API reads it
+    assert sent == [("sendPhoto", 400, quoted, "3"), ("sendDocument", 200, quoted, "3"), ("sendPhoto", 200, None, "3")]
+    assert fake.received_files(chat) == [("chart.png", photo.data)] * 2
