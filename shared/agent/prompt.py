@@ -124,7 +124,10 @@ _SUMMARY = (
 # The prompt's rows in one statement (every LLM step reads them): the latest summary; the window, the
 # last :size NORMAL messages after what it covers; and the current run's messages older than the
 # window, so that a long tool-using turn never loses the request it works on (the token guard trims
-# if it must). The run's part ends where the window begins: the parts never share a row.
+# if it must). The run's part ends at the window's first row that is not a tool result, where what
+# the prompt shows of the window begins (it sheds the results it starts with, whose call is outside
+# it): a run's row between the two (one the window leaves out) is not lost, and a shed result of the
+# run comes in both parts.
 _LATEST = _SUMMARY.cte("latest")
 _IN_WINDOW = (
     select(Message)
@@ -141,7 +144,8 @@ _IN_WINDOW = (
 )
 _RUN_BEFORE = select(Message).where(
     Message.run_id == bindparam("run_id"), col(Message.pending).is_(False), Message.type == MessageType.NORMAL,
-    col(Message.seq) < func.coalesce(select(func.min(_IN_WINDOW.c.seq)).scalar_subquery(), 2**62))
+    col(Message.seq) < func.coalesce(
+        select(func.min(_IN_WINDOW.c.seq)).where(_IN_WINDOW.c.role != Role.TOOL).scalar_subquery(), 2**62))
 _PROMPT_ROWS = select(Message).from_statement(union_all(_LATEST.select(), _IN_WINDOW.select(), _RUN_BEFORE))
 
 
@@ -159,8 +163,8 @@ def covered(summary: Message | None) -> int:
 def history(s: Session, conversation_id: str, size: int, run_id: str = "") -> tuple[Message | None, list[Message]]:
     """The latest summary, and the history after it: the last `size` NORMAL messages, extended back
     to the start of run `run_id`, never starting with an orphan tool result."""
-    rows: list[Message] = list(s.execute(_PROMPT_ROWS, {"cid": conversation_id, "size": size,
-                                                        "run_id": run_id}).scalars())
+    found = s.execute(_PROMPT_ROWS, {"cid": conversation_id, "size": size, "run_id": run_id}).scalars()
+    rows = list({m.id: m for m in found}.values())  # a run's tool result may come in both parts
     summary = next((m for m in rows if m.type == MessageType.SUMMARY), None)
     normal = sorted((m for m in rows if m.type == MessageType.NORMAL), key=lambda m: m.seq or 0)
     # The window's rows are the newest of those it could hold: the run's older rows come before them all.
