@@ -66,7 +66,9 @@ export class Client {
     return { text: run.result ?? "", status: run.status, toolCalls: [] };
   }
 
-  // The conversation's user and assistant messages with text, oldest first (404 if it is gone).
+  // The conversation's user and assistant messages with text, and what the agent sent with the
+  // `message` tool (role "SENT": {content, files}, as a `message` event has them), oldest first (404
+  // if it is gone).
   async history(conversationId) {
     const path = `/api/v1/conversations/${conversationId}/messages?limit=1000`;
     const shown = [];
@@ -75,6 +77,9 @@ export class Client {
       for (const m of data) {
         if (m.type === "NORMAL" && !m.pending && ["USER", "ASSISTANT"].includes(m.role) && (m.content.trim() || m.images)) {
           shown.push({ role: m.role, content: withPhotos(m.content, m.images ?? 0) });
+        } else if (m.role === "TOOL" && m.toolName === "message") {
+          const sent = sentToCaller(m.content);
+          if (sent) shown.push({ role: "SENT", ...sent });
         }
       }
       if (data.length < 1000) return shown;
@@ -197,7 +202,10 @@ function page() {
 
   function render(history) {
     $("log").replaceChildren();
-    for (const m of history.slice(-50)) bubble(m.role === "USER" ? "user" : "assistant", m.content);
+    for (const m of history.slice(-50)) {
+      if (m.role === "SENT") sent(m);
+      else bubble(m.role === "USER" ? "user" : "assistant", m.content);
+    }
   }
 
   async function follow() {
@@ -315,6 +323,18 @@ function page() {
 // A message's text, with the photos sent with it counted (the page does not show them again).
 export function withPhotos(text, count) {
   return count ? `${text}${text ? " " : ""}[${count} photo${count > 1 ? "s" : ""}]` : text;
+}
+
+// What a `message` tool call sent to this page's caller, from its result in the transcript:
+// {content, files}, or null for a call that sent elsewhere or failed.
+export function sentToCaller(result) {
+  try {
+    const out = JSON.parse(result);
+    if (out?.delivered !== "to the API caller") return null;
+    return { content: out.content ?? "", files: out.files ?? [] };
+  } catch {
+    return null;
+  }
 }
 
 // A file's size as people read it: 812 B, 14 KB, 3.2 MB.

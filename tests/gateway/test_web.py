@@ -75,3 +75,9 @@ def test_the_pages_client_downloads_the_files_the_agent_sends(make_stack: Callab
     out: dict[str, Any] = json.loads(done.stdout)
     assert out["downloads"] == [{"name": "notes.md", "size": "17 B", "type": "text/markdown",
                                  "text": "# Notes\nbuy milk\n"}]
+    # Reopened later, the page shows what was sent, with its link, between the request and the answer
+    roles = [m["role"] for m in out["history"]]
+    assert roles == ["USER", "SENT", "ASSISTANT"]
+    sent = out["history"][1]
+    assert sent["content"] == "your notes" and [f["name"] for f in sent["files"]] == ["notes.md"]
+    assert sent["files"][0]["url"] == out["linked"][0]["url"]

@@ -1,10 +1,11 @@
 // Drives the web page's client (gateway/web/chat.js) against a running gateway, as the page does:
 // node web_client.mjs BASE KEY MESSAGE... prints {"replies", "events", "history", "unknown", "listed",
-// "downloads"}
+// "linked", "downloads"}
 // (a MESSAGE "photo:TEXT" is TEXT sent with a 1x1 PNG)
 // as JSON ("unknown": the HTTP status the history of a conversation that does not exist gets;
 // "listed": whether the conversation, named after its first message, is the newest one listed;
-// "downloads": the name, type and text of each file a `message` event linked, fetched as the page does).
+// "linked": the files `message` events linked; "downloads": the name, type and text of each, fetched
+// as the page does).
 import { ApiError, Client, sizeOf } from "../../gateway/web/chat.js";
 
 const PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAAAAAA6fptVAAAACklEQVR4nGNoAAAAggCBd81ytgAAAABJRU5ErkJggg==";
@@ -46,4 +47,4 @@ for (const file of linked) {
   const blob = await client.download(file.url);
   downloads.push({ name: file.name, size: sizeOf(file.size), type: blob.type, text: await blob.text() });
 }
-console.log(JSON.stringify({ replies, events, history, unknown, listed, downloads }));
+console.log(JSON.stringify({ replies, events, history, unknown, listed, linked, downloads }));
