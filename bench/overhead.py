@@ -5,11 +5,14 @@ with a per-hop breakdown from the runs / run_steps / tool_calls timestamps in Po
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import psutil
 import redis
 from sqlalchemy import text
 
@@ -55,6 +58,36 @@ class Series:
     ack: list[float] = field(default_factory=list)
     hops: dict[str, list[float]] = field(default_factory=lambda: {h: [] for h in HOPS})
     failed: int = 0
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU ms per turn, by process role
+
+
+ROLES = (("worker", "celery"), ("gateway", "gateway.cli"), ("postgres", "postgres"), ("redis", "redis-server"))
+
+
+def _cpu_seconds() -> dict[str, float]:
+    """CPU time (user + system) so far of this process and its descendants, by role: the worker,
+    the gateway, Postgres and Redis (this run's own servers, or none when shared), and the bench
+    itself (the client, the fake LLM and the fake Telegram)."""
+    me = psutil.Process(os.getpid())
+    out: dict[str, float] = defaultdict(float)
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            line, times = " ".join(p.cmdline()) or p.name(), p.cpu_times()
+        except psutil.Error:  # ended meanwhile
+            continue
+        role = next((r for r, mark in ROLES if mark in line), "bench (client and fakes)")
+        out[role] += times.user + times.system
+    return out
+
+
+def _measured(ctx: Ctx, label: str, turns: Any, n: int) -> Series:
+    """`turns(ctx, n)` as a Series, with the CPU its processes spent per turn."""
+    before = _cpu_seconds()
+    done = turns(ctx, n)
+    after = _cpu_seconds()
+    out = _series(ctx, label, done)
+    out.cpu = {role: 1000 * (after[role] - before.get(role, 0.0)) / max(1, len(done)) for role in after}
+    return out
 
 
 def _wait_final(client: redis.Redis, conversation_id: str, deadline: float) -> float:
@@ -142,13 +175,13 @@ def run(ctx: Ctx) -> None:
     workers = stack.workers(1, concurrency=16)
     try:
         _rest_turns(ctx, 20)  # warm-up: imports, connection pools, litellm's first call
-        rest = _series(ctx, "REST", _rest_turns(ctx, cfg.overhead_turns))
+        rest = _measured(ctx, "REST", _rest_turns, cfg.overhead_turns)
         tg: Series | None = None
         if stack.has_route("/webhooks/telegram"):
             _telegram_turns(ctx, 10)
             ctx.telegram.reset()
             stack.reset_data()
-            tg = _series(ctx, "Telegram", _telegram_turns(ctx, cfg.overhead_turns))
+            tg = _measured(ctx, "Telegram", _telegram_turns, cfg.overhead_turns)
         else:
             ctx.report.skipped.append(("2", "webhook -> platform variant: POST /webhooks/telegram not available"))
     finally:
@@ -187,6 +220,15 @@ def _report(ctx: Ctx, rest: Series, tg: Series | None) -> None:
         cells = " | ".join(f"{ms(pct(getattr(s, pick), 50))} | {ms(pct(getattr(s, pick), 99))}"
                            for s in (rest, tg) if s)
         lines.append(f"| **{label}** | {cells} |")
+    roles = [r for r, _ in ROLES] + ["bench (client and fakes)"]
+    lines += ["", "CPU time per turn (user + system, ms), by process, over the same turns (a process's "
+              "descendants included; the servers' only when the run has its own):", "",
+              "| process | " + " | ".join(s.label for s in (rest, tg) if s) + " |",
+              "|---|" + "---|" * (2 if tg else 1)]
+    for role in [*roles, "total"]:
+        cells = " | ".join(ms(sum(s.cpu.values()) if role == "total" else s.cpu.get(role, 0.0))
+                           for s in (rest, tg) if s)
+        lines.append(f"| {role} | {cells} |")
     ctx.report.sections.append(("Item 2: per-hop breakdown of a one-tool turn", "\n".join(lines)))
     name = "turn_hops.png"
     plots.stacked_hops(ctx.plot(name), {h: (pct(rest.hops[h], 50), pct(rest.hops[h], 99)) for h in HOPS},
