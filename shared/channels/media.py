@@ -1,10 +1,11 @@
 """What a message's attachments (InboundMessage.media, then more_media) become before the message is
 submitted: a voice message's words become its content (voice.py), a photo goes with it (images.py),
-a file's text joins its content (files.py). The worker that submits it fetches them from the platform
-before the submission's transaction where it can (ahead), with no database connection held through
-the download or the model's seconds, and writes the result into the ledger; a submitter that comes to
-the message first (one of a later message of its chat) prepares it in its transaction, under its
-chat's lock, so the messages sent after it still wait for it, in order."""
+a file's text joins its content (files.py); where files are kept (NANOFLEET_CHANNELS__SAVE_FILES), each
+of them is kept in the workspace too (saved.py), and the model told where. The worker that submits
+it fetches them from the platform before the submission's transaction where it can (ahead), with no
+database connection held through the download or the model's seconds, and writes the result into the
+ledger; a submitter that comes to the message first (one of a later message of its chat) prepares it
+in its transaction, under its chat's lock, so the messages sent after it still wait for it, in order."""
 
 from __future__ import annotations
 
@@ -28,9 +29,11 @@ NOT_FETCHED = "Sorry, I couldn't get your {what} from {channel} ({why}). {ask}"
 
 
 def _kinds(rt: Runtime) -> list[str]:
-    """The kinds of attachment fetched here: files, audio with a transcription model, photos with a
-    model that sees."""
-    return ["file", *(AUDIO if rt.settings.llm.transcription_model else ()), *(("photo",) if images.wanted(rt) else ())]
+    """The kinds of attachment fetched here: files; audio with a transcription model, photos with a
+    model that sees, both where files are kept."""
+    keep = rt.settings.channels.save_files
+    return ["file", *(AUDIO if keep or rt.settings.llm.transcription_model else ()),
+            *(("photo",) if keep or images.wanted(rt) else ())]
 
 
 def _to_fetch(kinds: list[str]) -> ColumnElement[bool]:
@@ -78,22 +81,38 @@ def prepared(rt: Runtime, msg: InboundMessage) -> InboundMessage:
 
 def _prepared(rt: Runtime, msg: InboundMessage) -> InboundMessage:
     """`msg` with its attachment `media` done with."""
-    kind = (msg.media or {}).get("kind")
-    if kind in AUDIO and rt.settings.llm.transcription_model:
+    kind, keep = (msg.media or {}).get("kind"), rt.settings.channels.save_files
+    if kind in AUDIO and (keep or rt.settings.llm.transcription_model):
         audio = _fetch(rt, msg, voice.MAX_AUDIO, "voice message", "Could you write it out?")
-        return audio if isinstance(audio, InboundMessage) else voice.transcribed(rt, msg, *audio)
+        if isinstance(audio, InboundMessage):
+            return audio
+        kept = _kept(rt, msg, files.named(msg, audio[1]), audio[0])
+        if rt.settings.llm.transcription_model:
+            return voice.transcribed(rt, msg, *audio, kept=kept)
+        return voice.untranscribed(msg, kept) if kept else _unread(msg)
     if kind == "photo":
-        if not images.wanted(rt):
+        seen = images.wanted(rt)
+        if not seen and not keep:
             return images.unseen(msg)
         photo = _fetch(rt, msg, MAX_IMAGE, "photo", "Could you send it again?")
-        return photo if isinstance(photo, InboundMessage) else images.attached(msg, photo[0])
+        if isinstance(photo, InboundMessage):
+            return photo
+        kept = _kept(rt, msg, images.named(files.named(msg, photo[1]), photo[0]), photo[0])
+        if seen:
+            return images.attached(msg, photo[0], kept)
+        return images.unseen_kept(msg, kept) if kept else images.unseen(msg)
     if kind == "file":
         file = _fetch(rt, msg, files.MAX_FILE, "file", "Could you send it again?")
         if isinstance(file, InboundMessage):
             return file
         data, fetched_as = file
         return files.read(msg, data, fetched_as, _kept(rt, msg, files.named(msg, fetched_as), data))
-    return msg.model_copy(update={"media": None, "more_media": []})  # its notice says that only text is read
+    return _unread(msg)
+
+
+def _unread(msg: InboundMessage) -> InboundMessage:
+    """`msg` without its attachments: its notice says that only text is read."""
+    return msg.model_copy(update={"media": None, "more_media": []})
 
 
 def _kept(rt: Runtime, msg: InboundMessage, name: str, data: bytes) -> str | None:

@@ -1,6 +1,8 @@
 """Voice messages: with a transcription model set (NANOFLEET_LLM__TRANSCRIPTION_MODEL), the worker that
 submits a voice message fetches its audio from the platform and the model's transcript becomes the
-message (when, and the fetching: shared.channels.media)."""
+message (when, and the fetching: shared.channels.media). Where files are kept
+(NANOFLEET_CHANNELS__SAVE_FILES), the audio is kept in the workspace too, transcribed or not, and the
+model told where."""
 
 from __future__ import annotations
 
@@ -13,12 +15,15 @@ from shared.llm import LLMError
 log = logging.getLogger(__name__)
 MAX_AUDIO = 20 * 1024 * 1024  # bytes: what Telegram's Bot API hands out, under the Whisper APIs' 25 MB
 HEARD = "[voice message] "  # so the model knows the words were spoken, and may be misheard
+HEARD_KEPT = "[voice message, saved as {path}] "
+NOT_HEARD = "[The user sent {kind}, saved as {path}; it was not transcribed.]"
 NO_WORDS = "Sorry, I couldn't make out any words in your voice message. Could you write it out?"
 
 
-def transcribed(rt: Runtime, msg: InboundMessage, audio: bytes, filename: str) -> InboundMessage:
-    """`msg` with the words of its audio (fetched by shared.channels.media) as content, or with the
-    notice its sender gets instead."""
+def transcribed(rt: Runtime, msg: InboundMessage, audio: bytes, filename: str, *,
+                kept: str | None = None) -> InboundMessage:
+    """`msg` with the words of its audio (fetched by shared.channels.media) as content, and where the
+    audio was kept in the workspace (`kept`) if it was, or with the notice its sender gets instead."""
     kind = (msg.media or {}).get("kind")
     try:
         words = rt.llm.transcribe(audio, filename)
@@ -29,4 +34,14 @@ def transcribed(rt: Runtime, msg: InboundMessage, audio: bytes, filename: str) -
              len(words))
     if not words:
         return msg.answered(NO_WORDS)
-    return msg.model_copy(update={"content": HEARD + words, "unsupported": None, "media": None})
+    heard = HEARD_KEPT.format(path=kept) if kept else HEARD
+    return msg.model_copy(update={"content": heard + words, "unsupported": None, "media": None})
+
+
+def untranscribed(msg: InboundMessage, kept: str) -> InboundMessage:
+    """`msg` with its audio kept in the workspace and no transcription model: it goes to the model,
+    saying where (its tools may open it), after any caption."""
+    kind = "a voice message" if (msg.media or {}).get("kind") == "voice" else "an audio file"
+    note = NOT_HEARD.format(kind=kind, path=kept)
+    content = f"{msg.content}\n\n{note}" if msg.content.strip() else note
+    return msg.model_copy(update={"content": content, "unsupported": None, "media": None})

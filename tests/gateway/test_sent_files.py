@@ -106,3 +106,31 @@ def test_a_file_a_user_sends_is_kept_and_the_model_told_where_even_one_it_cannot
         asked = [last_user_text(r["messages"]) for r in fake_llm.requests]
     said = f"[file ../q3 sales.xlsx: not read, it is neither a PDF nor a text file; saved as {kept}]"
     assert asked.count(said) == 2  # answered by the model, not with a notice
+
+
+def test_photos_and_voice_messages_a_user_sends_are_kept_for_a_model_that_sees_and_hears_neither(
+        channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    """The stack's model sees no images and no transcription model is set: without kept files a photo's
+    caption goes on saying a photo came (a photo or voice message alone gets a notice and no model).
+    Kept, each goes to the model with its place in the workspace, for its tools to open."""
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    chat, day = d.new_chat(), datetime.now(UTC).date().isoformat()
+    photo, alone = png(8, 5), png(4, 4)
+    sent = [tg.photo(chat=int(chat), sender=int(d.allowed), image=photo, caption="crop this"),
+            tg.photo(chat=int(chat), sender=int(d.allowed), image=alone)]
+    tg.files["v9"] = b"OggS" + uuid.uuid4().bytes
+    sent.append(tg.update(chat=int(chat), sender=int(d.allowed), text="", voice={"file_id": "v9", "duration": 2}))
+    for update in sent:
+        assert channels.post("telegram", tg.signed(update)).status_code == 200
+        channels.settled(chat, rows=len(d.replies(chat)) + 1)
+    inbox = workspace(channels) / "inbox" / day
+    kept = {p.name: p.read_bytes() for p in inbox.iterdir() if p.name.startswith(("photo", "v9"))}
+    names = {data: f"inbox/{day}/{name}" for name, data in kept.items()}
+    assert set(kept.values()) == {photo, alone, tg.files["v9"]}
+    assert all(name.endswith((".jpg", ".oga")) for name in kept)  # as Telegram's getFile names them
+    with fake_llm.lock:
+        asked = [last_user_text(r["messages"]) for r in fake_llm.requests[-3:]]
+    assert asked == [f"crop this\n\n[The user sent a photo, saved as {names[photo]}; you cannot see images.]",
+                     f"[The user sent a photo, saved as {names[alone]}; you cannot see images.]",
+                     f"[The user sent a voice message, saved as {names[tg.files['v9']]}; it was not transcribed.]"]
+    assert not [r for r in d.replies(chat) if "only read text" in r or "Sorry" in r]

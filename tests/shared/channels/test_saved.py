@@ -1,14 +1,16 @@
 """Files users send, kept in the workspace: names any disk takes, the same file never written twice,
-another of the same name beside it, and an inbox that leads out of the workspace refused."""
+another of the same name beside it, and an inbox that leads out of the workspace refused; what the
+model is told of a kept photo or audio file."""
 
 from __future__ import annotations
 
 from datetime import date
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from shared.channels import files, saved
+from shared.channels import files, images, saved, voice
 from shared.contracts import InboundMessage
 
 DAY = date(2026, 11, 29)
@@ -51,3 +53,30 @@ def test_a_kept_file_the_model_cannot_read_still_goes_to_it_with_its_place() -> 
     assert files.read(msg, b"a,b", "f", kept="inbox/x/data.csv").content == \
         "[file data.xlsx; saved as inbox/x/data.csv]\na,b"
     assert files.read(msg, b"PK\x03\x04\x00binary", "f").notice is not None  # not kept: the notice, as before
+
+
+def _message(content: str, kind: str) -> InboundMessage:
+    return InboundMessage(channel="telegram", chat_id="1", sender_id="2", content=content, event_id="e1",
+                          media={"kind": kind, "id": "f1"}, unsupported=f"a {kind}")
+
+
+def test_a_kept_photo_a_model_sees_goes_with_its_place_and_one_it_cannot_goes_alone_too() -> None:
+    jpeg = b"\xff\xd8\xff\xe0" + bytes(16)
+    seen = images.attached(_message("crop this", "photo"), jpeg, "inbox/2026-11-29/p.jpg")
+    assert seen.content == "crop this\n\n[photo saved as inbox/2026-11-29/p.jpg]" and len(seen.images) == 1
+    assert seen.unsupported is None and seen.media is None
+    alone = images.unseen_kept(_message("", "photo"), "inbox/2026-11-29/p.jpg")
+    assert alone.content == "[The user sent a photo, saved as inbox/2026-11-29/p.jpg; you cannot see images.]"
+    assert alone.unsupported is None and alone.notice is None  # to the model, not a notice
+    assert images.named("AgADBAAD", jpeg) == "AgADBAAD.jpg" and images.named("file_7.jpg", jpeg) == "file_7.jpg"
+    assert images.named("media1", b"not an image") == "media1"
+
+
+def test_kept_audio_is_named_to_the_model_transcribed_or_not() -> None:
+    heard = SimpleNamespace(llm=SimpleNamespace(transcribe=lambda audio, name: "call me back"))
+    said = voice.transcribed(heard, _message("", "voice"), b"OggS", "v.oga", kept="inbox/2026-11-29/v.oga")  # type: ignore[arg-type]
+    assert said.content == "[voice message, saved as inbox/2026-11-29/v.oga] call me back"
+    unheard = voice.untranscribed(_message("listen", "audio"), "inbox/2026-11-29/a.mp3")
+    assert unheard.content == ("listen\n\n[The user sent an audio file, saved as inbox/2026-11-29/a.mp3; "
+                               "it was not transcribed.]")
+    assert unheard.unsupported is None and unheard.media is None
