@@ -113,6 +113,9 @@ class ChannelsSettings(BaseModel):
     # Keep the files users send in the workspace (inbox/<date>/<name>), and tell the model where: its
     # file tools and commands can then open what it could not read as text (shared.channels.saved).
     save_files: bool = False
+    # Days a kept file stays in the inbox: a day's folder goes once it is older (the retention pass,
+    # shared.housekeeping); 0 keeps them until someone deletes them.
+    save_files_days: int = Field(default=0, ge=0)
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
     slack: SlackSettings = Field(default_factory=SlackSettings)
     whatsapp: WhatsAppSettings = Field(default_factory=WhatsAppSettings)

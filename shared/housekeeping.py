@@ -4,7 +4,9 @@ LEDGER_DAYS: platforms retry for hours, WhatsApp for up to a week), delivered an
 outbox rows, the files the agent sent (once no delivery waits for them), cron receipts (a job's
 cursor is past them), finished runs with their steps and tool calls, and the sessions nobody will
 use again: a subagent's, and a removed cron job's, idle that long. What stays: every other
-conversation, its messages (the memory) and usage totals, and every unfinished record.
+conversation, its messages (the memory) and usage totals, and every unfinished record. The files
+users sent, kept in the workspace's inbox, go after a setting of their own
+(`channels.save_files_days`; shared.channels.saved).
 
 Each batch is one short transaction, so a pass never holds locks for long, and two passes at once
 (a redelivered task) skip each other's rows (sessions: the second waits for the first's batch, and
@@ -24,6 +26,7 @@ from sqlmodel.sql.expression import SelectOfScalar
 
 from shared.agent import conversations
 from shared.agent.runtime import Runtime
+from shared.channels import saved
 from shared.constants import INTERNAL
 from shared.errors import NotFound
 from shared.models import (
@@ -57,15 +60,16 @@ Batch = Callable[[Session, datetime, int], int]
 
 
 def prune(rt: Runtime, *, now: datetime | None = None, batch: int = BATCH) -> dict[str, int]:
-    """One retention pass; returns the rows deleted per table (nothing when `days` is 0)."""
-    days = rt.settings.retention.days
-    if days <= 0:
-        return {}
+    """One retention pass; returns the rows deleted per table (none when `days` is 0), and the kept
+    files deleted ("kept_files", when they are kept for a number of days)."""
+    days, kept_days = rt.settings.retention.days, rt.settings.channels.save_files_days
     now = now or utcnow()
     counts = {name: _drain(rt, step, now - timedelta(days=max(days, floor)), batch)
-              for name, (step, floor) in BATCHES.items()}
+              for name, (step, floor) in BATCHES.items()} if days > 0 else {}
+    if kept_days > 0:
+        counts["kept_files"] = saved.prune(rt.settings.workspace, (now - timedelta(days=kept_days)).date())
     if any(counts.values()):
-        log.info("retention (%d days): deleted %s", days,
+        log.info("retention (%d days, kept files %d): deleted %s", days, kept_days,
                  ", ".join(f"{n} {name}" for name, n in counts.items() if n))
     return counts
 

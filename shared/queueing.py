@@ -132,7 +132,7 @@ def beat_schedule(settings: Settings) -> dict[str, Any]:
     }
     if settings.heartbeat.enabled:
         schedule["nanofleet-heartbeat"] = every(T_HEARTBEAT, settings.heartbeat.interval)
-    if settings.retention.days > 0:
+    if settings.retention.days > 0 or settings.channels.save_files_days > 0:
         schedule["nanofleet-retention"] = every(T_RETENTION, settings.retention.interval)
     return schedule
 

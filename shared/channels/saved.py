@@ -3,14 +3,18 @@ tools and commands can open what it could not read as text: a spreadsheet, an ar
 
 A file goes under inbox/<date>/<its name>. The same file arriving again (a platform's retry, a fetch
 done twice) finds itself there and is not written twice; another file of the same name that day gets
--2, -3... before its extension."""
+-2, -3... before its extension. With NANOFLEET_CHANNELS__SAVE_FILES_DAYS, a day's folder is deleted
+once it is that many days old (`prune`, by the retention pass)."""
 
 from __future__ import annotations
 
+import logging
 import re
+import shutil
 from datetime import date
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 INBOX = "inbox"
 MAX_NAME = 120  # characters of a kept file's name
 TRIES = 100  # names tried, name-2 to name-100, before the day's folder is called full
@@ -40,6 +44,36 @@ def save(workspace: Path, name: str, data: bytes, day: date) -> str:
     except (OutsideWorkspace, OSError) as err:
         raise NotKept(str(err)) from err
     raise NotKept(f"{INBOX}/{day.isoformat()} already has {TRIES} files named {stem}{ext}")
+
+
+def prune(workspace: Path, before: date) -> int:
+    """Delete the inbox's day folders older than `before` (a folder named otherwise is not the
+    inbox's, and stays); how many files went. Links are deleted, never followed: an inbox that is
+    one, or leads out of the workspace, is left alone."""
+    inbox = workspace / INBOX
+    if inbox.is_symlink() or not inbox.is_dir():
+        if inbox.is_symlink():
+            log.warning("the inbox %s is a symbolic link: kept files are not deleted there", inbox)
+        return 0
+    deleted = 0
+    for folder in sorted(inbox.iterdir()):
+        if folder.is_symlink() or not folder.is_dir() or not _older(folder.name, before):
+            continue
+        files = sum(1 for p in folder.rglob("*") if not p.is_dir() or p.is_symlink())
+        try:
+            shutil.rmtree(folder)
+        except OSError as err:
+            log.warning("kept files in %s not deleted: %s", folder, err)
+            continue
+        deleted += files
+    return deleted
+
+
+def _older(name: str, before: date) -> bool:
+    try:
+        return date.fromisoformat(name) < before
+    except ValueError:
+        return False
 
 
 def clean(name: str) -> str:

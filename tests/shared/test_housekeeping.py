@@ -13,6 +13,7 @@ from sqlmodel import Session, col, func, select, update
 from shared import housekeeping
 from shared.agent.events import STREAM_TTL, RedisEvents, stream_key
 from shared.agent.runtime import Runtime
+from shared.channels import saved
 from shared.constants import INTERNAL
 from shared.db import get_engine
 from shared.models import (
@@ -185,3 +186,23 @@ def test_a_late_tool_result_and_the_retention_of_its_session_do_not_deadlock(
     assert counts["conversations"] == 1
     with rt.session() as s:
         assert s.get(Conversation, late.conversation_id) is None and _count(s, ToolCall) == 0
+
+
+def test_kept_files_go_after_their_own_days_even_where_records_are_kept_for_ever(
+        make_stack: Callable[..., Stack]) -> None:
+    """RETENTION__DAYS=0 keeps every record; the files users sent still go after SAVE_FILES_DAYS: beat
+    schedules the pass for them, and a worker deletes the days before the cutoff."""
+    stack = make_stack(RETENTION__DAYS="0", RETENTION__INTERVAL="1", CHANNELS__SAVE_FILES_DAYS="7")
+    today = utcnow().date()
+    for age in (8, 6):
+        saved.save(stack.workspace, "photo.jpg", b"\xff\xd8\xff", today - timedelta(days=age))
+    with Session(get_engine(stack.settings.database_url)) as s:
+        _fill(s)
+    stack.worker(queues="scheduler")
+    stack.beat()
+    inbox = stack.workspace / "inbox"
+    wait_until(lambda: not (inbox / (today - timedelta(days=8)).isoformat()).exists(), timeout=60,
+               message="the retention pass to delete the old day's kept files")
+    assert sorted(p.name for p in inbox.iterdir()) == [(today - timedelta(days=6)).isoformat()]
+    with Session(get_engine(stack.settings.database_url)) as s:
+        assert (_count(s, Run), _count(s, InboundEvent), _count(s, Outbox), _count(s, Conversation)) == (5, 7, 4, 6)

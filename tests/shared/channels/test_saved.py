@@ -80,3 +80,32 @@ def test_kept_audio_is_named_to_the_model_transcribed_or_not() -> None:
     assert unheard.content == ("listen\n\n[The user sent an audio file, saved as inbox/2026-11-29/a.mp3; "
                                "it was not transcribed.]")
     assert unheard.unsupported is None and unheard.media is None
+
+
+def test_prune_deletes_the_inbox_days_before_the_cutoff_and_follows_no_link(tmp_path: Path) -> None:
+    workspace, outside = tmp_path / "ws", tmp_path / "outside"
+    workspace.mkdir()
+    outside.mkdir()
+    (outside / "precious.txt").write_text("mine")
+    for day, name in (("2026-10-01", "a.pdf"), ("2026-10-01", "b.jpg"), ("2026-11-28", "c.oga")):
+        saved.save(workspace, name, name.encode(), date.fromisoformat(day))
+    (workspace / "inbox" / "2026-10-01" / "sub").mkdir()
+    (workspace / "inbox" / "2026-10-01" / "sub" / "d.txt").write_text("d")
+    (workspace / "inbox" / "2026-10-01" / "escape").symlink_to(outside)  # deleted as a link, not entered
+    (workspace / "inbox" / "2026-09-30").symlink_to(outside)  # a day that is a link: left, not followed
+    (workspace / "inbox" / "notes").mkdir()  # not a day: not the inbox's
+    assert saved.prune(workspace, date(2026, 11, 1)) == 4
+    assert sorted(p.name for p in (workspace / "inbox").iterdir()) == ["2026-09-30", "2026-11-28", "notes"]
+    assert (outside / "precious.txt").read_text() == "mine"
+    assert saved.prune(workspace, date(2026, 11, 1)) == 0
+
+
+def test_prune_leaves_an_inbox_that_is_a_link(tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    (outside / "2026-01-01").mkdir(parents=True)
+    (outside / "2026-01-01" / "x.txt").write_text("x")
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "inbox").symlink_to(outside)
+    assert saved.prune(tmp_path / "ws", date(2026, 11, 1)) == 0
+    assert (outside / "2026-01-01" / "x.txt").exists()
+    assert saved.prune(tmp_path / "nowhere", date(2026, 11, 1)) == 0  # no inbox yet
