@@ -11,7 +11,8 @@ from functools import lru_cache, partial
 from typing import Any, TypeVar
 
 import psycopg
-from sqlalchemy import Dialect, Engine, Table, Update, create_engine, event, text
+from sqlalchemy import Dialect, Engine, Table, Update, bindparam, create_engine, event, insert, text
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -124,6 +125,24 @@ def returning_row(model: type[M], statement: Update) -> ExecutableReturnsRows:
     bind parameters), run with `updated_row`. Several times cheaper than the ORM's own UPDATE ...
     RETURNING, which matters on the hot path."""
     return select(model).from_statement(statement.returning(*table_of(model).c))
+
+
+class Inserting:
+    """An INSERT of rows of `model`, built once, of every column but the `generated` ones (the
+    identity, a sequence's default): a hot path's writes without the unit of work, which costs about
+    three times the INSERT (in-process, 0.5 against 0.18 ms a message). Rows go in at once, in order,
+    and stay out of the session. A JSON column's None is SQL NULL, as the ORM writes it."""
+
+    def __init__(self, model: type[SQLModel], *, generated: tuple[str, ...] = ("id",)) -> None:
+        columns = [c for c in table_of(model).c if c.name not in generated]
+        self.generated = set(generated)
+        self.statement = insert(table_of(model)).values({
+            c.name: bindparam(c.name, type_=JSONB(none_as_null=True)) if isinstance(c.type, JSONB)
+            else bindparam(c.name) for c in columns})
+
+    def __call__(self, s: Session, *rows: SQLModel) -> None:
+        for row in rows:
+            s.execute(self.statement, row.model_dump(exclude=self.generated))
 
 
 def updated_row(s: Session, query: ExecutableReturnsRows, params: dict[str, Any]) -> Any:

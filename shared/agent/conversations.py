@@ -11,7 +11,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlmodel import Session, col, select
 
 from shared.agent import lease
-from shared.db import table_of
+from shared.db import Inserting, table_of
 from shared.errors import Conflict, NotFound
 from shared.models import (
     ACTIVE,
@@ -44,6 +44,8 @@ POST = insert(MESSAGES).values(
     conversation_id=bindparam("cid"), role=Role.USER, type=MessageType.NORMAL, content=bindparam("text"),
     pending=True, meta=bindparam("info"), created_at=bindparam("now"),
 ).returning(MESSAGES.c.id)
+# The messages a run writes (its answers, its tool results), as they come: each takes the next seq.
+add_messages = Inserting(Message, generated=("id", "seq"))
 TAKE_TURN = (update(CONVERSATIONS)
              .where(CONVERSATIONS.c.id == bindparam("cid"), CONVERSATIONS.c.active_run_id.is_(None))
              .values(active_run_id=bindparam("rid"), last_active_at=func.now()))

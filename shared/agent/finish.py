@@ -41,7 +41,8 @@ def finish(
     with s.no_autoflush:  # the run's row is written once, below, with its end
         conv = s.get_one(Conversation, run.conversation_id, with_for_update=True)
     if store and text:
-        s.add(Message(conversation_id=run.conversation_id, run_id=run.id, role=Role.ASSISTANT, content=text))
+        conversations.add_messages(s, Message(conversation_id=run.conversation_id, run_id=run.id,
+                                              role=Role.ASSISTANT, content=text))
     if run.phase == Phase.TOOLS:
         _answer_tool_calls(s, run)
     run.status, run.final_text, run.error = status, text, error
@@ -174,7 +175,7 @@ def _answer_tool_calls(s: Session, run: Run) -> None:
             result = ToolResult.fail(ErrorCode.FAILED, CUT_OFF)
         else:
             result = recorded(call)
-        s.add(tool_message(run, call, result))
+        conversations.add_messages(s, tool_message(run, call, result))
 
 
 def recorded(call: ToolCall) -> ToolResult:

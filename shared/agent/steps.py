@@ -20,7 +20,7 @@ from shared.agent.finish import NOT_RUN, finish, publish_final, recorded, tool_m
 from shared.agent.runtime import Next, Runtime
 from shared.aio import run_sync
 from shared.constants import T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EXECUTE
-from shared.db import returning_row, table_of, unavailable, updated_row
+from shared.db import Inserting, returning_row, table_of, unavailable, updated_row
 from shared.errors import Retryable
 from shared.llm import LLMError, LLMResponse
 from shared.models import (
@@ -258,11 +258,11 @@ def _parse_arguments(raw: str) -> dict[str, Any]:
 def _start_tools(s: Session, run: Run, response: LLMResponse, lease_seconds: float) -> list[Next]:
     specs = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
              for c in response.tool_calls]
-    s.add(Message(conversation_id=run.conversation_id, run_id=run.id, role=Role.ASSISTANT,
-                  content=response.content, tool_calls=specs))
+    conversations.add_messages(s, Message(conversation_id=run.conversation_id, run_id=run.id, role=Role.ASSISTANT,
+                                          content=response.content, tool_calls=specs))
     calls = [ToolCall(run_id=run.id, step_seq=run.step_seq + 1, position=i, call_id=c.id, name=c.name,
                       arguments=_parse_arguments(c.arguments)) for i, c in enumerate(response.tool_calls)]
-    s.add_all(calls)
+    ADD_CALLS(s, *calls)
     run.phase = Phase.TOOLS
     run.step_seq += 1
     run.iteration += 1
@@ -281,6 +281,7 @@ def _release(run: Run, lease_seconds: float) -> None:
 
 
 _CALLS = table_of(ToolCall)
+ADD_CALLS, ADD_RUN_STEP = Inserting(ToolCall, generated=()), Inserting(RunStep)
 CLAIM_CALL = returning_row(ToolCall, update(_CALLS).where(
     _CALLS.c.id == bindparam("call"), _CALLS.c.status == ToolStatus.PENDING.value,
 ).values(status=ToolStatus.RUNNING.value, attempts=_CALLS.c.attempts + 1, started_at=func.now()))
@@ -377,9 +378,8 @@ def _advance(rt: Runtime, s: Session, run: Run, step_seq: int) -> list[Next]:
     calls = list(s.exec(STEP_CALLS, params={"rid": run.id, "seq": step_seq}))
     if any(c.status not in DONE for c in calls):
         return []
-    for c in calls:
-        s.add(tool_message(run, c, recorded(c)))
-    s.add(RunStep(run_id=run.id, seq=step_seq, kind=Phase.TOOLS, elapsed_ms=sum(c.elapsed_ms for c in calls)))
+    conversations.add_messages(s, *(tool_message(run, c, recorded(c)) for c in calls))
+    ADD_RUN_STEP(s, RunStep(run_id=run.id, seq=step_seq, kind=Phase.TOOLS, elapsed_ms=sum(c.elapsed_ms for c in calls)))
     run.phase = Phase.LLM
     run.step_seq += 1
     _release(run, rt.settings.runtime.lease_seconds)
