@@ -8,6 +8,7 @@ import datetime as dt
 import os
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,7 @@ class Series:
 
 
 ROLES = (("worker", "celery"), ("gateway", "gateway.cli"), ("postgres", "postgres"), ("redis", "redis-server"))
+BENCH = "bench (client and fakes)"
 
 
 def _cpu_seconds() -> dict[str, float]:
@@ -75,12 +77,12 @@ def _cpu_seconds() -> dict[str, float]:
             line, times = " ".join(p.cmdline()) or p.name(), p.cpu_times()
         except psutil.Error:  # ended meanwhile
             continue
-        role = next((r for r, mark in ROLES if mark in line), "bench (client and fakes)")
+        role = BENCH if p.pid == me.pid else next((r for r, mark in ROLES if mark in line), BENCH)
         out[role] += times.user + times.system
     return out
 
 
-def _measured(ctx: Ctx, label: str, turns: Any, n: int) -> Series:
+def _measured(ctx: Ctx, label: str, turns: Callable[[Ctx, int], list[Turn]], n: int) -> Series:
     """`turns(ctx, n)` as a Series, with the CPU its processes spent per turn."""
     before = _cpu_seconds()
     done = turns(ctx, n)
@@ -220,7 +222,7 @@ def _report(ctx: Ctx, rest: Series, tg: Series | None) -> None:
         cells = " | ".join(f"{ms(pct(getattr(s, pick), 50))} | {ms(pct(getattr(s, pick), 99))}"
                            for s in (rest, tg) if s)
         lines.append(f"| **{label}** | {cells} |")
-    roles = [r for r, _ in ROLES] + ["bench (client and fakes)"]
+    roles = [r for r, _ in ROLES] + [BENCH]
     lines += ["", "CPU time per turn (user + system, ms), by process, over the same turns (a process's "
               "descendants included; the servers' only when the run has its own):", "",
               "| process | " + " | ".join(s.label for s in (rest, tg) if s) + " |",

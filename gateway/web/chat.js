@@ -327,7 +327,7 @@ export function withPhotos(text, count) {
 
 // What a `message` tool call sent to this page's caller, from its result in the transcript:
 // {content, files}, or null for a call that sent elsewhere or failed.
-export function sentToCaller(result) {
+function sentToCaller(result) {
   try {
     const out = JSON.parse(result);
     if (out?.delivered !== "to the API caller") return null;

@@ -48,8 +48,8 @@ def save(workspace: Path, name: str, data: bytes, day: date) -> str:
 
 def prune(workspace: Path, before: date) -> int:
     """Delete the inbox's day folders older than `before` (a folder named otherwise is not the
-    inbox's, and stays); how many files went. Links are deleted, never followed: an inbox that is
-    one, or leads out of the workspace, is left alone."""
+    inbox's, and stays); how many files went. A link in a day's folder is deleted, never followed; a
+    day's folder that is a link, or an inbox that is one, is left alone."""
     inbox = workspace / INBOX
     if inbox.is_symlink() or not inbox.is_dir():
         if inbox.is_symlink():
