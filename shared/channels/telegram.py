@@ -288,5 +288,6 @@ def _photo(msg: dict[str, Any]) -> dict[str, str] | None:
         return {"kind": "photo", "id": fitting[-1]} if fitting else None
     doc = msg.get("document")
     if isinstance(doc, dict) and doc.get("mime_type") in IMAGE_TYPES and isinstance(doc.get("file_id"), str):
-        return {"kind": "photo", "id": doc["file_id"]}
+        name = doc.get("file_name")  # (what a kept photo is named: shared.channels.saved)
+        return {"kind": "photo", "id": doc["file_id"], **({"name": name} if isinstance(name, str) and name else {})}
     return None

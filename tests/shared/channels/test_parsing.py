@@ -78,6 +78,9 @@ def test_telegram_photos_name_their_largest_size_under_the_limit_or_an_image_fil
     assert (photo.content, photo.unsupported, photo.media) == ("what is it?", None, {"kind": "photo", "id": "large"})
     as_file = tg.update(chat=5, sender=1, text="", document={"file_id": "d", "mime_type": "image/png"})
     assert ch.parse({}, body(as_file)).messages[0].media == {"kind": "photo", "id": "d"}
+    named = tg.update(chat=5, sender=1, text="", document={"file_id": "d", "mime_type": "image/png",
+                                                           "file_name": "plan.png"})
+    assert ch.parse({}, body(named)).messages[0].media == {"kind": "photo", "id": "d", "name": "plan.png"}
     pdf = tg.update(chat=5, sender=1, text="", caption="sum it up",
                     document={"file_id": "d", "mime_type": "application/pdf", "file_name": "q3.pdf"})
     del pdf["message"]["text"]
