@@ -250,8 +250,9 @@ def _images(s: Session, message_ids: list[int]) -> dict[int, list[MessageImage]]
 
 def well_formed(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The history without what every provider refuses: tool calls not answered by the tool
-    results right after them (their text, if any, stays), and tool results that answer no call.
-    A cancelled run answers its calls; this keeps a history written otherwise usable."""
+    results right after them (their text, if any, stays), and tool results that answer no call;
+    each call's results in the order of its calls (as the steps write them). A cancelled run
+    answers its calls; this keeps a history written otherwise usable."""
     out: list[dict[str, Any]] = []
     i = 0
     while i < len(history):

@@ -199,10 +199,26 @@ def test_a_history_with_unanswered_tool_calls_is_repaired_before_the_model_sees_
     assert fixed == [user, user, {"role": "assistant", "content": "let me check"}, user, reply]
 
 
+def _in_call_order(history: list[dict[str, object]]) -> list[dict[str, object]]:
+    """A well-formed history with each call's results in the order of its calls."""
+    out, i = [], 0
+    while i < len(history):
+        m, i = history[i], i + 1
+        out.append(m)
+        calls = m.get("tool_calls")
+        if isinstance(calls, list):
+            end = next((j for j in range(i, len(history)) if history[j]["role"] != "tool"), len(history))
+            answers = {a["tool_call_id"]: a for a in history[i:end]}
+            out += [answers[c["id"]] for c in calls]
+            i = end
+    return out
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(st.just("user"), st.just("reply"), st.lists(st.sampled_from("abc"), min_size=1, max_size=3)
                           .map(lambda ids: ("calls", ids)), st.sampled_from("abcz").map(lambda i: ("result", i))),
                 max_size=12))
+@example([("calls", ["a", "c"]), ("result", "c"), ("result", "a")])  # a thorough run found it
 def test_any_history_comes_out_well_formed(steps: list[object]) -> None:
     history: list[dict[str, object]] = []
     for step in steps:
@@ -217,7 +233,7 @@ def test_any_history_comes_out_well_formed(steps: list[object]) -> None:
     fixed = prompt.well_formed(history)  # type: ignore[arg-type]
     assert unpaired(fixed) is None  # type: ignore[arg-type]
     if unpaired(history) is None:  # type: ignore[arg-type]
-        assert fixed == history
+        assert fixed == _in_call_order(history)  # nothing dropped; results put in their calls' order
 
 
 SECRET = "TOP-SECRET-OUTSIDE"
