@@ -38,8 +38,11 @@ def save(workspace: Path, name: str, data: bytes, day: date) -> str:
                 if read_start(workspace, path, len(data)) == (data, False):
                     return path
             except FileNotFoundError:
-                with open_file(workspace, resolve(workspace, path), "wb", make_parents=True) as fh:
-                    fh.write(data)
+                try:  # a new file only: another worker may be keeping one of this name this moment
+                    with open_file(workspace, resolve(workspace, path), "xb", make_parents=True) as fh:
+                        fh.write(data)
+                except FileExistsError:
+                    continue
                 return path
     except (OutsideWorkspace, OSError) as err:
         raise NotKept(str(err)) from err

@@ -12,13 +12,14 @@ from typing import BinaryIO, Literal
 
 from shared.tools.base import ErrorCode, ToolResult
 
-OpenMode = Literal["rb", "wb", "ab", "r+b"]
+OpenMode = Literal["rb", "wb", "xb", "ab", "r+b"]
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO planted in the workspace must fail or return, never hang the worker.
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _MODES: dict[str, int] = {
     "rb": os.O_RDONLY,
     "wb": os.O_WRONLY | os.O_CREAT,  # truncated once the checks passed: O_TRUNC would cut a file they refuse
+    "xb": os.O_WRONLY | os.O_CREAT | os.O_EXCL,  # a new file only: FileExistsError if there is one
     "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
     "r+b": os.O_RDWR,
 }

@@ -109,3 +109,22 @@ def test_prune_leaves_an_inbox_that_is_a_link(tmp_path: Path) -> None:
     assert saved.prune(tmp_path / "ws", date(2026, 11, 1)) == 0
     assert (outside / "2026-01-01" / "x.txt").exists()
     assert saved.prune(tmp_path / "nowhere", date(2026, 11, 1)) == 0  # no inbox yet
+
+
+def test_a_file_kept_by_another_worker_meanwhile_is_not_overwritten(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workers keep different files of one name at once: each found no file there, and the second
+    to create it must not write over the first's."""
+    from shared.tools import workspace
+
+    assert saved.save(tmp_path, "image.png", b"first user's", DAY) == "inbox/2026-11-29/image.png"
+    real = workspace.read_start
+
+    def not_there_yet(root: Path, path: str, limit: int) -> tuple[bytes, bool]:
+        if path.endswith("/image.png"):  # as it was when the other worker looked
+            raise FileNotFoundError(path)
+        return real(root, path, limit)
+
+    monkeypatch.setattr(workspace, "read_start", not_there_yet)
+    assert saved.save(tmp_path, "image.png", b"second user's", DAY) == "inbox/2026-11-29/image-2.png"
+    assert (tmp_path / "inbox/2026-11-29/image.png").read_bytes() == b"first user's"
