@@ -86,9 +86,10 @@ def _prepared(rt: Runtime, msg: InboundMessage) -> InboundMessage:
         audio = _fetch(rt, msg, voice.MAX_AUDIO, "voice message", "Could you write it out?")
         if isinstance(audio, InboundMessage):
             return audio
-        kept = _kept(rt, msg, files.named(msg, audio[1]), audio[0])
+        sound, fetched_as = audio
+        kept = _kept(rt, msg, files.named(msg, fetched_as), sound)
         if rt.settings.llm.transcription_model:
-            return voice.transcribed(rt, msg, *audio, kept=kept)
+            return voice.transcribed(rt, msg, sound, fetched_as, kept=kept)
         return voice.untranscribed(msg, kept) if kept else _unread(msg)
     if kind == "photo":
         seen = images.wanted(rt)
@@ -97,9 +98,10 @@ def _prepared(rt: Runtime, msg: InboundMessage) -> InboundMessage:
         photo = _fetch(rt, msg, MAX_IMAGE, "photo", "Could you send it again?")
         if isinstance(photo, InboundMessage):
             return photo
-        kept = _kept(rt, msg, images.named(files.named(msg, photo[1]), photo[0]), photo[0])
+        image, fetched_as = photo
+        kept = _kept(rt, msg, images.named(files.named(msg, fetched_as), image), image)
         if seen:
-            return images.attached(msg, photo[0], kept)
+            return images.attached(msg, image, kept)
         return images.unseen_kept(msg, kept) if kept else images.unseen(msg)
     if kind == "file":
         file = _fetch(rt, msg, files.MAX_FILE, "file", "Could you send it again?")
