@@ -71,6 +71,9 @@ class InboundMessage(BaseModel):
     # The album it is an item of (Telegram's media_group_id): an album is submitted as one message
     # (shared.channels.albums).
     album: str | None = None
+    # An album item in a group that does not address the bot (no caption): taken in only with an item of
+    # its album that does.
+    follower: bool = False
 
     def key(self) -> str:
         return self.session_key or f"{self.channel}:{self.chat_id}"

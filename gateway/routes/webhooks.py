@@ -149,7 +149,7 @@ async def answer(state: AppState, name: str, scope: Scope, receive: Receive) -> 
     new = await _record(state, ch, entries)
     fresh = entries if new is None else [e for e, n in zip(entries, new, strict=True) if n]
     for e in fresh:
-        if not e.allowed:
+        if not e.allowed and not e.message.follower:  # (an album item in a group, no caption: not addressed to us)
             log.info("%s: sender %s is not in allow_from; ignored", ch.name, e.message.sender_id)
     if fresh and not any(e.allowed for e in fresh) and parsed.denied_response is not None:
         return JSONResponse(parsed.denied_response)

@@ -2,7 +2,10 @@
 media group id, the caption with one of them. They are answered as one message: the album's first item
 waits ALBUM_WAIT seconds from its arrival for the others, then takes in those that came meanwhile,
 with their attachments and captions (shared.channels.inbound), as a Slack message with several files
-is taken in. Without this, each photo was a message of its own: a reply each, or a notice each."""
+is taken in. Without this, each photo was a message of its own: a reply each, or a notice each.
+
+In a group only the item with the caption can address the bot; the others follow it (`follower`):
+taken in with it, or not at all when it does not (or comes too late)."""
 
 from __future__ import annotations
 
@@ -16,11 +19,17 @@ PASSED_OVER = "[{n} more item(s) came with this message that you were not given:
 NOT_READ = "[{n} more item(s) came with this message that you were not given (videos and the like).]"
 
 
+def addressed(items: list[InboundMessage]) -> bool:
+    """Whether the album is for the bot: in a group, only if its caption says so."""
+    return any(not item.follower for item in items)
+
+
 def merged(items: list[InboundMessage]) -> InboundMessage:
-    """The album's items as one message, the first's (its event, chat and sender): the captions in
-    order, and the attachments, fetched or still to fetch, MAX_IMAGES at most (the model is told of the
-    rest). An item whose attachment could not be taken in makes the album's notice, as the first
-    attachment of a message that fails does."""
+    """The album's items as one message, the first's that addresses the bot (its event, chat, sender
+    and reply), the followers after it: the captions in order, and the attachments, fetched or still to
+    fetch, MAX_IMAGES at most (the model is told of the rest). An item whose attachment could not be
+    taken in makes the album's notice, as the first attachment of a message that fails does."""
+    items = [*(i for i in items if not i.follower), *(i for i in items if i.follower)]
     first = items[0]
     attachments: list[tuple[str, Any]] = []  # ("image", fetched) or ("media", to fetch), in order
     unread = 0

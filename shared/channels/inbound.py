@@ -132,11 +132,11 @@ def _submit_through(rt: Runtime, event_id: int, nexts: list[Next]) -> None:
                 if row is None:  # submitted (with an earlier one of its session, by a replay, or by another
                     return  # submitter while this one waited for the lock)
                 taking = row.id
-                found = _taken_in(s, row, nexts)
+                found = _taken_in(s, row, event_id, nexts)
                 if found is None:  # the rest of its album may still come: its chat waits
                     return
                 msg, taken = found
-                submitted, added = _one(rt, s, msg)
+                submitted, added = (None, []) if msg is None else _one(rt, s, msg)
                 s.execute(update(LEDGER).where(LEDGER.c.id.in_(taken)).values(message=None))
         except Exception as err:
             told = None if taking is None or transient(err) else _failed(rt, taking, err)
@@ -162,22 +162,24 @@ def _next_row(s: Session, event_id: int) -> Row[Any] | None:
         .where(LEDGER.c.session_key == key, PENDING, LEDGER.c.id <= event_id).order_by(LEDGER.c.id).limit(1)).first()
 
 
-def _taken_in(s: Session, row: Row[Any], nexts: list[Next]) -> tuple[InboundMessage, list[int]] | None:
-    """The message of ledger row `row` to submit, and the ledger events it takes: its own, and those of
-    the items of its album that came since. None while the rest of its album may still come; the task
-    that tries again then is added to `nexts`."""
+def _taken_in(s: Session, row: Row[Any], event_id: int,
+              nexts: list[Next]) -> tuple[InboundMessage | None, list[int]] | None:
+    """The message of ledger row `row` to submit (None: an album no item of which addresses the bot),
+    and the ledger events it takes: its own, and those of the items of its album that came since. None
+    while the rest of its album may still come; the task that goes on then, through `event_id` (a
+    message after the album waits for it), is added to `nexts`."""
     msg = InboundMessage.model_validate(row.message)
     if not msg.album:
         return msg, [row.id]
     if row.due > 0:
-        nexts.append(Next(T_INGEST, ([row.id],), countdown=float(row.due)))
+        nexts.append(Next(T_INGEST, ([event_id],), countdown=float(row.due)))
         return None
     rows = s.execute(select(LEDGER.c.id, LEDGER.c.message).where(
         LEDGER.c.session_key == row.session_key, PENDING, LEDGER.c.id > row.id,
         LEDGER.c.message["album"].astext == msg.album,
     ).order_by(LEDGER.c.id)).all()
     items = [msg, *(InboundMessage.model_validate(r.message) for r in rows)]
-    return albums.merged(items), [row.id, *(r.id for r in rows)]
+    return albums.merged(items) if albums.addressed(items) else None, [row.id, *(r.id for r in rows)]
 
 
 def _locked_session(s: Session, event_id: int) -> str | None:

@@ -37,7 +37,9 @@ def _kinds(rt: Runtime) -> list[str]:
 
 
 def _to_fetch(kinds: list[str]) -> ColumnElement[bool]:
-    kind: ColumnElement[bool] = LEDGER.c.message["media"]["kind"].astext.in_(kinds)
+    """An attachment of these kinds, not a follower's: it is fetched only if its album addresses the bot."""
+    kind: ColumnElement[bool] = LEDGER.c.message["media"]["kind"].astext.in_(kinds) & \
+        LEDGER.c.message["follower"].astext.is_distinct_from("true")
     return kind
 
 

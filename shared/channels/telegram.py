@@ -84,28 +84,19 @@ class TelegramChannel(BaseChannel):
         if sender.get("is_bot") and "sender_chat" not in msg:  # (an anonymous admin posts as a bot, for a chat)
             return None  # another bot (groups can deliver them): answering, two bots would talk forever
         text = msg.get("text") or msg.get("caption")
-        group = chat.get("type") in GROUPS
+        group, album = chat.get("type") in GROUPS, _album(msg)
+        sent = {"channel": self.name, "chat_id": str(chat["id"]), "sender_id": str(sender["id"]), "event_id": update_id,
+                "album": album, **_where(msg, chat, sender, group)}
         if not isinstance(text, str):
             kind = next((label for key, label in MEDIA.items() if key in msg), None)
-            if group or kind is None:
-                return None  # in groups nothing without text is addressed to the bot
-            return InboundMessage(channel=self.name, chat_id=str(chat["id"]), sender_id=str(sender["id"]),
-                                  content="", event_id=update_id, unsupported=kind, media=_media(msg),
-                                  album=_album(msg))
+            if kind is None or (group and album is None):
+                return None  # in groups nothing without text is addressed to the bot (bar an album's other items)
+            return InboundMessage(**sent, content="", unsupported=kind, media=_media(msg), follower=group)
         username = self.username(ask=group)
         if group and not _addressed(msg, text, username):
             return None
-        reply_meta: dict[str, Any] = {"reply_to_message_id": msg.get("message_id")} if group else {}
-        session_key = ""
-        if msg.get("is_topic_message") and msg.get("message_thread_id"):
-            reply_meta["message_thread_id"] = msg["message_thread_id"]
-            session_key = f"telegram:{chat['id']}:{msg['message_thread_id']}"
-        return InboundMessage(
-            channel=self.name, chat_id=str(chat["id"]), sender_id=str(sender["id"]),
-            content=_with_quote(msg, _strip_mention(text, username)), event_id=update_id, session_key=session_key,
-            reply_meta=reply_meta, sender_name=sender.get("username") or sender.get("first_name"), group=group,
-            media=_photo(msg) or _file(msg) or _replied_to(msg), album=None if group else _album(msg),
-        )
+        return InboundMessage(**sent, content=_with_quote(msg, _strip_mention(text, username)),
+                              media=_photo(msg) or _file(msg) or _replied_to(msg))
 
     def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
         """getFile, then the file itself (the Bot API hands out files up to 20 MB)."""
@@ -254,9 +245,20 @@ def _replied_to(msg: dict[str, Any]) -> dict[str, str] | None:
     return (_photo(quoted) or _file(quoted)) if isinstance(quoted, dict) else None
 
 
+def _where(msg: dict[str, Any], chat: dict[str, Any], sender: dict[str, Any], group: bool) -> dict[str, Any]:
+    """Where the message belongs and its reply goes (in groups a reply to it; in a topic, the topic, a
+    conversation of its own), and who sent it."""
+    where: dict[str, Any] = {"group": group, "sender_name": sender.get("username") or sender.get("first_name"),
+                             "reply_meta": {"reply_to_message_id": msg.get("message_id")} if group else {}}
+    if msg.get("is_topic_message") and msg.get("message_thread_id"):
+        where["reply_meta"]["message_thread_id"] = msg["message_thread_id"]
+        where["session_key"] = f"telegram:{chat['id']}:{msg['message_thread_id']}"
+    return where
+
+
 def _album(msg: dict[str, Any]) -> str | None:
     """The album (media group) the message is an item of. In groups only an item with a caption can
-    address the bot; the others are not taken in, so none is waited for (shared.channels.albums)."""
+    address the bot: the others follow it (shared.channels.albums)."""
     group = msg.get("media_group_id")
     return group if isinstance(group, str) and group else None
 

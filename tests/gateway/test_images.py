@@ -232,6 +232,43 @@ def test_a_telegram_album_is_one_message_shown_with_every_photo(channels: Channe
                            "conversations c on c.id = m.conversation_id where c.chat_id = :c", c=chat) == 3
 
 
+def test_a_message_sent_right_after_an_album_is_answered_after_it(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    """The message waited for the album's second to pass, and then for the sweeper to enqueue it again
+    (15 s later; no beat runs here): the album's submission went no further than the album."""
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    chat, photos = d.new_chat(), [png(30 + i, 10) for i in range(2)]
+    for i, image in enumerate(photos):
+        update = tg.photo(chat=int(chat), sender=int(d.allowed), image=image, caption="which?" if i == 0 else None,
+                          album="album-then-text")
+        assert channels.post("telegram", tg.signed(update)).status_code == 200
+    assert channels.post("telegram", d.request(chat=chat, text="and thanks")).status_code == 200
+    wait_until(lambda: len(d.replies(chat)) == 2, message="both answered")
+    assert d.replies(chat) == ["echo: which? " + " ".join(seen(p) for p in photos), "echo: and thanks"]
+
+
+def test_a_group_album_whose_caption_addresses_the_bot_is_shown_with_every_photo(channels: ChannelStack,
+                                                                                fake_llm: FakeLLM) -> None:
+    """In a group only an album's captioned item can address the bot: the others were dropped, and the
+    model saw one photo of three. An album that addresses nobody is neither fetched nor answered."""
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    group, photos = "-" + d.new_chat(), [png(20 + i, 10) for i in range(3)]
+    calls, fetched = fake_llm.calls(), len(tg.downloads)
+    updates = [tg.photo(chat=int(group), sender=int(d.allowed), image=image, chat_type="group", album="album-g1",
+                        caption="@nanofleet_bot which is largest?" if i == 1 else None)  # some before, some after
+               for i, image in enumerate(photos)]
+    updates += [tg.photo(chat=int(group), sender=int(d.allowed), image=image, chat_type="group", album="album-g2")
+                for image in photos]
+    for update in updates:
+        assert channels.post("telegram", tg.signed(update)).status_code == 200
+    wait_until(lambda: channels.scalar("select count(*) from inbound_events where message is not null") == 0,
+               message="both albums taken in")
+    channels.settled(group)
+    [reply] = tg.sent(group)
+    assert reply.body["text"] == "echo: which is largest? " + " ".join(seen(photos[i]) for i in (1, 0, 2))
+    assert reply.body["reply_parameters"]["message_id"] == updates[1]["message"]["message_id"]
+    assert (fake_llm.calls(), len(tg.downloads)) == (calls + 1, fetched + 3)
+
+
 def test_a_telegram_reply_to_a_photo_shows_the_model_that_photo(channels: ChannelStack, fake_llm: FakeLLM) -> None:
     """ "What is this?" answering a photo sent earlier (before the model could see, or by someone else in a
     group) used to reach the model without the photo."""

@@ -42,3 +42,14 @@ def test_the_model_is_told_of_what_it_is_not_given() -> None:
 def test_an_item_that_could_not_be_fetched_gives_the_album_its_notice() -> None:
     failed = item(2).answered("Sorry, I couldn't get your photo")
     assert albums.merged([item(1, "look"), failed, item(3)]).notice == "Sorry, I couldn't get your photo"
+
+
+def test_in_a_group_the_album_is_the_addressed_item_s_with_the_followers_after_it() -> None:
+    items = [item(1, follower=True), item(2, "@bot which?", reply_meta={"reply_to_message_id": 2}),
+             item(3, follower=True)]
+    one = albums.merged(items)
+    assert albums.addressed(items)
+    assert (one.event_id, one.content, one.reply_meta, one.follower) == ("2", "@bot which?", {"reply_to_message_id": 2},
+                                                                          False)
+    assert [one.media, *one.more_media] == [{"kind": "photo", "id": f"p{n}"} for n in (2, 1, 3)]
+    assert not albums.addressed([item(1, follower=True), item(2, follower=True)])  # taken in by nobody

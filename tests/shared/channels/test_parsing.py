@@ -104,17 +104,27 @@ def test_a_telegram_reply_to_a_photo_or_file_brings_it() -> None:
     assert ch.parse({}, body(reply)).messages[0].media is None
 
 
-def test_telegram_album_items_name_their_album_in_private_chats_only() -> None:
+def test_telegram_album_items_name_their_album_and_in_groups_follow_the_captioned_one() -> None:
     tg, ch = FakeTelegram("1:t", "s"), TelegramChannel(S)
     item = tg.update(chat=5, sender=1, text="", photo=[{"file_id": "p"}], media_group_id="1357")
     captioned = tg.update(chat=5, sender=1, text="", caption="these", photo=[{"file_id": "q"}], media_group_id="1357")
     del item["message"]["text"], captioned["message"]["text"]
-    assert [ch.parse({}, body(u)).messages[0].album for u in (item, captioned)] == ["1357", "1357"]
+    parsed = [ch.parse({}, body(u)).messages[0] for u in (item, captioned)]
+    assert [(m.album, m.follower) for m in parsed] == [("1357", False), ("1357", False)]
     in_group = tg.update(chat=-7, sender=1, text="", caption="@nanofleet_bot these", photo=[{"file_id": "p"}],
-                         chat_type="group", media_group_id="2468")
-    del in_group["message"]["text"]
-    [addressed] = ch.parse({}, body(in_group)).messages  # its album's other items never come in: none is waited for
-    assert (addressed.content, addressed.album) == ("these", None)
+                         chat_type="group", media_group_id="2468", is_topic_message=True, message_thread_id=9)
+    uncaptioned = tg.update(chat=-7, sender=1, text="", photo=[{"file_id": "r"}], chat_type="group",
+                            media_group_id="2468", is_topic_message=True, message_thread_id=9)
+    del in_group["message"]["text"], uncaptioned["message"]["text"]
+    [addressed] = ch.parse({}, body(in_group)).messages
+    assert (addressed.content, addressed.album, addressed.follower) == ("these", "2468", False)
+    [follower] = ch.parse({}, body(uncaptioned)).messages  # in its conversation (the topic), answered as a reply
+    assert (follower.album, follower.follower, follower.media) == ("2468", True, {"kind": "photo", "id": "r"})
+    assert (follower.key(), follower.group, follower.reply_meta) == (
+        "telegram:-7:9", True, {"reply_to_message_id": uncaptioned["message"]["message_id"], "message_thread_id": 9})
+    alone = tg.update(chat=-7, sender=1, text="", photo=[{"file_id": "s"}], chat_type="group")
+    del alone["message"]["text"]
+    assert ch.parse({}, body(alone)).messages == []  # a photo alone, uncaptioned, addresses nobody in a group
     single = tg.update(chat=5, sender=1, text="", photo=[{"file_id": "p"}])
     assert ch.parse({}, body(single)).messages[0].album is None
 
