@@ -15,6 +15,8 @@ import zlib
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from shared.channels.images import NOT_AN_IMAGE
 from shared.llm_images import NOT_SHOWN
@@ -267,6 +269,52 @@ def test_a_group_album_whose_caption_addresses_the_bot_is_shown_with_every_photo
     assert reply.body["text"] == "echo: which is largest? " + " ".join(seen(photos[i]) for i in (1, 0, 2))
     assert reply.body["reply_parameters"]["message_id"] == updates[1]["message"]["message_id"]
     assert (fake_llm.calls(), len(tg.downloads)) == (calls + 1, fetched + 3)
+
+
+# A text message, or an album: its items, which one has the caption (None: none), whether the caption
+# addresses the bot (in a group)
+POSTS = st.one_of(st.just(("text", 0, None, True)),
+                  st.tuples(st.just("album"), st.integers(1, 3), st.none() | st.integers(0, 2), st.booleans()))
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(group=st.booleans(), posts=st.lists(POSTS, min_size=1, max_size=4))
+def test_messages_and_albums_are_taken_in_once_each_in_order(channels: ChannelStack, group: bool,
+                                                            posts: list[tuple[str, int, int | None, bool]]) -> None:
+    """However texts and albums follow one another in a chat, each is one message of the conversation,
+    in the order sent, with every photo of its album; in a group, an album only if its caption
+    addresses the bot."""
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    chat, kind = ("-" if group else "") + d.new_chat(), "group" if group else "private"
+    expected: list[tuple[str, int]] = []  # each message of the conversation: its text, its photos
+    for n, (what, items, caption_at, addressed) in enumerate(posts):
+        marker = f"m{n}-{uuid.uuid4().hex[:6]}"
+        said = f"@nanofleet_bot {marker}" if group and addressed else marker
+        if what == "text":
+            tg_update = tg.update(chat=int(chat), sender=int(d.allowed), text=said, chat_type=kind)
+            assert channels.post("telegram", tg.signed(tg_update)).status_code == 200
+            expected.append((marker, 0))
+            continue
+        caption = None if caption_at is None else min(caption_at, items - 1)
+        album = f"album-{uuid.uuid4().hex[:8]}"
+        for i in range(items):
+            update = tg.photo(chat=int(chat), sender=int(d.allowed), image=png(5 + i, 4), chat_type=kind, album=album,
+                              caption=said if i == caption else None)
+            assert channels.post("telegram", tg.signed(update)).status_code == 200
+        if not group:
+            expected.append((marker if caption is not None else "", items))
+        elif caption is not None and addressed:
+            expected.append((marker, items))
+    wait_until(lambda: channels.scalar("select count(*) from inbound_events where message is not null") == 0,
+               message="every message taken in")
+    wait_until(lambda: channels.scalar("select count(*) from runs r join conversations c on c.id = r.conversation_id "
+                                       "where c.chat_id = :c and r.status in ('queued', 'running')", c=chat) == 0,
+               message="the chat's turns ended")
+    taken = channels.scalar(
+        "select coalesce(json_agg(json_build_array(m.content, (select count(*) from message_images i where "
+        "i.message_id = m.id)) order by m.seq), '[]') from messages m join conversations c on c.id = m.conversation_id "
+        "where c.chat_id = :c and m.role = 'USER'", c=chat)
+    assert [(content, photos) for content, photos in taken] == expected
 
 
 def test_a_telegram_reply_to_a_photo_shows_the_model_that_photo(channels: ChannelStack, fake_llm: FakeLLM) -> None:
