@@ -13,7 +13,8 @@ Property suites elsewhere (kept next to the code they guard): tool permission de
 (tests/shared/tools/test_workspace.py), SSRF guard (tests/shared/tools/test_ssrf.py), shell deny
 list (tests/shared/tools/test_exec.py), webhook signatures (tests/shared/channels/test_signatures.py),
 chunking and formatting (tests/shared/channels/test_text.py), cron next-fire times
-(tests/shared/scheduling/test_schedules.py). Here: the inbound ledger under any delivery order
+(tests/shared/scheduling/test_schedules.py), texts and albums taken in once each, in order
+(tests/gateway/test_images.py). Here: the inbound ledger under any delivery order
 (test_ledger.py) and the chaos run's oracle (test_chaos_model.py)."""
 
 from __future__ import annotations
