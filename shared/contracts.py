@@ -68,8 +68,8 @@ class InboundMessage(BaseModel):
     images: list[dict[str, str]] = Field(default_factory=list)
     # What to answer instead of a turn (a voice message that could not be transcribed: why).
     notice: str | None = None
-    # The album it is an item of (Telegram's media_group_id): an album is submitted as one message
-    # (shared.channels.albums).
+    # The album it is an item of (Telegram's media_group_id; on WhatsApp and Feishu, a photo's chat's
+    # BURST): an album is submitted as one message (shared.channels.albums).
     album: str | None = None
     # An album item in a group that does not address the bot (no caption): taken in only with an item of
     # its album that does.

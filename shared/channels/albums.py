@@ -5,7 +5,10 @@ with their attachments and captions (shared.channels.inbound), as a Slack messag
 is taken in. Without this, each photo was a message of its own: a reply each, or a notice each.
 
 In a group only the item with the caption can address the bot; the others follow it (`follower`):
-taken in with it, or not at all when it does not (or comes too late)."""
+taken in with it, or not at all when it does not (or comes too late).
+
+WhatsApp and Feishu send photos picked together as one message each, with no album id: each is an
+item of its chat's BURST, and those that come within ALBUM_WAIT of the first are one message too."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from shared.channels.base import MAX_IMAGES
 from shared.contracts import InboundMessage
 
 ALBUM_WAIT = 1.0  # seconds: Telegram sends an album's updates one right after another
+BURST = "burst"  # the album of a chat's photos that come one per message, without an album id
 PASSED_OVER = "[{n} more item(s) came with this message that you were not given: {limit} are read at most.]"
 NOT_READ = "[{n} more item(s) came with this message that you were not given (videos and the like).]"
 

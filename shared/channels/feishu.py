@@ -17,6 +17,7 @@ import httpx
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from shared.channels.albums import BURST
 from shared.channels.base import (
     MAX_IMAGES,
     BaseChannel,
@@ -174,7 +175,8 @@ class FeishuChannel(BaseChannel):
         media = {"kind": FETCHED[kind], "id": key, "message": msg["message_id"], "name": name} \
             if kind in FETCHED and isinstance(key, str) else None
         return InboundMessage(channel=self.name, chat_id=chat_id, sender_id=open_id, content="", event_id=event_id,
-                              reply_meta={"message_id": msg["message_id"]}, unsupported=MEDIA[str(kind)], media=media)
+                              reply_meta={"message_id": msg["message_id"]}, unsupported=MEDIA[str(kind)], media=media,
+                              album=BURST if kind == "image" else None)
 
     def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
         """The message's resource (im/v1/messages/{id}/resources/{key}), with the tenant token."""

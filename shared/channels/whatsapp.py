@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 import httpx
 
+from shared.channels.albums import BURST
 from shared.channels.base import (
     BaseChannel,
     Bucket,
@@ -116,7 +117,8 @@ class WhatsAppChannel(BaseChannel):
             if text or kind:
                 out.append(InboundMessage(channel=self.name, chat_id=sender, sender_id=sender, content=text or "",
                                           event_id=wamid, reply_meta={"reply_to": wamid},
-                                          sender_name=names.get(sender), unsupported=kind, media=media))
+                                          sender_name=names.get(sender), unsupported=kind, media=media,
+                                          album=BURST if m.get("type") == "image" else None))
         return out
 
     def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:

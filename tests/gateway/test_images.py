@@ -85,6 +85,28 @@ def test_a_whatsapp_photo_alone_is_answered(channels: ChannelStack, fake_llm: Fa
     assert wa.refused == []  # the download carried the access token
 
 
+def test_photos_sent_together_on_whatsapp_or_feishu_are_one_message(channels: ChannelStack,
+                                                                    fake_llm: FakeLLM) -> None:
+    """Both send each photo picked together as a message of its own, with no album id: each used to get
+    an answer of its own (or the later ones one answer together, after the first's)."""
+    wa, w = channels.fakes["whatsapp"], channels.driver("whatsapp")
+    number, photos, calls = w.new_chat(), [png(11, 3), png(12, 3), png(13, 3)], fake_llm.calls()
+    for i, image in enumerate(photos):
+        update = wa.photo(sender=number, wamid=f"wamid.b{uuid.uuid4().hex[:8]}", image=image,
+                          caption="which is widest?" if i == 0 else None)
+        assert channels.post("whatsapp", wa.signed(update)).status_code == 200
+    fs, f = channels.fakes["feishu"], channels.driver("feishu")
+    chat = f.new_chat()
+    for image in photos[:2]:
+        assert channels.post("feishu", fs.signed(fs.image(chat=chat, sender=f.allowed, event_id=uuid.uuid4().hex,
+                                                          image=image))).status_code == 200
+    channels.settled(number)
+    channels.settled(chat)
+    assert w.replies(number) == ["echo: which is widest? " + " ".join(seen(p) for p in photos)]
+    assert f.replies(chat) == [f"echo: {seen(photos[0])} {seen(photos[1])}"]
+    assert fake_llm.calls() == calls + 2
+
+
 def test_a_file_that_is_no_image_gets_a_notice_and_no_llm_call(channels: ChannelStack, fake_llm: FakeLLM) -> None:
     tg, d = channels.fakes["telegram"], channels.driver("telegram")
     chat = d.new_chat()

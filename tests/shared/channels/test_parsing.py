@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from shared.channels.albums import BURST
 from shared.channels.base import MAX_IMAGE, WebhookError
 from shared.channels.discord import NOT_OURS, DiscordChannel
 from shared.channels.feishu import FeishuChannel, decrypt
@@ -195,6 +196,7 @@ def test_whatsapp_messages_captions_statuses_and_handshake() -> None:
         ("155501", "hola", "wamid.1", "Ann", None), ("155502", "a cat", "wamid.2", None, None),
         ("155503", "", "wamid.3", None, "a sticker")]  # a reaction gets no answer
     assert [m.media for m in parsed.messages] == [None, {"kind": "photo", "id": "m2"}, None]
+    assert [m.album for m in parsed.messages] == [None, BURST, None]  # photos sent together are one message
     assert parsed.undelivered == {}
     failed = ch.parse({}, body(wa.status(recipient="155501", wamid="wamid.out7", status="failed")))
     assert failed.messages == []
@@ -243,6 +245,7 @@ def test_feishu_decrypts_and_keeps_text_addressed_to_the_bot_and_private_attachm
     message_id = image.reply_meta["message_id"]
     assert (image.content, image.unsupported, image.media) == ("", "a photo", {"kind": "photo", "id": "img_v2_4",
                                                                                "message": message_id, "name": ""})
+    assert image.album == BURST
     sticker = fs.event(chat="oc_1", sender="ou_1", text="x", event_id="ev4")
     sticker["event"]["message"].update(message_type="sticker", content='{"file_key": "s"}')
     [told] = ch.parse({}, fs.signed(sticker)[0]).messages
