@@ -46,7 +46,15 @@ class ChannelBase(BaseModel):
         return any_secret or any(getattr(self, f, None) not in (None, "") for f in required)
 
 
-class TelegramSettings(ChannelBase):
+class ChatSettings(ChannelBase):
+    """A chat platform's: people write there, in bursts at times."""
+
+    # Seconds a text message waits for its sender's next one; those that come before a pause this long
+    # are one message, answered once (shared.channels.debounce). 0: each is answered as it comes.
+    debounce: float = Field(default=0.0, ge=0.0, le=30.0)
+
+
+class TelegramSettings(ChatSettings):
     api_base: str = "https://api.telegram.org"
     token: SecretStr | None = None
     webhook_secret: SecretStr | None = None
@@ -61,13 +69,13 @@ class TelegramSettings(ChannelBase):
         return v
 
 
-class SlackSettings(ChannelBase):
+class SlackSettings(ChatSettings):
     api_base: str = "https://slack.com/api"
     bot_token: SecretStr | None = None
     signing_secret: SecretStr | None = None
 
 
-class WhatsAppSettings(ChannelBase):
+class WhatsAppSettings(ChatSettings):
     api_base: str = "https://graph.facebook.com/v21.0"
     access_token: SecretStr | None = None
     app_secret: SecretStr | None = None
@@ -75,7 +83,7 @@ class WhatsAppSettings(ChannelBase):
     phone_number_id: str | None = None
 
 
-class FeishuSettings(ChannelBase):
+class FeishuSettings(ChatSettings):
     api_base: str = "https://open.feishu.cn/open-apis"
     app_id: str | None = None
     app_secret: SecretStr | None = None
@@ -122,3 +130,9 @@ class ChannelsSettings(BaseModel):
     feishu: FeishuSettings = Field(default_factory=FeishuSettings)
     discord: DiscordSettings = Field(default_factory=DiscordSettings)
     webhook: GenericWebhookSettings = Field(default_factory=GenericWebhookSettings)
+
+    def debounce(self, channel: str) -> float:
+        """The platform's debounce (ChatSettings); 0 where there is none (Discord answers each
+        interaction it was sent, a webhook caller each message)."""
+        settings = getattr(self, channel, None)
+        return settings.debounce if isinstance(settings, ChatSettings) else 0.0

@@ -24,7 +24,8 @@ from shared.agent import conversations
 from shared.agent.runtime import Next, Runtime
 from shared.agent.service import Submitted, after_commit, command_of, submit
 from shared.agent.steps import transient
-from shared.channels import albums, media
+from shared.channel_settings import ChannelsSettings
+from shared.channels import albums, debounce, media
 from shared.constants import T_INGEST
 from shared.contracts import InboundMessage
 from shared.db import table_of
@@ -52,8 +53,7 @@ RECORD = """
     ON CONFLICT (channel, event_id) DO NOTHING
     RETURNING id, channel, event_id"""
 PENDING = LEDGER.c.message.is_not(None)
-# Seconds until an album's item may be submitted (its album's other items came by then)
-ALBUM_DUE = (albums.ALBUM_WAIT - func.extract("epoch", func.now() - LEDGER.c.received_at)).label("due")
+AGE = func.extract("epoch", func.now() - LEDGER.c.received_at).label("age")  # seconds since the event came
 
 
 @dataclass(frozen=True)
@@ -132,8 +132,8 @@ def _submit_through(rt: Runtime, event_id: int, nexts: list[Next]) -> None:
                 if row is None:  # submitted (with an earlier one of its session, by a replay, or by another
                     return  # submitter while this one waited for the lock)
                 taking = row.id
-                found = _taken_in(s, row, event_id, nexts)
-                if found is None:  # the rest of its album may still come: its chat waits
+                found = _taken_in(s, row, event_id, nexts, rt.settings.channels)
+                if found is None:  # the rest of its album or burst may still come: its chat waits
                     return
                 msg, taken = found
                 submitted, added = (None, []) if msg is None else _one(rt, s, msg)
@@ -158,28 +158,36 @@ def _next_row(s: Session, event_id: int) -> Row[Any] | None:
     session's submission lock taken until the transaction ends."""
     key = _locked_session(s, event_id)
     return None if key is None else s.execute(
-        select(LEDGER.c.id, LEDGER.c.session_key, LEDGER.c.message, ALBUM_DUE)
+        select(LEDGER.c.id, LEDGER.c.session_key, LEDGER.c.message, AGE)
         .where(LEDGER.c.session_key == key, PENDING, LEDGER.c.id <= event_id).order_by(LEDGER.c.id).limit(1)).first()
 
 
-def _taken_in(s: Session, row: Row[Any], event_id: int,
-              nexts: list[Next]) -> tuple[InboundMessage | None, list[int]] | None:
+def _taken_in(s: Session, row: Row[Any], event_id: int, nexts: list[Next],
+              settings: ChannelsSettings) -> tuple[InboundMessage | None, list[int]] | None:
     """The message of ledger row `row` to submit (None: an album no item of which addresses the bot),
-    and the ledger events it takes: its own, and those of the items of its album that came since. None
-    while the rest of its album may still come; the task that goes on then, through `event_id` (a
-    message after the album waits for it), is added to `nexts`."""
+    and the ledger events it takes: its own, and those of the items of its album, or of its burst
+    (shared.channels.debounce), that came since. None while more of them may still come; the task
+    that goes on then, through `event_id` (a message after them waits for them), is added to `nexts`."""
     msg = InboundMessage.model_validate(row.message)
-    if not msg.album:
+    wait = settings.debounce(msg.channel)
+    if not msg.album and not (wait and debounce.joinable(msg)):
         return msg, [row.id]
-    if row.due > 0:
-        nexts.append(Next(T_INGEST, ([event_id],), countdown=float(row.due)))
+    if msg.album and row.age < albums.ALBUM_WAIT:
+        nexts.append(Next(T_INGEST, ([event_id],), countdown=albums.ALBUM_WAIT - float(row.age)))
         return None
-    rows = s.execute(select(LEDGER.c.id, LEDGER.c.message).where(
+    later = s.execute(select(LEDGER.c.id, LEDGER.c.message, AGE).where(
         LEDGER.c.session_key == row.session_key, PENDING, LEDGER.c.id > row.id,
-        LEDGER.c.message["album"].astext == msg.album,
+        *([LEDGER.c.message["album"].astext == msg.album] if msg.album else []),
     ).order_by(LEDGER.c.id)).all()
-    items = [msg, *(InboundMessage.model_validate(r.message) for r in rows)]
-    return albums.merged(items) if albums.addressed(items) else None, [row.id, *(r.id for r in rows)]
+    items = [msg, *(InboundMessage.model_validate(r.message) for r in later)]
+    if msg.album:
+        return albums.merged(items) if albums.addressed(items) else None, [row.id, *(r.id for r in later)]
+    burst, over = debounce.burst(msg, items[1:])
+    quiet = float(later[len(burst) - 2].age if len(burst) > 1 else row.age)  # since its last message
+    if not over and quiet < wait:
+        nexts.append(Next(T_INGEST, ([event_id],), countdown=wait - quiet))
+        return None
+    return debounce.joined(burst), [row.id, *(r.id for r in later[:len(burst) - 1])]
 
 
 def _locked_session(s: Session, event_id: int) -> str | None:

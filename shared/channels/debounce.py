@@ -1,0 +1,34 @@
+"""Debouncing: a person who writes in bursts ("hi", "can you", "look at the logs?"), or whose app
+splits a long paste into several messages (Telegram's does past 4096 characters), gets one answer to
+all of it. Where a chat platform's `debounce` is set (NANOFLEET_CHANNELS__<PLATFORM>__DEBOUNCE,
+seconds; 0 by default: off), a text message waits until its sender has sent nothing more for that
+long, and the texts that came meanwhile go on as one message (shared.channels.inbound), answered
+once, in reply to the last. A command, a message with an attachment or another sender's ends the
+burst before it, which then goes on at once; they are never held or joined."""
+
+from __future__ import annotations
+
+from shared.agent.service import command_of
+from shared.contracts import InboundMessage
+
+
+def joinable(msg: InboundMessage) -> bool:
+    """Whether the message may wait for more and be joined: plain text, no command."""
+    attached = msg.media or msg.more_media or msg.images or msg.album or msg.notice or msg.unsupported
+    return not attached and bool(msg.content.strip()) and not command_of(msg.content)
+
+
+def burst(first: InboundMessage, later: list[InboundMessage]) -> tuple[list[InboundMessage], bool]:
+    """The messages after `first` (the next of its chat, in order) that join it, and whether its
+    burst is over (a message came after them that does not join)."""
+    joined = [first]
+    for msg in later:
+        if not joinable(msg) or msg.sender_id != first.sender_id:
+            return joined, True
+        joined.append(msg)
+    return joined, False
+
+
+def joined(burst: list[InboundMessage]) -> InboundMessage:
+    """The burst as one message: its texts in order, one per line; the last's event and reply."""
+    return burst[-1].model_copy(update={"content": "\n".join(msg.content for msg in burst)})
