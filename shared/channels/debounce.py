@@ -4,12 +4,30 @@ all of it. Where a chat platform's `debounce` is set (NANOFLEET_CHANNELS__<PLATF
 seconds; 0 by default: off), a text message waits until its sender has sent nothing more for that
 long, and the texts that came meanwhile go on as one message (shared.channels.inbound), answered
 once, in reply to the last. A command, a message with an attachment or another sender's ends the
-burst before it, which then goes on at once; they are never held or joined."""
+burst before it, which then goes on at once; they are never held or joined.
+
+Without a debounce, a Telegram text of SPLIT_AT characters or more waits SPLIT_WAIT all the same: it
+is most likely the first part of a paste the app split, and the rest is on its way."""
 
 from __future__ import annotations
 
 from shared.agent.service import command_of
+from shared.channel_settings import ChannelsSettings
 from shared.contracts import InboundMessage
+
+# Characters from which a text is taken for the first part of a split paste: Telegram's apps cut one
+# into messages of up to 4096 characters (UTF-16 units), at a line or word break near the end.
+SPLIT_AT = {"telegram": 3500}
+SPLIT_WAIT = 1.5  # seconds
+
+
+def wait(settings: ChannelsSettings, msg: InboundMessage) -> float:
+    """How long the message waits for its sender's next one (0: it goes on at once)."""
+    if not joinable(msg):
+        return 0.0
+    configured = settings.debounce(msg.channel)
+    split = msg.channel in SPLIT_AT and len(msg.content) >= SPLIT_AT[msg.channel]
+    return configured or (SPLIT_WAIT if split else 0.0)
 
 
 def joinable(msg: InboundMessage) -> bool:

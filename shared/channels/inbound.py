@@ -169,8 +169,8 @@ def _taken_in(s: Session, row: Row[Any], event_id: int, nexts: list[Next],
     (shared.channels.debounce), that came since. None while more of them may still come; the task
     that goes on then, through `event_id` (a message after them waits for them), is added to `nexts`."""
     msg = InboundMessage.model_validate(row.message)
-    wait = settings.debounce(msg.channel)
-    if not msg.album and not (wait and debounce.joinable(msg)):
+    wait = debounce.wait(settings, msg)
+    if not msg.album and not wait:
         return msg, [row.id]
     if msg.album and row.age < albums.ALBUM_WAIT:
         nexts.append(Next(T_INGEST, ([event_id],), countdown=albums.ALBUM_WAIT - float(row.age)))

@@ -386,6 +386,20 @@ def test_telegram_group_mentions_typing_and_commands(channels: ChannelStack, fak
     assert llm_requests_with(fake_llm, "/help") == 0
 
 
+def test_a_long_paste_telegram_split_is_one_message(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    """Telegram's apps send a paste past 4096 characters as several messages: the first was answered
+    before the rest had come (no debounce is set here)."""
+    d, calls = channels.driver("telegram"), fake_llm.calls()
+    chat, first = d.new_chat(), "\n".join(["log line"] * 450)
+    for part in (first, "the end of the log"):
+        assert channels.post("telegram", d.request(chat=chat, text=part)).status_code == 200
+    channels.settled(chat)
+    assert channels.scalar("select json_agg(m.content) from messages m join conversations c on "
+                           "c.id = m.conversation_id where c.chat_id = :c and m.role = 'USER'", c=chat) == \
+        [first + "\nthe end of the log"]
+    assert fake_llm.calls() == calls + 1
+
+
 def test_where_no_model_sees_images_a_photo_s_caption_goes_on_saying_so(channels: ChannelStack,
                                                                        fake_llm: FakeLLM) -> None:
     tg, d = channels.fakes["telegram"], channels.driver("telegram")

@@ -10,8 +10,8 @@ from shared.settings import Settings
 
 
 def text(n: int, content: str = "", **kw: Any) -> InboundMessage:
-    fields: dict[str, Any] = {"sender_id": "1", "reply_meta": {"reply_to_message_id": n}, **kw}
-    return InboundMessage(channel="telegram", chat_id="-5", content=content or f"text {n}", event_id=str(n), **fields)
+    fields: dict[str, Any] = {"channel": "telegram", "sender_id": "1", "reply_meta": {"reply_to_message_id": n}, **kw}
+    return InboundMessage(chat_id="-5", content=content or f"text {n}", event_id=str(n), **fields)
 
 
 def test_plain_texts_of_one_sender_join_until_something_else_comes() -> None:
@@ -36,3 +36,12 @@ def test_only_chat_platforms_debounce() -> None:
     settings = Settings(channels={"telegram": {"debounce": 1.5}, "whatsapp": {"debounce": 2}})
     assert [settings.channels.debounce(c) for c in ("telegram", "whatsapp", "slack", "discord", "webhook", "api")] == \
         [1.5, 2.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_without_a_debounce_only_what_looks_like_a_split_paste_waits() -> None:
+    channels = Settings().channels
+    long = "x" * debounce.SPLIT_AT["telegram"]
+    assert [debounce.wait(channels, m) for m in (text(1), text(1, long), text(1, "/" + long))] == \
+        [0.0, debounce.SPLIT_WAIT, 0.0]
+    assert debounce.wait(channels, text(1, long, channel="slack")) == 0.0  # (Slack does not split)
+    assert debounce.wait(Settings(channels={"telegram": {"debounce": 3}}).channels, text(1, long)) == 3.0
