@@ -11,6 +11,8 @@ is most likely the first part of a paste the app split, and the rest is on its w
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from shared.agent.service import command_of
 from shared.channel_settings import ChannelsSettings
 from shared.contracts import InboundMessage
@@ -36,9 +38,9 @@ def joinable(msg: InboundMessage) -> bool:
     return not attached and bool(msg.content.strip()) and not command_of(msg.content)
 
 
-def burst(first: InboundMessage, later: list[InboundMessage]) -> tuple[list[InboundMessage], bool]:
-    """The messages after `first` (the next of its chat, in order) that join it, and whether its
-    burst is over (a message came after them that does not join)."""
+def burst(first: InboundMessage, later: Iterable[InboundMessage]) -> tuple[list[InboundMessage], bool]:
+    """`first` and the messages after it (the next of its chat, in order, read as far as needed) that
+    join it, and whether its burst is over (a message came after them that does not join)."""
     joined = [first]
     for msg in later:
         if not joinable(msg) or msg.sender_id != first.sender_id:

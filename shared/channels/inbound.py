@@ -179,10 +179,10 @@ def _taken_in(s: Session, row: Row[Any], event_id: int, nexts: list[Next],
         LEDGER.c.session_key == row.session_key, PENDING, LEDGER.c.id > row.id,
         *([LEDGER.c.message["album"].astext == msg.album] if msg.album else []),
     ).order_by(LEDGER.c.id)).all()
-    items = [msg, *(InboundMessage.model_validate(r.message) for r in later)]
     if msg.album:
+        items = [msg, *(InboundMessage.model_validate(r.message) for r in later)]
         return albums.merged(items) if albums.addressed(items) else None, [row.id, *(r.id for r in later)]
-    burst, over = debounce.burst(msg, items[1:])
+    burst, over = debounce.burst(msg, (InboundMessage.model_validate(r.message) for r in later))
     quiet = float(later[len(burst) - 2].age if len(burst) > 1 else row.age)  # since its last message
     if not over and quiet < wait:
         nexts.append(Next(T_INGEST, ([event_id],), countdown=wait - quiet))
