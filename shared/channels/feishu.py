@@ -17,6 +17,7 @@ import httpx
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from shared.channels import cards
 from shared.channels.albums import BURST
 from shared.channels.base import (
     MAX_IMAGES,
@@ -163,7 +164,8 @@ class FeishuChannel(BaseChannel):
 
     def _attachment(self, event_id: str, msg: dict[str, Any], sender: dict[str, Any]) -> InboundMessage | None:
         """A message without text in a private chat: a photo, voice message or file for the worker to
-        fetch, or a notice that only text is read (in groups it is addressed to nobody: ignored)."""
+        fetch, a location as text, or a notice that only text is read (in groups it is addressed to
+        nobody: ignored)."""
         kind, open_id, chat_id = msg.get("message_type"), (sender.get("sender_id") or {}).get("open_id"), \
             msg.get("chat_id")
         if msg.get("chat_type") == "group" or kind not in MEDIA:
@@ -174,8 +176,11 @@ class FeishuChannel(BaseChannel):
         key, name = content.get("image_key" if kind == "image" else "file_key"), str(content.get("file_name") or "")
         media = {"kind": FETCHED[kind], "id": key, "message": msg["message_id"], "name": name} \
             if kind in FETCHED and isinstance(key, str) else None
-        return InboundMessage(channel=self.name, chat_id=chat_id, sender_id=open_id, content="", event_id=event_id,
-                              reply_meta={"message_id": msg["message_id"]}, unsupported=MEDIA[str(kind)], media=media,
+        card = cards.location(content.get("latitude"), content.get("longitude"), content.get("name")) \
+            if kind == "location" else None
+        return InboundMessage(channel=self.name, chat_id=chat_id, sender_id=open_id, content=card or "",
+                              event_id=event_id, reply_meta={"message_id": msg["message_id"]},
+                              unsupported=None if card else MEDIA[str(kind)], media=media,
                               album=BURST if kind == "image" else None)
 
     def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:

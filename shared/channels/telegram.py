@@ -10,6 +10,7 @@ import json
 import re
 from typing import Any, ClassVar
 
+from shared.channels import cards
 from shared.channels.base import (
     IMAGE_TYPES,
     MAX_IMAGE,
@@ -88,6 +89,8 @@ class TelegramChannel(BaseChannel):
         sent = {"channel": self.name, "chat_id": str(chat["id"]), "sender_id": str(sender["id"]), "event_id": update_id,
                 "album": album, **_where(msg, chat, sender, group)}
         if not isinstance(text, str):
+            if not group and (card := _card(msg)) is not None:
+                return InboundMessage(**sent, content=card)
             kind = next((label for key, label in MEDIA.items() if key in msg), None)
             if kind is None or (group and album is None):
                 return None  # in groups nothing without text is addressed to the bot (bar an album's other items)
@@ -254,6 +257,20 @@ def _where(msg: dict[str, Any], chat: dict[str, Any], sender: dict[str, Any], gr
         where["reply_meta"]["message_thread_id"] = msg["message_thread_id"]
         where["session_key"] = f"telegram:{chat['id']}:{msg['message_thread_id']}"
     return where
+
+
+def _card(msg: dict[str, Any]) -> str | None:
+    """A location, venue or contact the message shares, as text (shared.channels.cards)."""
+    venue, place, person = msg.get("venue"), msg.get("location"), msg.get("contact")
+    if isinstance(venue, dict) and isinstance(venue.get("location"), dict):
+        at = venue["location"]
+        return cards.location(at.get("latitude"), at.get("longitude"), venue.get("title"), venue.get("address"))
+    if isinstance(place, dict):
+        return cards.location(place.get("latitude"), place.get("longitude"))
+    if isinstance(person, dict):
+        name = " ".join(p for p in (person.get("first_name"), person.get("last_name")) if isinstance(p, str))
+        return cards.contact(name, [person.get("phone_number")], [])
+    return None
 
 
 def _album(msg: dict[str, Any]) -> str | None:

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 import httpx
 
+from shared.channels import cards
 from shared.channels.albums import BURST
 from shared.channels.base import (
     BaseChannel,
@@ -106,7 +107,7 @@ class WhatsAppChannel(BaseChannel):
         names = {c.get("wa_id"): _name(c) for c in _objects(value, "contacts")}
         out = []
         for m in _objects(value, "messages"):
-            sender, wamid, text = m.get("from"), m.get("id"), _text(m)
+            sender, wamid, text = m.get("from"), m.get("id"), _text(m) or _card(m)
             if not (isinstance(sender, str) and isinstance(wamid, str)):
                 raise WebhookError(400, "message without from or id")
             if _stale(m.get("timestamp")):
@@ -259,6 +260,29 @@ def _media(message: dict[str, Any]) -> dict[str, str] | None:
     if kind == "document":
         found["name"] = str(part.get("filename") or "")
     return found
+
+
+def _card(message: dict[str, Any]) -> str | None:
+    """A location or the contacts the message shares, as text (shared.channels.cards)."""
+    kind, place = message.get("type"), message.get("location")
+    if kind == "location" and isinstance(place, dict):
+        return cards.location(place.get("latitude"), place.get("longitude"), place.get("name"), place.get("address"))
+    if kind != "contacts":
+        return None
+    shared = [cards.contact(_full_name(c), [p.get("phone") for p in _dicts(c, "phones")],
+                            [e.get("email") for e in _dicts(c, "emails")]) for c in _dicts(message, "contacts")]
+    return "\n".join(c for c in shared if c) or None
+
+
+def _dicts(parent: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """The objects listed under `key`, whatever else is there (a card is read as far as it can be)."""
+    items = parent.get(key)
+    return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+
+
+def _full_name(contact: dict[str, Any]) -> object:
+    name = contact.get("name")
+    return name.get("formatted_name") if isinstance(name, dict) else None
 
 
 def _text(message: dict[str, Any]) -> str | None:

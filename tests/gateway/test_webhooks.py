@@ -426,6 +426,17 @@ def test_where_no_model_sees_images_an_album_is_one_message_that_says_how_many(c
     assert d.replies(chat) == [f"echo: {UNSEEN_SOME.format(n=3)}what are these?"]
 
 
+def test_a_shared_location_reaches_the_model(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    """It got the notice that only text is read; "what is near me?" needs it."""
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    chat = d.new_chat()
+    update = tg.update(chat=int(chat), sender=int(d.allowed), text="", location={"latitude": 52.52, "longitude": 13.405})
+    del update["message"]["text"]
+    assert channels.post("telegram", tg.signed(update)).status_code == 200
+    channels.settled(chat)
+    assert d.replies(chat) == ["echo: [The user shared a location: latitude 52.520000, longitude 13.405000]"]
+
+
 def test_a_voice_message_or_photo_gets_a_notice_and_no_llm_call(channels: ChannelStack, fake_llm: FakeLLM) -> None:
     """Without text for the model, a person in a private chat is told so, once, instead of silence."""
     tg, d = channels.fakes["telegram"], channels.driver("telegram")
