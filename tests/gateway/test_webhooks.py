@@ -430,7 +430,8 @@ def test_a_shared_location_reaches_the_model(channels: ChannelStack, fake_llm: F
     """It got the notice that only text is read; "what is near me?" needs it."""
     tg, d = channels.fakes["telegram"], channels.driver("telegram")
     chat = d.new_chat()
-    update = tg.update(chat=int(chat), sender=int(d.allowed), text="", location={"latitude": 52.52, "longitude": 13.405})
+    berlin = {"latitude": 52.52, "longitude": 13.405}
+    update = tg.update(chat=int(chat), sender=int(d.allowed), text="", location=berlin)
     del update["message"]["text"]
     assert channels.post("telegram", tg.signed(update)).status_code == 200
     channels.settled(chat)
