@@ -95,6 +95,7 @@ class Channel(Protocol):
     name: ClassVar[str]
     max_chars: ClassVar[int]
     typing_indicator: ClassVar[bool]  # shows "typing..." while a turn runs (see typing())
+    typing_every: ClassVar[float]  # seconds between its renewals
     reports_failures: ClassVar[bool]  # reports later, by webhook, a sent message it could not deliver
     # Shows each message a placeholder until something is sent for it (Discord's "thinking..."): a turn
     # ends each one it took (shared.agent.finish).
@@ -169,6 +170,7 @@ class BaseChannel:
     max_chars: ClassVar[int]
     required: ClassVar[tuple[str, ...]] = ()  # settings fields that must be set for the channel to be on
     typing_indicator: ClassVar[bool] = False
+    typing_every: ClassVar[float] = 4.5  # Telegram shows "typing..." for 5 s
     reports_failures: ClassVar[bool] = False
     placeholder: ClassVar[bool] = False
     ack_deadline: ClassVar[float | None] = None

@@ -44,8 +44,7 @@ from shared.settings import Settings
 log = logging.getLogger(__name__)
 UNBOUNDED = 1_000_000  # Celery's retry count never ends a delivery; the row's attempts do
 EARLY = 2.0  # a retry this much ahead of its row's next_attempt_at re-arms itself (clock skew)
-TYPING_EVERY = 4.5  # Telegram shows "typing..." for 5 s
-TYPING_ROUNDS = 40
+TYPING_FOR = 180.0  # seconds of "typing..." at most in one turn
 BATCH = 200
 SENT_TTL = 7 * 24 * 3600  # a "sent" marker outlives any retry or redelivery of its row
 CLAIM_MARGIN = 2.0  # stop retrying the mark this long before the claim lapses
@@ -373,11 +372,13 @@ def typing(rt: Runtime, channel: str, chat_id: str, run_id: str, meta: dict[str,
     with rt.session() as s:
         run = s.get(Run, run_id)
     ch = channel_for(rt.settings, channel)
-    if run is None or run.status in TERMINAL or rounds >= TYPING_ROUNDS or ch is None or not ch.enabled():
+    if run is None or run.status in TERMINAL or ch is None or not ch.enabled():
+        return []
+    if rounds * ch.typing_every >= TYPING_FOR:
         return []
     try:
         if not ch.typing(chat_id, meta):
             return []
     except Exception as err:  # a missed typing indicator is not worth a retry
         log.debug("typing in %s %s failed: %s", channel, chat_id, err)
-    return [Next(T_OUTBOUND_TYPING, (channel, chat_id, run_id, meta, rounds + 1), countdown=TYPING_EVERY)]
+    return [Next(T_OUTBOUND_TYPING, (channel, chat_id, run_id, meta, rounds + 1), countdown=ch.typing_every)]

@@ -62,6 +62,8 @@ class WhatsAppChannel(BaseChannel):
     max_chars: ClassVar[int] = 4096
     required: ClassVar[tuple[str, ...]] = ("access_token", "app_secret", "verify_token", "phone_number_id")
     reports_failures: ClassVar[bool] = True  # `failed` statuses
+    typing_indicator: ClassVar[bool] = True  # with the read receipt of the message being answered
+    typing_every: ClassVar[float] = 20.0  # WhatsApp shows it for 25 s
     max_file_bytes: ClassVar[int] = DOCUMENT_LIMIT  # a JPEG or PNG over PHOTO_LIMIT goes as a document
 
     def __init__(self, settings: Settings) -> None:
@@ -146,6 +148,18 @@ class WhatsAppChannel(BaseChannel):
         """Pair limit: one message per 6 s to a user, with bursts; 80 per second per phone number."""
         number = self.cfg.phone_number_id or ""
         return [Bucket(f"whatsapp:to:{number}:{chat_id}", 6.0, 20), Bucket(f"whatsapp:number:{number}", 1 / 80, 80)]
+
+    def typing(self, chat_id: str, meta: dict[str, Any]) -> bool:
+        """Mark the message being answered read (blue ticks) and show "typing...", which WhatsApp shows
+        for 25 s or until the reply."""
+        if not meta.get("reply_to"):
+            return False
+        response = http(self.settings.channels.delivery.send_timeout).post(
+            self._endpoint("messages"), headers=self._auth(), json={
+                "messaging_product": "whatsapp", "status": "read", "message_id": meta["reply_to"],
+                "typing_indicator": {"type": "text"}})
+        _answer(response, what="whatsapp typing indicator")
+        return True
 
     def send(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
         return self._message(chat_id, meta, type="text", text={"preview_url": False, "body": text})

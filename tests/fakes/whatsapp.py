@@ -66,7 +66,24 @@ class FakeWhatsApp(FakePlatform):
         return out
 
     async def _post(self, request: Request) -> Response:
+        """POST /messages: a message, or (status "read") a read receipt with a typing indicator."""
+        try:
+            receipt = json.loads(await request.body()).get("status") == "read"
+        except (ValueError, AttributeError):
+            receipt = False
+        if receipt:
+            return await self.answer("typing", request, self._typing)
         return await self.answer("messages", request, self._handle)
+
+    def _typing(self, body: dict[str, Any], request: Request) -> tuple[int, Any]:
+        """Marks a received message read and shows "typing..." (25 s, or until the reply)."""
+        if (refused := self._unauthorized(request, "a read receipt")) is not None:
+            return refused
+        if body.get("messaging_product") != "whatsapp" or not str(body.get("message_id", "")).startswith("wamid.") \
+                or body.get("typing_indicator") != {"type": "text"}:
+            self.refuse(f"bad read receipt {body}")
+            return 400, _error(100, "Invalid parameter")
+        return 200, {"success": True}
 
     async def _post_media(self, request: Request) -> Response:
         return await self.answer("upload", request, self._upload)

@@ -426,6 +426,20 @@ def test_where_no_model_sees_images_an_album_is_one_message_that_says_how_many(c
     assert d.replies(chat) == [f"echo: {UNSEEN_SOME.format(n=3)}what are these?"]
 
 
+def test_whatsapp_marks_the_message_read_and_shows_typing_while_a_turn_runs(channels: ChannelStack,
+                                                                             fake_llm: FakeLLM) -> None:
+    wa, w = channels.fakes["whatsapp"], channels.driver("whatsapp")
+    number = w.new_chat()
+    request = w.request(chat=number, text="sleep:2.5 ping")
+    wamid = json.loads(request[0])["entry"][0]["changes"][0]["value"]["messages"][0]["id"]
+    assert channels.post("whatsapp", request).status_code == 200
+    channels.settled(number)
+    assert w.replies(number) == ["echo: sleep:2.5 ping"]
+    typing = [c for c in wa.calls if c.op == "typing" and c.body.get("message_id") == wamid]
+    assert len(typing) == 1 and typing[0].status == 200  # once: it lasts 25 s, and the turn 2.5
+    assert wa.refused == []
+
+
 def test_a_shared_location_reaches_the_model(channels: ChannelStack, fake_llm: FakeLLM) -> None:
     """It got the notice that only text is read; "what is near me?" needs it."""
     tg, d = channels.fakes["telegram"], channels.driver("telegram")
