@@ -299,8 +299,8 @@ POSTS = st.one_of(st.just(("text", 0, None, True)),
                   st.tuples(st.just("album"), st.integers(1, 3), st.none() | st.integers(0, 2), st.booleans()))
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(group=st.booleans(), posts=st.lists(POSTS, min_size=1, max_size=4))
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(group=st.booleans(), posts=st.lists(POSTS, min_size=1, max_size=3))
 def test_messages_and_albums_are_taken_in_once_each_in_order(channels: ChannelStack, group: bool,
                                                             posts: list[tuple[str, int, int | None, bool]]) -> None:
     """However texts and albums follow one another in a chat, each is one message of the conversation,
