@@ -21,6 +21,7 @@ from shared.contracts import InboundMessage
 # into messages of up to 4096 characters (UTF-16 units), at a line or word break near the end.
 SPLIT_AT = {"telegram": 3500}
 SPLIT_WAIT = 1.5  # seconds
+LONGEST = 60.0  # seconds a burst's first message waits at most, however long its sender goes on
 
 
 def wait(settings: ChannelsSettings, msg: InboundMessage) -> float:
@@ -47,6 +48,12 @@ def burst(first: InboundMessage, later: Iterable[InboundMessage]) -> tuple[list[
             return joined, True
         joined.append(msg)
     return joined, False
+
+
+def holding(wait: float, over: bool, quiet: float, first_age: float) -> float:
+    """Seconds a burst still waits (0: it goes on now): until its sender was `quiet` for `wait`
+    seconds, unless it is over, or its first message has waited LONGEST."""
+    return 0.0 if over else max(0.0, min(wait - quiet, LONGEST - first_age))
 
 
 def joined(burst: list[InboundMessage]) -> InboundMessage:

@@ -184,8 +184,8 @@ def _taken_in(s: Session, row: Row[Any], event_id: int, nexts: list[Next],
         return albums.merged(items) if albums.addressed(items) else None, [row.id, *(r.id for r in later)]
     burst, over = debounce.burst(msg, (InboundMessage.model_validate(r.message) for r in later))
     quiet = float(later[len(burst) - 2].age if len(burst) > 1 else row.age)  # since its last message
-    if not over and quiet < wait:
-        nexts.append(Next(T_INGEST, ([event_id],), countdown=wait - quiet))
+    if hold := debounce.holding(wait, over, quiet, float(row.age)):
+        nexts.append(Next(T_INGEST, ([event_id],), countdown=hold))
         return None
     return debounce.joined(burst), [row.id, *(r.id for r in later[:len(burst) - 1])]
 

@@ -45,3 +45,11 @@ def test_without_a_debounce_only_what_looks_like_a_split_paste_waits() -> None:
         [0.0, debounce.SPLIT_WAIT, 0.0]
     assert debounce.wait(channels, text(1, long, channel="slack")) == 0.0  # (Slack does not split)
     assert debounce.wait(Settings(channels={"telegram": {"debounce": 3}}).channels, text(1, long)) == 3.0
+
+
+def test_a_burst_waits_for_a_pause_but_never_past_the_longest_hold() -> None:
+    assert debounce.holding(2.0, False, quiet=0.5, first_age=10) == 1.5
+    assert debounce.holding(2.0, False, quiet=2.5, first_age=10) == 0.0  # its sender paused
+    assert debounce.holding(2.0, True, quiet=0.5, first_age=10) == 0.0  # something else came after it
+    assert debounce.holding(2.0, False, quiet=0.5, first_age=debounce.LONGEST - 1) == 1.0
+    assert debounce.holding(2.0, False, quiet=0.5, first_age=debounce.LONGEST + 5) == 0.0  # a sender who never stops
