@@ -99,7 +99,7 @@ class TelegramChannel(BaseChannel):
         if group and not _addressed(msg, text, username):
             return None
         return InboundMessage(**sent, content=_with_quote(msg, _strip_mention(text, username)),
-                              media=_photo(msg) or _file(msg) or _replied_to(msg))
+                              media=_media(msg) or _replied_to(msg))
 
     def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
         """getFile, then the file itself (the Bot API hands out files up to 20 MB)."""
@@ -243,9 +243,10 @@ def _with_quote(msg: dict[str, Any], text: str) -> str:
 
 
 def _replied_to(msg: dict[str, Any]) -> dict[str, str] | None:
-    """The photo or file of the message a reply answers ("what is this?" to a photo sent earlier)."""
+    """The voice message, photo or file of the message a reply answers ("what is this?" to a photo
+    sent earlier, "what did she say?" to a voice message)."""
     quoted = msg.get("reply_to_message")
-    return (_photo(quoted) or _file(quoted)) if isinstance(quoted, dict) else None
+    return _media(quoted) if isinstance(quoted, dict) else None
 
 
 def _where(msg: dict[str, Any], chat: dict[str, Any], sender: dict[str, Any], group: bool) -> dict[str, Any]:

@@ -22,8 +22,9 @@ NO_WORDS = "Sorry, I couldn't make out any words in your voice message. Could yo
 
 def transcribed(rt: Runtime, msg: InboundMessage, audio: bytes, filename: str, *,
                 kept: str | None = None) -> InboundMessage:
-    """`msg` with the words of its audio (fetched by shared.channels.media) as content, and where the
-    audio was kept in the workspace (`kept`) if it was, or with the notice its sender gets instead."""
+    """`msg` with the words of its audio (fetched by shared.channels.media) after its text (a caption,
+    or a reply's words when the audio is the message it replies to), and where the audio was kept in
+    the workspace (`kept`) if it was; or with the notice its sender gets instead."""
     kind = (msg.media or {}).get("kind")
     try:
         words = rt.llm.transcribe(audio, filename)
@@ -34,8 +35,9 @@ def transcribed(rt: Runtime, msg: InboundMessage, audio: bytes, filename: str, *
              len(words))
     if not words:
         return msg.answered(NO_WORDS)
-    heard = HEARD_KEPT.format(path=kept) if kept else HEARD
-    return msg.model_copy(update={"content": heard + words, "unsupported": None, "media": None})
+    heard = (HEARD_KEPT.format(path=kept) if kept else HEARD) + words
+    content = f"{msg.content}\n\n{heard}" if msg.content.strip() else heard  # after a caption, or a reply's text
+    return msg.model_copy(update={"content": content, "unsupported": None, "media": None})
 
 
 def untranscribed(msg: InboundMessage, kept: str) -> InboundMessage:

@@ -47,6 +47,23 @@ def test_a_telegram_voice_message_is_transcribed_and_answered(channels: ChannelS
     assert channels.scalar("select content from messages where role = 'USER'") == said
 
 
+def test_a_voice_message_s_caption_and_a_reply_to_a_voice_message_keep_their_words(channels: ChannelStack,
+                                                                                  fake_llm: FakeLLM) -> None:
+    """A captioned voice message was read as its caption alone, and a reply to one as the reply alone."""
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    chat = d.new_chat()
+    captioned = tg.voice(chat=int(chat), sender=int(d.allowed), audio=b"meet at noon")
+    captioned["message"]["caption"] = "from Ann"
+    assert channels.post("telegram", tg.signed(captioned)).status_code == 200
+    channels.settled(chat)
+    earlier = tg.voice(chat=int(chat), sender=int(d.allowed), audio=b"the code is 4711")["message"]
+    reply = tg.update(chat=int(chat), sender=int(d.allowed), text="what was the code?", reply_to_message=earlier)
+    assert channels.post("telegram", tg.signed(reply)).status_code == 200
+    channels.settled(chat, rows=2)
+    assert d.replies(chat) == [f"echo: from Ann\n\n{HEARD}meet at noon",
+                               f"echo: what was the code?\n\n{HEARD}the code is 4711"]
+
+
 def test_a_whatsapp_voice_note_is_transcribed_and_answered(channels: ChannelStack, fake_llm: FakeLLM) -> None:
     wa, w = channels.fakes["whatsapp"], channels.driver("whatsapp")
     number = w.new_chat()
