@@ -15,16 +15,26 @@ import pytest
 from shared.settings import Settings
 from shared.tools import build_registry, mcp
 from shared.tools.base import ErrorCode, ToolResult
+from shared.tools.mcp.connection import MCPConnection
 from shared.tools.mcp.provider import State, connections
 from tests.fakes.server import ThreadServer
 from tests.shared.tools.conftest import call, tool_settings
 from tests.support.processes import ROOT, wait_until
 
+OTHERS: list[MCPConnection] = []  # the sessions this process held before the test
+
 
 @pytest.fixture(autouse=True)
 def close_sessions() -> Iterator[None]:
+    """Each test closes its sessions, and looks only at its own: another module's in-process gateway
+    may hold one meanwhile (pytest-xdist runs modules' tests interleaved)."""
+    OTHERS[:] = connections()
     yield
     mcp.shutdown()
+
+
+def ours() -> list[MCPConnection]:
+    return [c for c in connections() if all(c is not other for other in OTHERS)]
 
 
 def demo(tmp_path: Path, **over: Any) -> dict[str, Any]:
@@ -82,7 +92,7 @@ def test_one_session_per_process(settings: Callable[..., Settings], tmp_path: Pa
     first, second = build_registry(settings()), build_registry(settings())
     for reg in (first, second, first):
         assert call(reg, "mcp_demo_add", {"a": 1, "b": 1}).output == "2"
-    assert starts(tmp_path) == 1 and len(connections()) == 1
+    assert starts(tmp_path) == 1 and len(ours()) == 1
 
 
 def test_per_call_timeout_and_the_session_survives(settings: Callable[..., Settings], tmp_path: Path) -> None:
@@ -106,11 +116,11 @@ def test_server_that_dies_is_down_then_comes_back(settings: Callable[..., Settin
 
     while_down = wait_until(down, timeout=30, message="calls to report the server down")
     assert isinstance(while_down, ToolResult) and while_down.retryable and while_down.status == "FAILED"
-    wait_until(lambda: [c.state for c in connections()] == [State.DOWN], timeout=10, message="the server marked down")
+    wait_until(lambda: [c.state for c in ours()] == [State.DOWN], timeout=10, message="the server marked down")
     (tmp_path / "block").unlink()
     wait_until(lambda: call(reg, "mcp_demo_add", {"a": 20, "b": 22}).ok, timeout=60, message="the reconnect")
     assert call(reg, "mcp_demo_echo", {"text": "back"}).output == "back"
-    assert starts(tmp_path) == 2 and [c.state for c in connections()] == [State.UP]
+    assert starts(tmp_path) == 2 and [c.state for c in ours()] == [State.UP]
 
 
 def test_broken_servers_do_not_hold_up_the_others(settings: Callable[..., Settings], tmp_path: Path) -> None:
@@ -118,7 +128,7 @@ def test_broken_servers_do_not_hold_up_the_others(settings: Callable[..., Settin
                "silent": {"command": "sleep", "args": ["60"]}, "empty": {}}
     reg = build_registry(settings(servers=servers, mcp_connect_timeout=3))
     wait_until(lambda: call(reg, "mcp_demo_add", {"a": 2, "b": 2}).output == "4", timeout=30, message="demo")
-    by_name = {c.name: c for c in connections()}
+    by_name = {c.name: c for c in ours()}
     wait_until(lambda: by_name["silent"].state == State.DOWN, timeout=30, message="the silent server marked down")
     assert by_name["silent"].error == "no answer within 3 s"
     assert by_name["broken"].state == State.DOWN and "FileNotFoundError" in by_name["broken"].error
