@@ -313,8 +313,8 @@ def test_messages_and_albums_are_taken_in_once_each_in_order(channels: ChannelSt
         marker = f"m{n}-{uuid.uuid4().hex[:6]}"
         said = f"@nanofleet_bot {marker}" if group and addressed else marker
         if what == "text":
-            tg_update = tg.update(chat=int(chat), sender=int(d.allowed), text=said, chat_type=kind)
-            assert channels.post("telegram", tg.signed(tg_update)).status_code == 200
+            update = tg.update(chat=int(chat), sender=int(d.allowed), text=said, chat_type=kind)
+            assert channels.post("telegram", tg.signed(update)).status_code == 200
             expected.append((marker, 0))
             continue
         caption = None if caption_at is None else min(caption_at, items - 1)
