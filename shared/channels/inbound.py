@@ -24,7 +24,6 @@ from shared.agent import conversations
 from shared.agent.runtime import Next, Runtime
 from shared.agent.service import Submitted, after_commit, command_of, submit
 from shared.agent.steps import transient
-from shared.channel_settings import ChannelsSettings
 from shared.channels import albums, debounce, media
 from shared.constants import T_INGEST
 from shared.contracts import InboundMessage
@@ -132,7 +131,7 @@ def _submit_through(rt: Runtime, event_id: int, nexts: list[Next]) -> None:
                 if row is None:  # submitted (with an earlier one of its session, by a replay, or by another
                     return  # submitter while this one waited for the lock)
                 taking = row.id
-                found = _taken_in(s, row, event_id, nexts, rt.settings.channels)
+                found = _taken_in(rt, s, row, event_id, nexts)
                 if found is None:  # the rest of its album or burst may still come: its chat waits
                     return
                 msg, taken = found
@@ -162,14 +161,14 @@ def _next_row(s: Session, event_id: int) -> Row[Any] | None:
         .where(LEDGER.c.session_key == key, PENDING, LEDGER.c.id <= event_id).order_by(LEDGER.c.id).limit(1)).first()
 
 
-def _taken_in(s: Session, row: Row[Any], event_id: int, nexts: list[Next],
-              settings: ChannelsSettings) -> tuple[InboundMessage | None, list[int]] | None:
+def _taken_in(rt: Runtime, s: Session, row: Row[Any], event_id: int,
+              nexts: list[Next]) -> tuple[InboundMessage | None, list[int]] | None:
     """The message of ledger row `row` to submit (None: an album no item of which addresses the bot),
     and the ledger events it takes: its own, and those of the items of its album, or of its burst
     (shared.channels.debounce), that came since. None while more of them may still come; the task
     that goes on then, through `event_id` (a message after them waits for them), is added to `nexts`."""
     msg = InboundMessage.model_validate(row.message)
-    wait = debounce.wait(settings, msg)
+    wait = debounce.wait(rt.settings.channels, msg)
     if not msg.album and not wait:
         return msg, [row.id]
     if msg.album and row.age < albums.ALBUM_WAIT:
@@ -181,7 +180,9 @@ def _taken_in(s: Session, row: Row[Any], event_id: int, nexts: list[Next],
     ).order_by(LEDGER.c.id)).all()
     if msg.album:
         items = [msg, *(InboundMessage.model_validate(r.message) for r in later)]
-        return albums.merged(items) if albums.addressed(items) else None, [row.id, *(r.id for r in later)]
+        if not albums.addressed(items):
+            return None, [row.id, *(r.id for r in later)]
+        return albums.merged([media.as_ahead(rt, item) for item in items]), [row.id, *(r.id for r in later)]
     burst, over = debounce.burst(msg, (InboundMessage.model_validate(r.message) for r in later))
     quiet = float(later[len(burst) - 2].age if len(burst) > 1 else row.age)  # since its last message
     if hold := debounce.holding(wait, over, quiet, float(row.age)):

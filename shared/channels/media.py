@@ -72,6 +72,13 @@ def ahead(rt: Runtime, event_id: int) -> None:
                   .values(message=done.model_dump(mode="json")))
 
 
+def as_ahead(rt: Runtime, msg: InboundMessage) -> InboundMessage:
+    """`msg` as `ahead` leaves it: its attachment prepared if it is of a kind fetched ahead. An album's
+    items whose ahead fetch has not happened yet are prepared so before they are merged, or the
+    photos fetched ahead would come before them, out of the order they were sent in."""
+    return prepared(rt, msg) if (msg.media or {}).get("kind") in _kinds(rt) else msg
+
+
 def prepared(rt: Runtime, msg: InboundMessage) -> InboundMessage:
     """`msg` with its attachments made into what the model takes, or with the notice its sender gets
     (for the first that could not be)."""

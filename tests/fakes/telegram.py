@@ -5,6 +5,7 @@ webhook updates as Telegram sends them."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import re
@@ -70,6 +71,7 @@ class FakeTelegram(FakePlatform):
         self.commands: list[dict[str, Any]] = []
         self.files: dict[str, bytes] = {}  # file_id -> content, for getFile and /file/bot<token>/<path>
         self.downloads: list[str] = []  # the file_ids downloaded
+        self.slow_once: dict[str, float] = {}  # file_id -> seconds its next download waits before it is served
         super().__init__()
 
     def routes(self) -> list[Route]:
@@ -154,6 +156,9 @@ class FakeTelegram(FakePlatform):
                                             "file_size": len(self.files[file_id]), "file_path": _path(file_id)}}
 
     async def _file(self, request: Request) -> Response:
+        slow = self.slow_once.pop({_path(f): f for f in self.files}.get(request.path_params["path"], ""), 0.0)
+        await asyncio.sleep(slow)
+
         def serve(body: dict[str, Any], request: Request) -> tuple[int, Any]:
             paths = {_path(file_id): file_id for file_id in self.files}
             name = paths.get(request.path_params["path"])
