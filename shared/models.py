@@ -264,6 +264,8 @@ class InboundEvent(SQLModel, table=True):
     message: dict[str, Any] | None = Field(default=None, sa_column=Column(JSONB(none_as_null=True)))  # InboundMessage
     session_key: str | None = None
     recheck_at: datetime | None = _ts()  # when the sweeper enqueues its submission again if it is still here
+    # While a worker fetches its attachment ahead of its submission: that worker's lease (shared.agent.lease)
+    fetching_until: datetime | None = _ts()
     # A message whose submission raised max_recoveries times is moved from `message` to `set_aside`,
     # with the last error, so that the messages after it in its chat go on
     failures: int = 0

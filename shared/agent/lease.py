@@ -1,5 +1,6 @@
-"""Leases: a step holds its run's lease while it works, a compaction its conversation's; one thread
-per process renews them all, so work whose worker died is taken up again within a lease.
+"""Leases: a step holds its run's lease while it works, a compaction its conversation's, a worker
+fetching a message's attachment ahead of its submission the message's ledger row; one thread per
+process renews them all, so work whose worker died is taken up again within a lease.
 
 A tools phase has no owner (its calls run side by side); the sweeper marks one whose lease ran out
 while a call was running STALLED and gives it one more lease: a live worker late to renew (it
@@ -51,6 +52,12 @@ RENEW_COMPACTIONS = text(
     f"update conversations set compacting_until = {RENEWED} where id in (select id from conversations "
     "where (id, compacting_until) in (select * from unnest(cast(:ids as varchar[]), cast(:leases as timestamptz[]))) "
     "order by id for update skip locked) returning id, compacting_until"
+)
+# A fetch's lease is its ledger row's fetching_until (shared.channels.media), renewed only while the
+# attachment is still to fetch: never over the result once written.
+RENEW_FETCHES = text(
+    f"update inbound_events set fetching_until = {RENEWED} where id in (select id from inbound_events "
+    "where id = any(cast(:ids as bigint[])) and message->>'media' is not null order by id for update skip locked)"
 )
 
 
@@ -107,7 +114,7 @@ def acquire(s: Session, *, run_id: str, seq: int, phase: Phase, owner: str, seco
 
 class LeaseKeeper:
     """Renews every lease this process holds, every third of the lease time: the runs' in one
-    statement (two, with tools phases), the compactions' in another."""
+    statement (two, with tools phases), the compactions' in another, the fetches' in a third."""
 
     def __init__(self, database_url: str, seconds: float) -> None:
         self.database_url = database_url
@@ -117,6 +124,7 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         # Conversation -> its compaction lease as last written here; changed under _renewing only
         self._compactions: dict[str, datetime] = {}
+        self._fetches: set[int] = set()  # ledger ids; changed under _renewing only
         self._renewing = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -166,6 +174,20 @@ class LeaseKeeper:
             with get_engine(self.database_url).begin() as conn:
                 conn.execute(RELEASE, {"c": conversation_id, "lease": lease})
 
+    @contextmanager
+    def fetching(self, event_id: int) -> Iterator[None]:
+        """Renew the fetch lease this process took on ledger event `event_id` while the block runs;
+        once it has ended no renewal touches the row, so what the caller writes to it next stands."""
+        with self._renewing:
+            self._fetches.add(event_id)
+        with self._lock:
+            self._start()
+        try:
+            yield
+        finally:
+            with self._renewing:
+                self._fetches.discard(event_id)
+
     def _start(self) -> None:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._loop, name="nanofleet-lease", daemon=True)
@@ -178,6 +200,7 @@ class LeaseKeeper:
             if held:
                 _attempt(self.renew, held)
             _attempt(self.renew_compactions)
+            _attempt(self.renew_fetches)
 
     def renew(self, held: list[Held]) -> None:
         """Renew the runs' leases; each statement in a transaction of its own, taking runs in id order."""
@@ -203,6 +226,13 @@ class LeaseKeeper:
             with get_engine(self.database_url, pool_size=1).begin() as conn:
                 renewed = conn.execute(RENEW_COMPACTIONS, params).all()
             self._compactions.update({cid: until for cid, until in renewed})
+
+
+    def renew_fetches(self) -> None:
+        with self._renewing:
+            if self._fetches:
+                with get_engine(self.database_url, pool_size=1).begin() as conn:
+                    conn.execute(RENEW_FETCHES, {"s": self.seconds, "ids": sorted(self._fetches)})
 
 
 def _attempt(renewal: Callable[..., None], *args: Any) -> None:

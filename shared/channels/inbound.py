@@ -17,8 +17,8 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from sqlalchemy import Row, func, update
-from sqlmodel import Session, select
+from sqlalchemy import Row, func, select, update
+from sqlmodel import Session
 
 from shared.agent import conversations
 from shared.agent.runtime import Next, Runtime
@@ -107,13 +107,23 @@ def submit_recorded(rt: Runtime, event_ids: list[int]) -> list[Next]:
         nexts += [Next(T_INGEST, ([event_id],)) for event_id in attached]
         event_ids = [event_id for event_id in event_ids if event_id not in attached]
     for event_id in event_ids:
-        try:
-            if alone:  # (the others of a batch have no attachment still to fetch)
-                media.ahead(rt, event_id)
-            _submit_through(rt, event_id, nexts)
+        try:  # (the others of a batch have no attachment still to fetch)
+            _submit_through(rt, _fetched_through(rt, event_id) if alone else event_id, nexts)
         except Exception:
             log.exception("inbound event %s: could not submit its message; the sweeper tries again", event_id)
     return nexts
+
+
+def _fetched_through(rt: Runtime, event_id: int) -> int:
+    """Fetch the event's attachment ahead of its submission (media.ahead); the submission goes on
+    through the event's own message, or, when this worker fetched it, through its chat's last one:
+    their submissions left the chat to this worker while it fetched."""
+    if not media.ahead(rt, event_id):
+        return event_id
+    session = select(LEDGER.c.session_key).where(LEDGER.c.id == event_id).scalar_subquery()
+    with rt.session() as s:
+        last = s.execute(select(func.max(LEDGER.c.id)).where(LEDGER.c.session_key == session, PENDING)).scalar()
+    return last or event_id
 
 
 def _submit_through(rt: Runtime, event_id: int, nexts: list[Next]) -> None:
@@ -154,19 +164,24 @@ def _submit_through(rt: Runtime, event_id: int, nexts: list[Next]) -> None:
 
 def _next_row(s: Session, event_id: int) -> Row[Any] | None:
     """The first message of the event's session still on the ledger up to `event_id`, with the
-    session's submission lock taken until the transaction ends."""
+    session's submission lock taken until the transaction ends, and the row locked (an ahead fetch
+    of its attachment waits for the transaction: shared.channels.media)."""
     key = _locked_session(s, event_id)
     return None if key is None else s.execute(
-        select(LEDGER.c.id, LEDGER.c.session_key, LEDGER.c.message, AGE)
-        .where(LEDGER.c.session_key == key, PENDING, LEDGER.c.id <= event_id).order_by(LEDGER.c.id).limit(1)).first()
+        select(LEDGER.c.id, LEDGER.c.session_key, LEDGER.c.message, AGE, media.FETCHING.label("fetching"))
+        .where(LEDGER.c.session_key == key, PENDING, LEDGER.c.id <= event_id).order_by(LEDGER.c.id).limit(1)
+        .with_for_update()).first()
 
 
 def _taken_in(rt: Runtime, s: Session, row: Row[Any], event_id: int,
               nexts: list[Next]) -> tuple[InboundMessage | None, list[int]] | None:
     """The message of ledger row `row` to submit (None: an album no item of which addresses the bot),
     and the ledger events it takes: its own, and those of the items of its album, or of its burst
-    (shared.channels.debounce), that came since. None while more of them may still come; the task
-    that goes on then, through `event_id` (a message after them waits for them), is added to `nexts`."""
+    (shared.channels.debounce), that came since. None while more of them may still come (the task
+    that goes on then, through `event_id`, as a message after them waits for them, is added to
+    `nexts`), or while a worker fetches an attachment of theirs (it goes on with the chat after)."""
+    if row.fetching:
+        return None
     msg = InboundMessage.model_validate(row.message)
     wait = debounce.wait(rt.settings.channels, msg)
     if not msg.album and not wait:
@@ -174,15 +189,19 @@ def _taken_in(rt: Runtime, s: Session, row: Row[Any], event_id: int,
     if msg.album and row.age < albums.ALBUM_WAIT:
         nexts.append(Next(T_INGEST, ([event_id],), countdown=albums.ALBUM_WAIT - float(row.age)))
         return None
-    later = s.execute(select(LEDGER.c.id, LEDGER.c.message, AGE).where(
-        LEDGER.c.session_key == row.session_key, PENDING, LEDGER.c.id > row.id,
-        *([LEDGER.c.message["album"].astext == msg.album] if msg.album else []),
-    ).order_by(LEDGER.c.id)).all()
-    if msg.album:
-        items = [msg, *(InboundMessage.model_validate(r.message) for r in later)]
-        if not albums.addressed(items):
-            return None, [row.id, *(r.id for r in later)]
-        return albums.merged([media.as_ahead(rt, item) for item in items]), [row.id, *(r.id for r in later)]
+    same = [LEDGER.c.session_key == row.session_key, PENDING, LEDGER.c.id > row.id]
+    if msg.album:  # its items, locked as its first is (their attachments may be prepared here)
+        items = s.execute(select(LEDGER.c.id, LEDGER.c.message, media.FETCHING.label("fetching"))
+                          .where(*same, LEDGER.c.message["album"].astext == msg.album).order_by(LEDGER.c.id)
+                          .with_for_update()).all()
+        ids = [row.id, *(r.id for r in items)]
+        album = [msg, *(InboundMessage.model_validate(r.message) for r in items)]
+        if not albums.addressed(album):
+            return None, ids
+        if any(r.fetching for r in items):
+            return None
+        return albums.merged([media.as_ahead(rt, item) for item in album]), ids
+    later = s.execute(select(LEDGER.c.id, LEDGER.c.message, AGE).where(*same).order_by(LEDGER.c.id)).all()
     burst, over = debounce.burst(msg, (InboundMessage.model_validate(r.message) for r in later))
     quiet = float(later[len(burst) - 2].age if len(burst) > 1 else row.age)  # since its last message
     if hold := debounce.holding(wait, over, quiet, float(row.age)):
@@ -261,9 +280,9 @@ def _one(rt: Runtime, s: Session, msg: InboundMessage) -> tuple[Submitted | None
 def resubmit(rt: Runtime) -> list[Next]:
     """A sweep part: the submissions whose task was lost (a gateway that died between its commit and
     its enqueue, a worker killed in one, a broker that lost it) are enqueued again, each at most once
-    per `requeue_grace`."""
+    per `requeue_grace`. One whose attachment a live worker is fetching is left to it."""
     grace = timedelta(seconds=rt.settings.runtime.requeue_grace)
-    due = (select(LEDGER.c.id).where(PENDING, LEDGER.c.recheck_at < func.now())
+    due = (select(LEDGER.c.id).where(PENDING, LEDGER.c.recheck_at < func.now(), ~media.FETCHING)
            .order_by(LEDGER.c.id).limit(RESUBMIT_BATCH).with_for_update(skip_locked=True))
     with rt.session() as s:
         ids = list(s.execute(update(LEDGER).where(LEDGER.c.id.in_(due.scalar_subquery()))

@@ -5,14 +5,18 @@ of them is kept in the workspace too (saved.py), and the model told where. The w
 it fetches them from the platform before the submission's transaction where it can (ahead), with no
 database connection held through the download or the model's seconds, and writes the result into the
 ledger; a submitter that comes to the message first (one of a later message of its chat) prepares it
-in its transaction, under its chat's lock, so the messages sent after it still wait for it, in order."""
+in its transaction, under its chat's lock, so the messages sent after it still wait for it, in order.
+Each is fetched once: the ahead fetch holds a lease on the message's ledger row (a submitter that
+comes to it meanwhile leaves it to that worker, which goes on with its chat after), and a submitter
+preparing it holds the row locked (an ahead fetch starting then finds it taken)."""
 
 from __future__ import annotations
 
 import logging
 
-from sqlalchemy import ColumnElement, select, update
+from sqlalchemy import ColumnElement, func, select, update
 
+from shared.agent import lease
 from shared.agent.runtime import Runtime
 from shared.channels import files, images, saved, voice
 from shared.channels.base import MAX_IMAGE, Rejected
@@ -25,6 +29,8 @@ log = logging.getLogger(__name__)
 LEDGER = table_of(InboundEvent)
 AUDIO = ("voice", "audio")
 UNPREPARED = LEDGER.c.message["media"].astext.is_not(None)  # pending, its attachment not fetched yet
+# A worker is fetching its attachment ahead (its lease live); never NULL, so it may be negated
+FETCHING = UNPREPARED & LEDGER.c.fetching_until.is_not(None) & (LEDGER.c.fetching_until > func.now())
 NOT_FETCHED = "Sorry, I couldn't get your {what} from {channel} ({why}). {ask}"
 
 
@@ -51,25 +57,30 @@ def unprepared(rt: Runtime, event_ids: list[int]) -> set[int]:
         return set(s.execute(select(LEDGER.c.id).where(LEDGER.c.id.in_(event_ids), _to_fetch(kinds))).scalars())
 
 
-def ahead(rt: Runtime, event_id: int) -> None:
-    """Prepare the attachment of this ledger event, if it holds one still to fetch, and store the
-    result in its place. A fault is left to the submission, which tries it again and counts it
-    (shared.channels.inbound)."""
+def ahead(rt: Runtime, event_id: int) -> bool:
+    """Prepare the attachment of this ledger event, if it holds one still to fetch that nobody else
+    is fetching or preparing, and store the result in its place; whether this worker took it (the
+    submissions of later messages of its chat may have left them to it meanwhile). A fault is left to
+    the submission, which tries it again and counts it (shared.channels.inbound)."""
     if not (kinds := _kinds(rt)):
-        return
+        return False
+    seconds = rt.settings.runtime.lease_seconds
     with rt.session() as s:
-        stored = s.execute(select(LEDGER.c.message).where(LEDGER.c.id == event_id, _to_fetch(kinds))).scalar()
+        stored = s.execute(update(LEDGER).where(LEDGER.c.id == event_id, _to_fetch(kinds), ~FETCHING)
+                           .values(fetching_until=lease.until(seconds)).returning(LEDGER.c.message)).scalar()
     if stored is None:
-        return
-    try:
-        done = prepared(rt, InboundMessage.model_validate(stored))
-    except Exception as err:
-        log.warning("inbound event %s: its attachment was not fetched ahead of its submission (%s: %s)", event_id,
-                    type(err).__name__, err)
-        return
-    with rt.session() as s:  # unless a submitter got there first
-        s.execute(update(LEDGER).where(LEDGER.c.id == event_id, UNPREPARED)
-                  .values(message=done.model_dump(mode="json")))
+        return False
+    done: InboundMessage | None = None
+    with lease.keeper(rt.settings.database_url, seconds).fetching(event_id):
+        try:
+            done = prepared(rt, InboundMessage.model_validate(stored))
+        except Exception as err:
+            log.warning("inbound event %s: its attachment was not fetched ahead of its submission (%s: %s)",
+                        event_id, type(err).__name__, err)
+    with rt.session() as s:  # unless a submitter took it over, once the lease ran out
+        s.execute(update(LEDGER).where(LEDGER.c.id == event_id, UNPREPARED).values(
+            fetching_until=None, **({"message": done.model_dump(mode="json")} if done else {})))
+    return True
 
 
 def as_ahead(rt: Runtime, msg: InboundMessage) -> InboundMessage:

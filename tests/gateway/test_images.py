@@ -267,9 +267,10 @@ def test_a_telegram_album_is_one_message_shown_with_every_photo(channels: Channe
 
 def test_an_album_keeps_its_order_when_an_item_is_slow_to_fetch(channels: ChannelStack, fake_llm: FakeLLM) -> None:
     """Each item is fetched ahead of the album's submission where it can be; the photos fetched ahead
-    came first, before those the submission fetched itself, out of the order they were sent in."""
+    came first, before those the submission fetched itself, out of the order they were sent in. The
+    submission leaves the slow item to the worker fetching it: each photo is downloaded once."""
     tg, d = channels.fakes["telegram"], channels.driver("telegram")
-    chat, photos = d.new_chat(), [png(40 + i, 5) for i in range(3)]
+    chat, photos, fetched = d.new_chat(), [png(40 + i, 5) for i in range(3)], len(tg.downloads)
     updates = [tg.photo(chat=int(chat), sender=int(d.allowed), image=image, caption="in order?" if i == 0 else None,
                         album="album-slow") for i, image in enumerate(photos)]
     tg.slow_once[updates[0]["message"]["photo"][-1]["file_id"]] = 4.0  # past the album's second
@@ -277,6 +278,7 @@ def test_an_album_keeps_its_order_when_an_item_is_slow_to_fetch(channels: Channe
         assert channels.post("telegram", tg.signed(update)).status_code == 200
     channels.settled(chat)
     assert d.replies(chat) == ["echo: in order? " + " ".join(seen(p) for p in photos)]
+    assert sorted(tg.downloads[fetched:]) == sorted(u["message"]["photo"][-1]["file_id"] for u in updates)
 
 
 def test_a_message_sent_right_after_an_album_is_answered_after_it(channels: ChannelStack, fake_llm: FakeLLM) -> None:
@@ -314,8 +316,8 @@ def test_a_group_album_whose_caption_addresses_the_bot_is_shown_with_every_photo
     assert reply.body["text"] == "echo: which is largest? " + " ".join(seen(photos[i]) for i in (1, 0, 2))
     assert reply.body["reply_parameters"]["message_id"] == updates[1]["message"]["message_id"]
     addressed, nobodys = ({u["message"]["photo"][-1]["file_id"] for u in album} for album in (updates[:3], updates[3:]))
-    downloaded = set(tg.downloads[fetched:])  # (one may be fetched twice: ahead, and by a submission that came first)
-    assert addressed <= downloaded and not downloaded & nobodys
+    downloaded = tg.downloads[fetched:]
+    assert sorted(downloaded) == sorted(addressed) and not set(downloaded) & nobodys  # each once
     assert fake_llm.calls() == calls + 1
 
 

@@ -5,8 +5,10 @@ spoken words themselves, which the fake model hands back."""
 
 from __future__ import annotations
 
+import signal
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -123,13 +125,43 @@ def test_a_slow_transcription_holds_up_no_other_chat_of_its_batch(channels: Chan
 
 def test_a_message_sent_while_the_one_before_it_is_transcribed_comes_after_it(channels: ChannelStack,
                                                                                fake_llm: FakeLLM) -> None:
+    """The text's submission leaves the voice message to the worker transcribing it, which goes on
+    with the text after: one transcription (they cost money and seconds), both in the order sent.
+    The text comes once the lease the worker took has run out (RUNTIME__LEASE_SECONDS, 4): it renews it."""
     tg, d = channels.fakes["telegram"], channels.driver("telegram")
     chat = d.new_chat()
-    fake_llm.transcription_delay = 2
+    fake_llm.transcription_delay = 8
     assert channels.post("telegram", tg.signed(tg.voice(chat=int(chat), sender=int(d.allowed),
                                                           audio=b"first, spoken"))).status_code == 200
     wait_until(lambda: len(fake_llm.transcriptions) == 1, timeout=20, message="the transcription to start")
+    wait_until(lambda: channels.scalar("select bool_or(fetching_until > now() and now() > received_at + "
+                                       "interval '5 seconds') from inbound_events"),
+               timeout=20, message="the fetch's lease to be renewed past its first term")
     assert channels.post("telegram", d.request(chat=chat, text="second, written")).status_code == 200
     channels.settled(chat)
     said = channels.scalar("select string_agg(content, ' | ' order by seq) from messages where role = 'USER'")
     assert said == f"{HEARD}first, spoken | second, written"
+    assert len(fake_llm.transcriptions) == 1
+
+
+def test_a_worker_killed_while_it_transcribes_leaves_the_message_to_another(
+        database_url: str, redis_server: str, fake_llm: FakeLLM, tmp_path: Path) -> None:
+    """SIGKILL the worker while the model transcribes: its lease on the message runs out, the sweeper
+    enqueues the message again, and another worker transcribes and answers it, once."""
+    fake_llm.reset()
+    with started_channel_stack(database_url, redis_server, fake_llm, tmp_path, LLM__TRANSCRIPTION_MODEL=MODEL,
+                               RUNTIME__REQUEUE_GRACE="2") as cs:
+        tg, d = cs.fakes["telegram"], cs.driver("telegram")
+        chat = d.new_chat()
+        fake_llm.transcription_delay = 60  # the first worker never hears back
+        assert cs.post("telegram", tg.signed(tg.voice(chat=int(chat), sender=int(d.allowed),
+                                                    audio=b"still here"))).status_code == 200
+        wait_until(lambda: len(fake_llm.transcriptions) == 1, timeout=20, message="the transcription to start")
+        [worker] = cs.stack.procs
+        worker.kill(signal.SIGKILL)
+        fake_llm.transcription_delay = 0
+        cs.stack.worker(concurrency=2)
+        cs.stack.beat()  # the sweeper
+        cs.settled(chat, timeout=60)
+        assert d.replies(chat) == [f"echo: {HEARD}still here"]
+        assert len(fake_llm.transcriptions) == 2
