@@ -1,14 +1,16 @@
 """Albums: several photos or files sent at once on Telegram come as one update per item, sharing a
 media group id, the caption with one of them. They are answered as one message: the album's first item
-waits ALBUM_WAIT seconds from its arrival for the others, then takes in those that came meanwhile,
-with their attachments and captions (shared.channels.inbound), as a Slack message with several files
-is taken in. Without this, each photo was a message of its own: a reply each, or a notice each.
+waits for the others until none came for ALBUM_WAIT seconds (ALBUM_LONGEST at most from its own
+arrival), then takes in those that came, with their attachments and captions (shared.channels.inbound),
+as a Slack message with several files is taken in. Without this, each photo was a message of its own:
+a reply each, or a notice each.
 
 In a group only the item with the caption can address the bot; the others follow it (`follower`):
 taken in with it, or not at all when it does not (or comes too late).
 
 WhatsApp and Feishu send photos picked together as one message each, with no album id: each is an
-item of its chat's BURST, and those that come within ALBUM_WAIT of the first are one message too."""
+item of its chat's BURST, one message too. A phone sends them one by one as each is uploaded, a second
+or more apart on a slow network: hence the wait after the last item, not the first."""
 
 from __future__ import annotations
 
@@ -18,9 +20,16 @@ from shared.channels.base import MAX_IMAGES
 from shared.contracts import InboundMessage
 
 ALBUM_WAIT = 1.0  # seconds: Telegram sends an album's updates one right after another
+ALBUM_LONGEST = 10.0  # seconds an album's first item waits at most (its later items go on then)
 BURST = "burst"  # the album of a chat's photos that come one per message, without an album id
 PASSED_OVER = "[{n} more item(s) came with this message that you were not given: {limit} are read at most.]"
 NOT_READ = "[{n} more item(s) came with this message that you were not given (videos and the like).]"
+
+
+def waiting(first_age: float, last_age: float) -> float:
+    """Seconds the album's first item, which came `first_age` seconds ago, still waits for more items,
+    its latest having come `last_age` seconds ago (0: it is taken in now)."""
+    return max(0.0, min(ALBUM_WAIT - last_age, ALBUM_LONGEST - first_age))
 
 
 def addressed(items: list[InboundMessage]) -> bool:

@@ -191,9 +191,12 @@ def _taken_in(rt: Runtime, s: Session, row: Row[Any], event_id: int,
         return None
     same = [LEDGER.c.session_key == row.session_key, PENDING, LEDGER.c.id > row.id]
     if msg.album:  # its items, locked as its first is (their attachments may be prepared here)
-        items = s.execute(select(LEDGER.c.id, LEDGER.c.message, media.FETCHING.label("fetching"))
+        items = s.execute(select(LEDGER.c.id, LEDGER.c.message, AGE, media.FETCHING.label("fetching"))
                           .where(*same, LEDGER.c.message["album"].astext == msg.album).order_by(LEDGER.c.id)
                           .with_for_update()).all()
+        if hold := albums.waiting(float(row.age), float((items[-1] if items else row).age)):
+            nexts.append(Next(T_INGEST, ([event_id],), countdown=hold))  # an item came less than ALBUM_WAIT ago
+            return None
         ids = [row.id, *(r.id for r in items)]
         album = [msg, *(InboundMessage.model_validate(r.message) for r in items)]
         if not albums.addressed(album):

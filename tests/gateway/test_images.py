@@ -10,6 +10,7 @@ import base64
 import hashlib
 import json
 import struct
+import time
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -114,6 +115,23 @@ def test_photos_sent_together_on_whatsapp_or_feishu_are_one_message(channels: Ch
     assert w.replies(number) == ["echo: which is widest? " + " ".join(seen(p) for p in photos)]
     assert f.replies(chat) == [f"echo: {seen(photos[0])} {seen(photos[1])}"]
     assert fake_llm.calls() == calls + 2
+
+
+def test_photos_a_phone_sends_one_by_one_over_a_second_apart_in_all_are_one_message(
+        channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    """A phone on a slow network sends the photos picked together as each is uploaded: half a second
+    apart, two seconds from the first to the last. The first waited a second from its own arrival, and
+    the later ones got an answer of their own, without the caption; it now waits for a quiet second."""
+    wa, w = channels.fakes["whatsapp"], channels.driver("whatsapp")
+    number, photos = w.new_chat(), [png(14 + i, 3) for i in range(4)]
+    for i, image in enumerate(photos):
+        if i:
+            time.sleep(0.5)  # the pace of the uploads (this test's subject, not a wait for a result)
+        update = wa.photo(sender=number, wamid=f"wamid.s{uuid.uuid4().hex[:8]}", image=image,
+                          caption="which one is brightest?" if i == 0 else None)
+        assert channels.post("whatsapp", wa.signed(update)).status_code == 200
+    channels.settled(number)
+    assert w.replies(number) == ["echo: which one is brightest? " + " ".join(seen(p) for p in photos)]
 
 
 def test_a_file_that_is_no_image_gets_a_notice_and_no_llm_call(channels: ChannelStack, fake_llm: FakeLLM) -> None:
