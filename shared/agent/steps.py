@@ -196,8 +196,8 @@ def _call(rt: Runtime, run: Run, seq: int, messages: list[dict[str, Any]], tools
 
 def _finish_if_current(rt: Runtime, run_id: str, seq: int, **kw: Any) -> list[Next]:
     with rt.session() as s:
-        run = s.get_one(Run, run_id, with_for_update=True)
-        if run.step_seq != seq or run.status not in ACTIVE:
+        run = s.get(Run, run_id, with_for_update=True)
+        if run is None or run.step_seq != seq or run.status not in ACTIVE:  # (None: its conversation deleted)
             return []
         nexts = finish(rt, s, run, **kw)
     publish_final(rt, run)
@@ -205,10 +205,11 @@ def _finish_if_current(rt: Runtime, run_id: str, seq: int, **kw: Any) -> list[Ne
 
 
 def _record(rt: Runtime, run_id: str, seq: int, response: LLMResponse, elapsed_ms: float) -> list[Next]:
-    """Write the model's answer and move the run on; a duplicate of this step writes nothing."""
+    """Write the model's answer and move the run on; a duplicate of this step writes nothing, nor does
+    one whose run was stopped meanwhile, or deleted with its conversation while the model answered."""
     with rt.session() as s:
-        run = s.get_one(Run, run_id, with_for_update=True)
-        if run.step_seq != seq or run.phase != Phase.LLM or run.status not in ACTIVE:
+        run = s.get(Run, run_id, with_for_update=True)
+        if run is None or run.step_seq != seq or run.phase != Phase.LLM or run.status not in ACTIVE:
             return []
         _add_usage(s, run, response, seq, elapsed_ms)
         if not response.tool_calls:
@@ -366,9 +367,11 @@ STEP_CALLS = (select(ToolCall).where(ToolCall.run_id == bindparam("rid"), ToolCa
 
 
 def advance(rt: Runtime, run_id: str, step_seq: int) -> list[Next]:
-    """When every tool call of the step has a result, add them to the transcript and go on."""
+    """When every tool call of the step has a result, add them to the transcript and go on (a run
+    deleted with its conversation goes nowhere)."""
     with rt.session() as s:
-        return _advance(rt, s, s.get_one(Run, run_id, with_for_update=True), step_seq)
+        run = s.get(Run, run_id, with_for_update=True)
+        return [] if run is None else _advance(rt, s, run, step_seq)
 
 
 def _advance(rt: Runtime, s: Session, run: Run, step_seq: int) -> list[Next]:

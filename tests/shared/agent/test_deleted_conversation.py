@@ -45,6 +45,30 @@ def test_a_tool_that_finishes_after_its_conversation_was_deleted_ends_quietly(
         assert s.get(Conversation, cid) is None and s.query(ToolCall).count() == 0
 
 
+def test_a_model_answer_that_comes_after_its_conversation_was_deleted_ends_quietly(
+        make_stack: Callable[..., Stack]) -> None:
+    """/stop, then DELETE, while the model is still answering: the answer had no run to be written
+    to, and the step failed with NoResultFound (an ERROR traceback in the worker log)."""
+    rt = Runtime.build(make_stack().settings)
+    with rt.session() as s:
+        cid = conversations.get_or_create(s, session_key="t:deleted-llm").id
+        run_id = conversations.post_message(s, cid, "hello", origin={},
+                                            lease_seconds=rt.settings.runtime.lease_seconds).run_id
+    complete = rt.llm.complete
+
+    def stopped_and_deleted_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        with rt.session() as s:
+            cancel_conversation(rt, s, cid, [])
+        with rt.session() as s:
+            conversations.delete_conversation(s, cid)
+        return complete(*args, **kwargs)
+
+    rt.llm.complete = stopped_and_deleted_meanwhile  # type: ignore[method-assign]
+    assert drain(rt, [Next(T_AGENT_STEP, (run_id, 0))]) == []
+    with rt.session() as s:
+        assert s.get(Conversation, cid) is None
+
+
 def test_a_messages_lookup_holds_off_a_deletion_only(make_stack: Callable[..., Stack]) -> None:
     """While a webhook's transaction posts a message, the conversation it found cannot be deleted
     (the message would have nowhere to go), but a step may still take a turn or add usage to it;
