@@ -78,6 +78,12 @@ class InboundMessage(BaseModel):
     def key(self) -> str:
         return self.session_key or f"{self.channel}:{self.chat_id}"
 
+    def blank(self) -> bool:
+        """Nothing to answer: no words (an empty or blank text, a mention of the bot alone in a private
+        chat), nothing attached, nothing to be told about."""
+        return not (self.content.strip() or self.unsupported or self.media or self.more_media or self.images
+                    or self.notice)
+
     def answered(self, notice: str) -> InboundMessage:
         """This message with `notice` to answer instead of a turn (its attachment dropped)."""
         return self.model_copy(update={"media": None, "more_media": [], "notice": notice})

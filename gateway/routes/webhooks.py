@@ -143,9 +143,12 @@ async def answer(state: AppState, name: str, scope: Scope, receive: Receive) -> 
     if parsed.undelivered:
         await anyio.to_thread.run_sync(delivery.undelivered, state.runtime, ch.name, parsed.undelivered,
                                        limiter=_limiter())
-    if not parsed.messages:
+    said = [m for m in parsed.messages if not m.blank()]
+    if len(said) < len(parsed.messages):  # no turn, no LLM call (a model may refuse an empty message)
+        log.info("%s: %d blank message(s) ignored", ch.name, len(parsed.messages) - len(said))
+    if not said:
         return JSONResponse(parsed.response or {"ok": True})
-    entries = [Entry(m, ch.allowed(m.sender_id)) for m in parsed.messages]
+    entries = [Entry(m, ch.allowed(m.sender_id)) for m in said]
     new = await _record(state, ch, entries)
     fresh = entries if new is None else [e for e, n in zip(entries, new, strict=True) if n]
     for e in fresh:

@@ -1,6 +1,8 @@
 """What a person shares that is neither text nor a file, a location or a contact card, as text the
 model reads (such a message used to get the notice that only text is read): a place's name, address
-and coordinates; a contact's name, phone numbers and email addresses."""
+and coordinates; a contact's name, phone numbers and email addresses; a dice roll. And the line that
+tells the model of what came with a message's text that it cannot see (a video under its caption),
+lest it answer as if it had seen it."""
 
 from __future__ import annotations
 
@@ -26,6 +28,18 @@ def contact(name: object, phones: list[object], emails: list[object]) -> str | N
     if not (who or details):
         return None
     return f"[The user shared a contact: {who or 'no name'}{': ' + ', '.join(details) if details else ''}]"
+
+
+def dice(emoji: object, value: object) -> str | None:
+    """A roll of Telegram's animated dice (🎲, 🎯, 🏀...) as the model reads it; None when malformed."""
+    if not (isinstance(emoji, str) and isinstance(value, int)):
+        return None
+    return f"[The user rolled {_words(emoji) or 'a die'}: {value}]"
+
+
+def unseen(what: str, text: str) -> str:
+    """`text` (a caption) after the line saying `what` ("a video") came with it, unseen by the model."""
+    return f"[The user sent {what} with this message; you cannot see it.]\n{text}"
 
 
 def _words(value: object) -> str:

@@ -54,6 +54,8 @@ EPHEMERAL = 64
 # A modal opened from a slash command has no message to leave as it is (DEFERRED_UPDATE is only for one
 # opened from a component): its submitter is told, privately.
 NOT_OURS = "This form is not handled by this bot."
+# Another command of the application (a slash or context-menu command someone registered beside /ask)
+NOT_OUR_COMMAND = "This command is not handled by this bot: ask with `/ask question: ...`."
 NO_MENTIONS: dict[str, list[str]] = {"parse": []}  # a reply never pings @everyone or anyone else
 # The largest file a bot may attach in a server without boosts: Discord answers 413 (code 40005) past it.
 MAX_FILE = 10 * 1024 * 1024
@@ -111,6 +113,8 @@ class DiscordChannel(BaseChannel):
         if not (isinstance(iid, str) and isinstance(token, str) and isinstance(channel, str) and "id" in user):
             raise WebhookError(400, "command without id, token, channel_id or user")
         data: dict[str, Any] = payload["data"] if isinstance(payload.get("data"), dict) else {}
+        if data.get("name") != ASK["name"]:
+            return Parsed(response=_ephemeral(NOT_OUR_COMMAND), event_id=iid)
         text, attached = _prompt(data), _attachment(data)
         if not (text or attached):
             return Parsed(response=_ephemeral("Ask me something: `/ask question: ...`"), event_id=iid)

@@ -44,6 +44,10 @@ TOKEN_INVALID = {99991661, 99991663, 99991668}  # missing, invalid or expired te
 # Messages without text a person sends in a private chat (answered with a notice unless fetched and read)
 MEDIA = {"image": "a photo", "audio": "a voice message", "file": "a file", "media": "a video",
          "sticker": "a sticker", "location": "a location"}
+# What else a person sends in a private chat, told apart in the notice (any other kind but a system
+# message gets it too, as "that kind of message")
+OTHER = {"merge_forward": "forwarded chat history", "share_chat": "a shared group", "share_user": "a shared contact",
+         "interactive": "a card", "share_calendar_event": "a calendar event", "todo": "a task", "vote": "a poll"}
 FETCHED = {"image": "photo", "audio": "audio", "file": "file"}  # what the worker fetches of them, as which kind
 TOKEN_MARGIN = 300  # seconds before expiry a cached token is replaced
 THROTTLED = 99991400  # "request trigger frequency limit", answered with HTTP 400 rather than 429
@@ -154,7 +158,8 @@ class FeishuChannel(BaseChannel):
                 or (photos and not isinstance(message_id, str)):
             raise WebhookError(400, f"message without sender open_id, chat_id or {kind} content")
         media = [{"kind": "photo", "id": key, "message": str(message_id)} for key in photos[:MAX_IMAGES]]
-        content = _named(text, mentions, drop=ours)
+        # (a mention of the bot alone calls it, as on Telegram and Slack: it stays)
+        content = _named(text, mentions, drop=ours) or ("" if media else _named(text, mentions, drop=set()))
         if kind == "post" and not (content or media):
             return None  # an empty post: nothing to answer
         return InboundMessage(channel=self.name, chat_id=chat_id, sender_id=open_id, content=content,
@@ -164,11 +169,11 @@ class FeishuChannel(BaseChannel):
 
     def _attachment(self, event_id: str, msg: dict[str, Any], sender: dict[str, Any]) -> InboundMessage | None:
         """A message without text in a private chat: a photo, voice message or file for the worker to
-        fetch, a location as text, or a notice that only text is read (in groups it is addressed to
-        nobody: ignored)."""
+        fetch, a location as text, or a notice that only text is read, whatever else it is (in groups it
+        is addressed to nobody, and a system message to no one: ignored)."""
         kind, open_id, chat_id = msg.get("message_type"), (sender.get("sender_id") or {}).get("open_id"), \
             msg.get("chat_id")
-        if msg.get("chat_type") == "group" or kind not in MEDIA:
+        if msg.get("chat_type") == "group" or kind == "system":
             return None
         if not (isinstance(open_id, str) and isinstance(chat_id, str) and isinstance(msg.get("message_id"), str)):
             raise WebhookError(400, "message without sender open_id, chat_id or message_id")
@@ -178,9 +183,10 @@ class FeishuChannel(BaseChannel):
             if kind in FETCHED and isinstance(key, str) else None
         card = cards.location(content.get("latitude"), content.get("longitude"), content.get("name")) \
             if kind == "location" else None
+        what = MEDIA.get(str(kind)) or OTHER.get(str(kind), "that kind of message")
         return InboundMessage(channel=self.name, chat_id=chat_id, sender_id=open_id, content=card or "",
                               event_id=event_id, reply_meta={"message_id": msg["message_id"]},
-                              unsupported=None if card else MEDIA[str(kind)], media=media,
+                              unsupported=None if card else what, media=media,
                               album=BURST if kind == "image" else None)
 
     def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:

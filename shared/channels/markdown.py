@@ -2,8 +2,9 @@
 Feishu's post markdown, plain text.
 
 Code blocks are found with the chunker's fence rules (shared/channels/text.py). On a line of prose,
-inline code, [text](url) links and bare URLs are set aside behind placeholders before any emphasis
-pass runs, so `https://x/pkg/__init__.py` keeps its underscores and a link target is never rewritten.
+inline code, [text](url) links (and ![alt](url) images, which go as links) and bare URLs are set aside
+behind placeholders before any emphasis pass runs, so `https://x/pkg/__init__.py` keeps its
+underscores and a link target is never rewritten.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def _code_fence(seg: Segment) -> str:
 # --------------------------------------------------------------------------- spans kept whole
 
 _URL = r"https?://(?:[^\s()<>\"`]|\([^\s()<>\"`]*\))+"  # parentheses only in balanced pairs
-_SPAN = re.compile(rf"(?P<code>`[^`\n]+`)|\[(?P<label>[^\]\n]+)\]\((?P<target>{_URL})\)|(?P<url>{_URL})")
+_SPAN = re.compile(rf"(?P<code>`[^`\n]+`)|!?\[(?P<label>[^\]\n]*)\]\((?P<target>{_URL})\)|(?P<url>{_URL})")
 _TRAILING = ".,:;!?*_~'"  # ends a sentence or emphasis, not the URL (as GitHub's autolinks)
 _PRIVATE_USE = range(0xE000, 0xF900)
 
@@ -85,8 +86,8 @@ def _inline(line: str, spans: Spans, prose: Convert) -> str:
         tail = ""
         if m["code"]:
             kept.append(spans.code(m["code"][1:-1]))
-        elif m["target"]:
-            kept.append(spans.link(m["label"], m["target"]))
+        elif m["target"]:  # a link, or an image: chats show no picture for a URL in text
+            kept.append(spans.link(m["label"], m["target"]) if m["label"] else spans.url(m["target"]))
         else:
             url = m["url"].rstrip(_TRAILING)
             kept.append(spans.url(url))
@@ -111,6 +112,7 @@ def _lines(text: str, convert: Convert, keep: Convert) -> str:
 
 _HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
 _BULLET = re.compile(r"^([ \t]*)[-*+][ \t]+", re.M)
+_STRONG_EM = re.compile(r"\*\*\*(?=\S)([^<>\n]+?)(?<=\S)\*\*\*|___(?=\S)([^<>\n]+?)(?<=\S)___")  # bold italic
 _BOLD = re.compile(r"\*\*(?=\S)([^<>\n]+?)(?<=\S)\*\*|__(?=\S)([^<>\n]+?)(?<=\S)__")
 _ITALIC = re.compile(
     r"(?<![\w*])\*(?=[^\s*])([^*<>\n]+?)(?<=\S)\*(?![\w*])"  # *italic*, not **bold** nor 2*3*4
@@ -136,6 +138,7 @@ _TELEGRAM = Spans(code=lambda c: f"<code>{_escape(c)}</code>",
 
 def _html_emphasis(text: str) -> str:
     text = _HEADING.sub(r"<b>\1</b>", _BULLET.sub(r"\1• ", _escape(text)))
+    text = _STRONG_EM.sub(lambda m: f"<b><i>{_either(m)}</i></b>", text)
     text = _BOLD.sub(lambda m: f"<b>{_either(m)}</b>", text)
     text = _ITALIC.sub(lambda m: f"<i>{_either(m)}</i>", text)
     return _STRIKE.sub(r"<s>\1</s>", text)
@@ -178,26 +181,38 @@ _SLACK = Spans(code=lambda c: f"`{_escape(c)}`", link=lambda label, url: f"<{_es
 # Neither mrkdwn nor WhatsApp has an escape for `*` (mrkdwn escapes only &, < and >), and a literal one
 # inside bold would end it early: there it shows as this look-alike, U+2217 ASTERISK OPERATOR.
 _STAR = "\u2217"
+# Slack takes a `*` as bold only at a word's edge (`*bold*text` shows its stars); a zero-width space
+# is an edge to Slack and invisible to a reader.
+_ZWSP = "\u200b"
 
 
 def _star_bold(text: str) -> str:
     return f"*{text.replace('*', _STAR)}*"
 
 
-def _star_emphasis(text: str) -> str:
-    """*bold*, _italic_ and ~strike~, as Slack and WhatsApp write them (the text escaped already)."""
+def _star_emphasis(text: str, *, glue: str = "") -> str:
+    """*bold*, _italic_ (*_both_*) and ~strike~, as Slack and WhatsApp write them (the text escaped
+    already); `glue` goes between a bold mark and a letter or digit outside it."""
     text = _ITALIC.sub(lambda m: f"_{_either(m)}_", _BULLET.sub(r"\1• ", text))
     if heading := _HEADING.match(text):  # bold as a whole, so the bold inside goes: neither nests any
-        return _star_bold(_STRIKE.sub(r"~\1~", _BOLD.sub(_either, heading[1])))
-    text = _BOLD.sub(lambda m: _star_bold(_either(m)), text)  # (italic went first: a * left is literal)
+        inner = _STRONG_EM.sub(lambda m: f"_{_either(m)}_", heading[1])
+        return _star_bold(_STRIKE.sub(r"~\1~", _BOLD.sub(_either, inner)))
+    text = _STRONG_EM.sub(lambda m: _glued(m, f"_{_either(m)}_", glue), text)
+    text = _BOLD.sub(lambda m: _glued(m, _either(m), glue), text)  # (italic went first: a * left is literal)
     return _STRIKE.sub(r"~\1~", text)
+
+
+def _glued(m: re.Match[str], inner: str, glue: str) -> str:
+    """`inner` as bold, with `glue` on each side where the text around it goes on in a word."""
+    before, after = m.string[m.start() - 1 : m.start()], m.string[m.end() : m.end() + 1]
+    return (glue if before.isalnum() else "") + _star_bold(inner) + (glue if after.isalnum() else "")
 
 
 def slack_mrkdwn(markdown: str) -> str:
     """Markdown as Slack mrkdwn: *bold*, _italic_, ~strike~, <url|text>, &, < and > escaped."""
     return "\n".join(
         f"{_code_fence(seg)}\n{_escape(seg.text)}\n{_code_fence(seg)}" if seg.fence
-        else _lines(seg.text, lambda s: _inline(s, _SLACK, lambda t: _star_emphasis(_escape(t))), _escape)
+        else _lines(seg.text, lambda s: _inline(s, _SLACK, lambda t: _star_emphasis(_escape(t), glue=_ZWSP)), _escape)
         for seg in segments(markdown)
     )
 

@@ -36,8 +36,9 @@ SECRET_HEADER = "x-telegram-bot-api-secret-token"
 GROUPS = ("group", "supergroup")
 # Messages without text a person sends in a private chat (service messages are not answered)
 MEDIA = {"voice": "a voice message", "audio": "an audio file", "video_note": "a video message",
-         "video": "a video", "photo": "a photo", "document": "a file", "sticker": "a sticker",
-         "location": "a location", "contact": "a contact", "poll": "a poll"}
+         "video": "a video", "photo": "a photo", "animation": "a GIF", "document": "a file",
+         "sticker": "a sticker", "location": "a location", "contact": "a contact", "poll": "a poll"}
+UNSEEN = {"animation": "a GIF", "video": "a video"}  # what a caption may come with that nobody looks at
 AUDIO = ("voice", "audio")  # what a transcription model can turn into text
 QUOTE_CHARS = 500
 MAX_PHOTO = 10 * 1024 * 1024  # sendPhoto's limit; larger photos go as documents
@@ -98,8 +99,10 @@ class TelegramChannel(BaseChannel):
         username = self.username(ask=group)
         if group and not _addressed(msg, text, username):
             return None
-        return InboundMessage(**sent, content=_with_quote(msg, _strip_mention(text, username)),
-                              media=_media(msg) or _replied_to(msg))
+        content = _with_quote(msg, _strip_mention(text, username))
+        if what := next((label for key, label in UNSEEN.items() if key in msg), None):
+            content = cards.unseen(what, content)
+        return InboundMessage(**sent, content=content, media=_media(msg) or _replied_to(msg))
 
     def fetch_media(self, media: dict[str, str], limit: int) -> tuple[bytes, str]:
         """getFile, then the file itself (the Bot API hands out files up to 20 MB)."""
@@ -132,8 +135,9 @@ class TelegramChannel(BaseChannel):
         return telegram_html(markdown)
 
     def measure(self, text: str) -> int:
-        """Telegram counts UTF-16 code units: an emoji outside the BMP is two."""
-        return len(text.encode("utf-16-le")) // 2
+        """What Telegram counts against 4096: the text it shows (tags gone, `&lt;` one character), in
+        UTF-16 code units (an emoji outside the BMP is two)."""
+        return len(html.unescape(re.sub(r"<[^>]+>", "", text)).encode("utf-16-le")) // 2
 
     def rate_limits(self, chat_id: str) -> list[Bucket]:
         """About one message per second per chat (20 a minute in groups), 30 per second per bot."""
@@ -222,14 +226,20 @@ def _addressed(msg: dict[str, Any], text: str, username: str) -> bool:
     replied = ((msg.get("reply_to_message") or {}).get("from") or {}).get("username") or ""
     command = COMMAND.match(text)
     ours = command is not None and (command.group(1) or username).lower() == username
-    mentioned = re.search(rf"@{re.escape(username)}\b", text, flags=re.IGNORECASE) is not None
+    mentioned = _mention(username).search(text) is not None
     return mentioned or replied.lower() == username or ours
+
+
+def _mention(username: str) -> re.Pattern[str]:
+    """@username as a word of its own: not inside an email address or a domain (ann@bot.example.com)."""
+    return re.compile(rf"(?<![\w@.])@{re.escape(username)}(?!\w|\.\w)", flags=re.IGNORECASE)
 
 
 def _strip_mention(text: str, username: str) -> str:
     if not username:
         return text
-    return re.sub(rf"@{re.escape(username)}\b", "", text, flags=re.IGNORECASE).strip() or text
+    text = re.sub(rf"^(/\w+)@{re.escape(username)}\b", r"\1", text, flags=re.IGNORECASE)  # /new@bot: /new
+    return _mention(username).sub("", text).strip() or text
 
 
 def _with_quote(msg: dict[str, Any], text: str) -> str:
@@ -261,8 +271,8 @@ def _where(msg: dict[str, Any], chat: dict[str, Any], sender: dict[str, Any], gr
 
 
 def _card(msg: dict[str, Any]) -> str | None:
-    """A location, venue or contact the message shares, as text (shared.channels.cards)."""
-    venue, place, person = msg.get("venue"), msg.get("location"), msg.get("contact")
+    """A location, venue, contact or dice roll the message shares, as text (shared.channels.cards)."""
+    venue, place, person, rolled = msg.get("venue"), msg.get("location"), msg.get("contact"), msg.get("dice")
     if isinstance(venue, dict) and isinstance(venue.get("location"), dict):
         at = venue["location"]
         return cards.location(at.get("latitude"), at.get("longitude"), venue.get("title"), venue.get("address"))
@@ -271,6 +281,8 @@ def _card(msg: dict[str, Any]) -> str | None:
     if isinstance(person, dict):
         name = " ".join(p for p in (person.get("first_name"), person.get("last_name")) if isinstance(p, str))
         return cards.contact(name, [person.get("phone_number")], [])
+    if isinstance(rolled, dict):
+        return cards.dice(rolled.get("emoji"), rolled.get("value"))
     return None
 
 

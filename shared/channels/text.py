@@ -1,17 +1,21 @@
 """Chunking shared by the platform modules: split markdown under a limit at paragraph, line,
 sentence boundaries, closing and reopening a code block cut in two. Fences follow CommonMark:
 ``` or ~~~ (three or more), closed only by the same character, at least as long, with no info
-string. Lengths are measured in the platform's own unit (`measure`: characters by default, UTF-16
-code units for Telegram). Conversion to each platform's markup lives in shared/channels/markdown.py."""
+string. Lengths are measured in the platform's own unit (`measure`: characters by default; for
+Telegram, UTF-16 code units of the text it shows once its HTML is parsed). Conversion to each
+platform's markup lives in shared/channels/markdown.py."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 Formatter = Callable[[str], str]
-Measure = Callable[[str], int]  # a text's length as the platform counts it: at least 1, at most 2 per character
+# A text's length as the platform counts it. split_text needs one that counts each character once or
+# twice; format_chunks takes any (its markdown is measured a character at a time).
+Measure = Callable[[str], int]
 
 FENCE = "```"
 MIN_LIMIT = 16
@@ -19,6 +23,7 @@ MIN_LIMIT = 16
 # with room for content (nobody writes a seven-backtick fence).
 MAX_FENCE = 6
 _SENTENCE = re.compile("[.!?][\"')\\]]*[ \t]+|[\u3002\uff01\uff1f]")  # ". " and CJK full stops
+_SPACE = re.compile(r"\s")
 
 
 @dataclass(frozen=True)
@@ -86,23 +91,32 @@ class Piece:
 
 def split_text(text: str, limit: int, *, measure: Measure = len) -> list[Piece]:
     """Pieces of at most `limit` (as `measure` counts) whose bodies rejoin to `text`, fences balanced in each."""
-    if limit < MIN_LIMIT:
-        raise ValueError(f"limit must be at least {MIN_LIMIT}")
+    _check(limit)
     pieces: list[Piece] = []
     pos, opener = 0, None
     while pos < len(text):
-        reopen = _reopen(opener, limit, measure)
-        rest = text[pos:]
-        room = limit - measure(reopen)
-        closing = _closing_room(opener, rest[:room])  # fences are ASCII: one unit a character
-        size = measure(rest[: room + 1])  # measure counts a character at least once: enough to compare
-        fits = size <= room - closing or (size <= room and open_fence(reopen + rest) is None)
-        body = rest if fits else rest[: _cut(rest[: _prefix(rest, room - closing, measure)], opener)]
-        opener = open_fence(reopen + body)
-        close = ("" if body.endswith("\n") else "\n") + opener.marker if opener is not None else ""
-        pieces.append(Piece(body, reopen, close))
-        pos += len(body)
+        piece, opener = _next_piece(text[pos:], opener, limit, measure)
+        pieces.append(piece)
+        pos += len(piece.body)
     return pieces
+
+
+def _check(limit: int) -> None:
+    if limit < MIN_LIMIT:
+        raise ValueError(f"limit must be at least {MIN_LIMIT}")
+
+
+def _next_piece(rest: str, opener: Fence | None, limit: int, measure: Measure) -> tuple[Piece, Fence | None]:
+    """The piece `rest` starts with (inside the block `opener` opened, if any), and the block open after it."""
+    reopen = _reopen(opener, limit, measure)
+    room = limit - measure(reopen)
+    closing = _closing_room(opener, rest[:room])  # fences are ASCII: one unit a character
+    size = measure(rest[: room + 1])  # measure counts a character at least once: enough to compare
+    fits = size <= room - closing or (size <= room and open_fence(reopen + rest) is None)
+    body = rest if fits else rest[: _cut(rest, _prefix(rest, room - closing, measure), opener)]
+    after = open_fence(reopen + body)
+    close = ("" if body.endswith("\n") else "\n") + after.marker if after is not None else ""
+    return Piece(body, reopen, close), after
 
 
 def _prefix(text: str, units: int, measure: Measure) -> int:
@@ -131,8 +145,11 @@ def _closing_room(opener: Fence | None, window: str) -> int:
     return 1 + max(sizes)
 
 
-def _cut(window: str, opener: Fence | None) -> int:
-    """Where to end a piece within `window`: paragraph, then line, sentence, word, hard."""
+def _cut(text: str, end: int, opener: Fence | None) -> int:
+    """Where to end a piece within text[:end]: paragraph, then line, sentence, word, hard. A cut in
+    the first quarter only keeps what follows it whole: not when that is a word longer than a whole
+    piece, which has to be cut anyway, so it fills this piece instead."""
+    window = text[:end]
     para = line = offset = 0
     for raw in window.split("\n")[:-1]:
         offset += len(raw) + 1
@@ -142,7 +159,7 @@ def _cut(window: str, opener: Fence | None) -> int:
             para = offset
     sentence = max((m.end() for m in _SENTENCE.finditer(window)), default=0)
     word = window.rfind(" ") + 1
-    for floor in (len(window) // 4, 0):
+    for floor in (len(window) // 4,) if _word_outgrows(text, end) else (len(window) // 4, 0):
         for cut in (para, line):
             if cut > floor:
                 return cut
@@ -150,6 +167,13 @@ def _cut(window: str, opener: Fence | None) -> int:
             if cut > floor:
                 return _before_fence_line(window, cut)
     return _before_fence_line(window, len(window))
+
+
+def _word_outgrows(text: str, end: int) -> bool:
+    """Whether the word that runs on across `end` is longer than `end`: no piece would hold it whole."""
+    tail = len(_SPACE.split(text[:end])[-1])
+    space = _SPACE.search(text, end)
+    return tail + (space.start() if space else len(text)) - end > end
 
 
 def _before_fence_line(window: str, cut: int) -> int:
@@ -161,26 +185,43 @@ def _before_fence_line(window: str, cut: int) -> int:
 
 
 def format_chunks(text: str, limit: int, fmt: Formatter, *, measure: Measure = len) -> list[str]:
-    """`text` split under `limit` (as `measure` counts) and formatted; a piece whose formatting
-    outgrows the limit is split again, smaller. Pieces with nothing visible are dropped. Formatting
-    stays valid for limits of 200 and more (every platform's is at least 2000)."""
+    """`text` split and formatted into chunks that `measure` (which counts formatted text, as the
+    platform does) finds under `limit`. The markdown is cut counting each character as the platform
+    counts it alone; a piece whose formatting outgrows the limit is cut again, shorter by as much as
+    it outgrew, and the text after it goes on in the next piece (no tiny piece between). Pieces with
+    nothing visible are dropped. Formatting stays valid for limits of 200 and more (every
+    platform's is at least 2000)."""
+    _check(limit)
+    units = _per_character(measure)
     out: list[str] = []
-    for piece in split_text(text, limit, measure=measure):
-        out += _fit(str(piece), limit=limit, split_at=limit, fmt=fmt, measure=measure)
+    pos, opener = 0, None
+    while pos < len(text):
+        piece, opener, chunks = _fitted(text[pos:], opener, limit=limit, fmt=fmt, measure=measure, units=units)
+        out += chunks
+        pos += len(piece.body)
     return out
 
 
-def _fit(markdown: str, *, limit: int, split_at: int, fmt: Formatter, measure: Measure) -> list[str]:
-    if not _visible(markdown):
-        return []
-    formatted = fmt(markdown)
-    if measure(formatted) <= limit:
-        return [formatted] if formatted.strip() else []
-    smaller = split_at // 2
-    if smaller < MIN_LIMIT:  # unreachable for real limits; keeps the guarantee anyway
-        return _hard_split(formatted, limit, measure)
-    return [c for p in split_text(markdown, smaller, measure=measure)
-            for c in _fit(str(p), limit=limit, split_at=smaller, fmt=fmt, measure=measure)]
+def _per_character(measure: Measure) -> Measure:
+    """`measure` taken a character at a time: markup in the text counts as the characters it is
+    (Telegram's measure reads `<b>` as a tag, the markdown `<b>` is text)."""
+    cost = functools.cache(measure)
+    return lambda text: sum(map(cost, text))
+
+
+def _fitted(rest: str, opener: Fence | None, *, limit: int, fmt: Formatter, measure: Measure,
+            units: Measure) -> tuple[Piece, Fence | None, list[str]]:
+    """The next piece, the block open after it and its formatted chunks (none if nothing shows)."""
+    room = limit
+    while True:
+        piece, after = _next_piece(rest, opener, room, units)
+        formatted = fmt(str(piece)) if _visible(str(piece)) else ""
+        size = measure(formatted)
+        if size <= limit:
+            return piece, after, [formatted] if formatted.strip() else []
+        room = units(str(piece)) * limit // size  # shorter than this piece: the loop ends
+        if room < MIN_LIMIT:  # unreachable for real limits; keeps the guarantee anyway
+            return piece, after, _hard_split(formatted, limit, measure)
 
 
 def _hard_split(text: str, limit: int, measure: Measure) -> list[str]:

@@ -39,10 +39,12 @@ MAX_AGE = 7 * 24 * 3600  # seconds
 # Graph API error codes that mean "slow down", and how long to wait (seconds).
 THROTTLED = {4: 60.0, 80007: 60.0, 130429: 1.0, 131056: 6.0}
 CAPTIONED = ("image", "video", "document")
+WORDS = {"text": "body", "button": "text", **{kind: "caption" for kind in CAPTIONED}}  # where a message's are
 KINDS = {"audio": "audio", "image": "photo", "document": "file"}  # WhatsApp's media types the worker fetches
 # Messages without text a person sends (reactions and system messages are not answered)
 MEDIA = {"audio": "a voice message", "image": "a photo", "video": "a video", "document": "a file",
-         "sticker": "a sticker", "location": "a location", "contacts": "a contact"}
+         "sticker": "a sticker", "location": "a location", "contacts": "a contact",
+         "unsupported": "that kind of message"}  # (a poll, an event: the Cloud API passes on no content)
 # Meta's "Supported media types": a JPEG or PNG up to 5 MB shows as a photo, a document may be 100 MB, and
 # /media refuses a document of a type not listed here.
 PHOTO_LIMIT = 5 * 1024 * 1024
@@ -300,12 +302,16 @@ def _full_name(contact: dict[str, Any]) -> object:
 
 
 def _text(message: dict[str, Any]) -> str | None:
-    kind = message.get("type")
-    if kind != "text" and kind not in CAPTIONED:
+    """The words of a text, a caption (after the line saying what the model cannot see, for a video),
+    or the button or list item the person tapped (a template's quick reply, an interactive message's)."""
+    kind = str(message.get("type"))
+    part, field = message.get(kind), WORDS.get(kind)
+    if kind == "interactive" and isinstance(part, dict):
+        part, field = part.get("button_reply") or part.get("list_reply"), "title"
+    text = part.get(field) if isinstance(part, dict) and field else None
+    if not (isinstance(text, str) and text.strip()):
         return None
-    part = message.get(str(kind))
-    text = part.get("body" if kind == "text" else "caption") if isinstance(part, dict) else None
-    return text if isinstance(text, str) and text.strip() else None
+    return cards.unseen("a video", text) if kind == "video" else text
 
 
 def _stale(timestamp: object) -> bool:

@@ -99,6 +99,29 @@ def test_a_denied_sender_gets_no_reply_and_costs_no_llm_call(
     assert d.replies(chat) == []
 
 
+# (Discord: an empty /ask is told how to ask; Slack's apps send no blank message)
+@pytest.mark.parametrize("name", [p for p in PLATFORMS if p not in ("discord", "slack")])
+def test_a_blank_message_costs_no_llm_call_and_gets_no_reply(channels: ChannelStack, fake_llm: FakeLLM,
+                                                            name: str) -> None:
+    """An empty or blank text (Feishu sends one; a private Feishu message that only mentioned the bot
+    was one once the mention was cut) went to the model as an empty user message: "echo: " came back.
+    A mention alone calls the bot, as on Telegram and Slack: it is answered."""
+    d, calls = channels.driver(name), fake_llm.calls()
+    chat = d.new_chat()
+    for text in ("", "   ", "\n\t"):
+        assert channels.post(name, d.request(chat=chat, text=text)).status_code in (200, 400)
+    assert channels.post(name, d.request(chat=chat, text="and now?")).status_code == 200
+    channels.settled(chat)  # (a message is taken in after those before it in its chat)
+    assert d.replies(chat) == ["echo: and now?"] and fake_llm.calls() == calls + 1
+    if name == "feishu":
+        fs = channels.fakes["feishu"]
+        only = fs.event(chat=chat, sender=d.allowed, text="@_user_1", event_id=uuid.uuid4().hex,
+                        mentions=[fs.mention(1)])
+        assert channels.post(name, fs.signed(only)).status_code == 200
+        channels.settled(chat, rows=2)
+        assert d.replies(chat)[-1] == f"echo: @{fs.bot_name}"
+
+
 @pytest.mark.parametrize("name", PLATFORMS)
 def test_a_429_is_retried_and_the_reply_delivered_once(channels: ChannelStack, name: str) -> None:
     d, chat, text = channels.driver(name), channels.driver(name).new_chat(), marker()

@@ -9,7 +9,7 @@ import pytest
 
 from shared.channels.albums import BURST
 from shared.channels.base import MAX_IMAGE, WebhookError
-from shared.channels.discord import NOT_OURS, DiscordChannel
+from shared.channels.discord import NOT_OUR_COMMAND, NOT_OURS, DiscordChannel
 from shared.channels.feishu import FeishuChannel, decrypt
 from shared.channels.slack import SlackChannel
 from shared.channels.telegram import TelegramChannel
@@ -272,6 +272,12 @@ def test_discord_ping_commands_and_usage() -> None:
     assert ch.parse({}, body({**command, "guild_id": "G1"})).messages[0].group
     empty = {**command, "data": {"name": "ask"}}
     assert ch.parse({}, body(empty)).response["type"] == 4  # type: ignore[index]
+    # another command of the application, a slash one or a message's context menu: not a question
+    for data in ({"name": "weather", "type": 1, "options": [{"name": "city", "type": 3, "value": "Paris"}]},
+                 {"name": "Summarise", "type": 3, "target_id": "M1"}):
+        other = ch.parse({}, body({**command, "data": data}))
+        assert other.messages == [] and other.response == {"type": 4, "data": {"content": NOT_OUR_COMMAND,
+                                                                                 "flags": 64}}
     assert ch.parse({}, body({"type": 3})).messages == []
     answers = {kind: ch.parse({}, body({"type": kind, "id": "I", "token": "t"})).response for kind in (3, 4, 5, 99)}
     assert answers == {3: {"type": 6}, 4: {"type": 8, "data": {"choices": []}}, 99: None,

@@ -26,7 +26,8 @@ from tests.fakes.telegram import parse_entities
 FRAGMENTS = ["\n", "\n\n", ". ", "! ", " ", "```python\n", "```\n", "```", "``", "**", "*", "_", "__", "~~", "`",
              "<", ">", "&", "&amp;", "# ", "- ", "* ", "[link](https://example.com/a?b=1&c=2)", "。", "é", "😀",
              "```" + "x" * 40 + "\n", "~~~\n", "~~~", "~~~~python\n", "````\n", "````", "~~~~~~~~\n",
-             "https://x.io/__init__.py", "[w](https://w.org/A_(b))", "https://x.io/a_b_."]
+             "https://x.io/__init__.py", "[w](https://w.org/A_(b))", "https://x.io/a_b_.", "***", "___", "!",
+             "![i](https://e.com/i.png)", "a" * 300]
 markdown = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=40)), max_size=60).map("".join)
 FORMATS = {"telegram": telegram_html, "slack": slack_mrkdwn, "whatsapp": whatsapp_text, "feishu": feishu_md,
            "plain": plain_text, "identity": identity}
@@ -37,6 +38,11 @@ def utf16(text: str) -> int:
 
 
 MEASURES: dict[str, Callable[[str], int]] = {"len": len, "utf16": utf16}
+
+
+def visible(chunk: str) -> str:
+    """The text Telegram shows for an HTML message."""
+    return parse_entities(chunk)[0]
 
 
 def balanced(chunk: str) -> bool:
@@ -75,6 +81,19 @@ def test_formatted_chunks_fit_and_stay_valid(text: str, limit: int, fmt: str, un
 
 
 @settings(max_examples=300, deadline=None)
+@given(text=markdown, limit=st.integers(200, 600))
+@example(text="<&>" * 300, limit=200)
+def test_telegram_chunks_fit_what_telegram_counts_and_escaping_adds_none(text: str, limit: int) -> None:
+    """Telegram counts the text it shows (tags gone, entities read): `&lt;` is one, not four. So
+    HTML never needs more chunks than the markdown it came from."""
+    chunks = format_chunks(text, limit, telegram_html, measure=TelegramChannel(Settings()).measure)
+    for chunk in chunks:
+        assert parse_entities(chunk)[1] is None, chunk
+        assert 0 < utf16(visible(chunk)) <= limit and chunk.strip()
+    assert len(chunks) <= len(split_text(text, limit, measure=utf16))
+
+
+@settings(max_examples=300, deadline=None)
 @given(text=markdown)
 def test_telegram_html_always_parses(text: str) -> None:
     assert parse_entities(telegram_html(text))[1] is None
@@ -100,10 +119,60 @@ def test_telegram_chunks_fit_its_limit_in_utf16_code_units() -> None:
     emoji is twice too long, and Telegram refuses it for good."""
     text = ("Party time 🎉🎉🎉 " + "😀" * 40 + "\n") * 150 + "```\n" + "🚀 " * 3000 + "\n```"
     chunks = TelegramChannel(Settings()).chunks(text)
-    assert chunks and all(utf16(c) <= TelegramChannel.max_chars for c in chunks)
+    assert chunks and all(utf16(visible(c)) <= TelegramChannel.max_chars for c in chunks)
     assert all(parse_entities(c)[1] is None for c in chunks)
     slack = SlackChannel(Settings()).chunks(text)  # other platforms still count characters
     assert SlackChannel.max_chars // 2 < max(len(c) for c in slack) <= SlackChannel.max_chars
+
+
+def test_telegram_measures_the_text_it_shows() -> None:
+    measure = TelegramChannel(Settings()).measure
+    assert measure('<b>a &lt; b</b> <a href="https://x.io/?a=1&amp;b=2">x</a>') == 7
+    assert measure("<pre><code>&amp;&gt;</code></pre>😀") == 4  # an emoji is two UTF-16 code units
+
+
+def test_a_reply_full_of_escaped_characters_is_cut_by_what_telegram_shows() -> None:
+    """`<&>` becomes `&lt;&amp;&gt;`: 13 characters of HTML that Telegram shows, and counts, as 3.
+    Counted as HTML, 4,506 characters went out as 12 messages, some of 6 and 34 characters."""
+    text = "echo: " + "<&>" * 1500
+    chunks = TelegramChannel(Settings()).chunks(text)
+    assert len(chunks) == 2
+    assert "".join(visible(c) for c in chunks) == text
+    assert all(parse_entities(c)[1] is None and utf16(visible(c)) <= TelegramChannel.max_chars for c in chunks)
+
+
+def test_code_full_of_escaped_characters_goes_in_even_telegram_chunks() -> None:
+    code = "\n".join(f"if a[{i}] < b && c > {i}: x = '<tag attr=\"&amp;\">'" for i in range(400))
+    text = "Here is the code:\n\n```python\n" + code + "\n```\n\nThat is all & done."
+    chunks = TelegramChannel(Settings()).chunks(text)
+    sizes = [utf16(visible(c)) for c in chunks]
+    assert len(chunks) == len(split_text(text, TelegramChannel.max_chars, measure=utf16)) == 5
+    assert all(TelegramChannel.max_chars // 2 < size <= TelegramChannel.max_chars for size in sizes[:-1]), sizes
+    assert all(parse_entities(c)[1] is None for c in chunks)
+
+
+def test_markup_that_outgrows_the_limit_is_cut_again_without_tiny_pieces() -> None:
+    """Slack counts its escaped text: a piece whose markup outgrows the limit is cut again, only as
+    much smaller as needed, and the rest goes on in the next piece, not in a piece of its own."""
+    chunks = SlackChannel(Settings()).chunks("echo: " + "<&>" * 1500)
+    sizes = [len(c) for c in chunks]
+    assert len(chunks) == 5 and all(SlackChannel.max_chars * 3 // 4 < size <= SlackChannel.max_chars
+                                     for size in sizes[:-1]), sizes
+
+
+@pytest.mark.parametrize("channel", [TelegramChannel, SlackChannel])
+def test_a_word_longer_than_a_chunk_fills_the_chunk_it_starts_in(channel: type[TelegramChannel]) -> None:
+    """The word has to be cut anyway: "echo: " alone in a first message helps nobody."""
+    text = "echo: " + "a" * 5000
+    chunks = channel(Settings()).chunks(text)
+    assert len(chunks) == 2 and chunks[0].startswith("echo: aaa") and "".join(chunks) == text
+    assert len(chunks[0]) > channel.max_chars - 10
+
+
+def test_a_long_word_that_fits_a_chunk_of_its_own_is_not_cut() -> None:
+    text = "hello " + "a" * 20 + " " + "b" * 20
+    assert [p.body for p in split_text(text, 30)] == ["hello ", "a" * 20 + " ", "b" * 20]
+    assert split_text("x " + "a" * 40, 30)[0].body == "x " + "a" * 24  # 40 fits no chunk: cut where it starts
 
 
 def test_cuts_prefer_paragraphs_then_lines_then_sentences() -> None:
