@@ -332,7 +332,10 @@ class CronJob(SQLModel, table=True):
     chat_id: str = ""
     origin: dict[str, Any] = _json(dict)
     system: bool = False  # owned by nanofleet (daily summary), not by a user
+    # Where its schedule counts from: the latest fire time handled (fired, or skipped by the missed
+    # policy), or when it was rescheduled or enabled again (shared.scheduling.jobs.cursor)
     last_fired_at: datetime | None = _ts()
+    fired_at: datetime | None = _ts()  # the fire time of the latest firing that ran (the API's lastFiredAt)
     created_at: datetime = _now()
 
 

@@ -104,7 +104,10 @@ def _fire_locked(rt: Runtime, s: Session, job: CronJob, until: datetime) -> tupl
         if rec is None:
             log.info("cron job %s: the firing for %s already ran", job.id, at.isoformat())
             continue
-        nexts += _start(rt, s, job, at, rec)
+        started = _start(rt, s, job, at, rec)
+        if started or job.system:
+            job.fired_at = at
+        nexts += started
     if times:
         job.last_fired_at = chosen[0] if job.missed_policy == "catch_up" and chosen else times[-1]
         s.add(job)

@@ -331,6 +331,6 @@ def view(job: CronJob, now: datetime | None = None) -> dict[str, Any]:
         "id": job.id, "name": job.name, "message": job.message, "kind": job.kind,
         "everySeconds": job.every_seconds, "cronExpr": job.cron_expr, "tz": job.tz, "at": _iso(job.at),
         "enabled": job.enabled, "missedPolicy": job.missed_policy, "channel": job.channel, "chatId": job.chat_id,
-        "system": job.system, "lastFiredAt": _iso(job.last_fired_at),
+        "system": job.system, "lastFiredAt": _iso(job.fired_at),
         "nextRunAt": _iso(upcoming(job, now or utcnow())), "createdAt": _iso(job.created_at),
     }

@@ -71,6 +71,27 @@ def jobs_row(stack: Stack, jid: str) -> CronJob:
         return s.get_one(CronJob, jid)
 
 
+def test_last_fired_at_is_when_the_job_last_ran_not_where_its_schedule_counts_from(core: Core) -> None:
+    """A job whose firings were skipped, then rescheduled, disabled and enabled again, never ran: its
+    lastFiredAt said it had (the time of the skip, the reschedule, the re-enable). A firing sets it."""
+    stack, rt, mirror = core()
+    now = utcnow()
+    daily = (now - timedelta(hours=3)).replace(second=0, microsecond=0)
+    jid = add_job(stack, jobs.JobIn(message=call("record", tag="ran"), cron_expr=f"{daily.minute} {daily.hour} * * *",
+                                    tz="UTC", missed_policy="skip"), now=now - timedelta(days=2))
+    fire_until_idle(rt, mirror, jid)  # yesterday's and today's firings missed, and skipped
+    with db(stack) as s:
+        job = jobs.get(s, jid, lock=True)
+        for patch in ({"every_seconds": 60}, {"enabled": False}, {"enabled": True}):
+            jobs.update(s, stack.settings, job, jobs.JobPatch(**patch))  # type: ignore[arg-type]
+        assert jobs.view(job)["lastFiredAt"] is None and job.last_fired_at is not None
+    due = jobs.upcoming(jobs_row(stack, jid), utcnow())
+    assert due is not None
+    drain(rt, cron.fire(rt, mirror, jid, due))
+    assert jobs.view(jobs_row(stack, jid))["lastFiredAt"] == due.isoformat()
+    assert stack.executions()[-1].endswith(" ran")
+
+
 def test_the_receipt_stops_a_replayed_firing(core: Core) -> None:
     stack, rt, mirror = core()
     jid = add_job(stack, jobs.JobIn(message=call("record", tag="r"), every_seconds=3600))
