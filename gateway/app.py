@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.deps import bearer_token, database_unavailable, key_refusal, redis_unavailable
 from gateway.routes import conversations, cron, files, health, outbox, runs, skills, subagents, tools, web, webhooks
-from gateway.schemas import MAX_BODY
+from gateway.schemas import MAX_BODY, MAX_BODY_WITHOUT_IMAGES
 from gateway.state import AppState
 from shared import db, startup_checks
 from shared.errors import NanofleetError
@@ -122,12 +123,15 @@ class RequestIds:
 
 class ApiGate:
     """Pure ASGI middleware for /api/v1: a 401 without a valid bearer key, and a 413 for a body over
-    MAX_BODY, both before anything reads the body. FastAPI reads and parses the body before it runs
-    dependencies, so `require_key` alone would let anyone make the gateway take in a large upload
-    first. `require_key` stays on the routers (it shows the security scheme in the OpenAPI schema)
-    and checks with the same function. The webhooks read their raw body themselves, with their own limit."""
+    its route's limit (`body_limit`), both before anything reads the body. FastAPI reads and parses
+    the body before it runs dependencies, so `require_key` alone would let anyone make the gateway
+    take in a large upload first. `require_key` stays on the routers (it shows the security scheme in
+    the OpenAPI schema) and checks with the same function. The webhooks read their raw body
+    themselves, with their own limit."""
 
     PREFIX = "/api/v1/"
+    # The routes whose body is ChatIn, which takes photos (tests/gateway/test_body_limits.py checks the list)
+    WITH_IMAGES = re.compile(r"/api/v1/conversations/[^/]+/(?:chat|messages)")
 
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
@@ -142,20 +146,29 @@ class ApiGate:
         refusal = key_refusal(self.settings, bearer_token(headers.get("authorization")))
         if refusal is not None:
             await JSONResponse({"detail": refusal}, 401, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
-        elif _declared_length(headers) > MAX_BODY:
-            await JSONResponse({"detail": TooLarge.DETAIL}, 413)(scope, receive, send)
+        elif _declared_length(headers) > (limit := self.body_limit(scope["method"], path)):
+            await JSONResponse({"detail": TooLarge.detail_for(limit)}, 413)(scope, receive, send)
         else:
-            await self.app(scope, _limited(receive), send)
+            await self.app(scope, _limited(receive, limit), send)
+
+    @classmethod
+    def body_limit(cls, method: str, path: str) -> int:
+        """The most a request's body may hold: MAX_BODY for a message with photos, 8 MiB for the rest
+        (a large body is taken in whole before it is parsed; only photos make one large)."""
+        return MAX_BODY if method == "POST" and cls.WITH_IMAGES.fullmatch(path) else MAX_BODY_WITHOUT_IMAGES
 
 
 class TooLarge(HTTPException):
-    """A streamed body (no Content-Length) grew past MAX_BODY while the route read it; FastAPI passes
-    an HTTPException from reading the body on to the handler that answers it."""
+    """A streamed body (no Content-Length) grew past its route's limit while the route read it;
+    FastAPI passes an HTTPException from reading the body on to the handler that answers it."""
 
-    DETAIL = f"the body is over {MAX_BODY // 1024 // 1024} MB"
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, self.detail_for(limit))
 
-    def __init__(self) -> None:
-        super().__init__(413, self.DETAIL)
+    @staticmethod
+    def detail_for(limit: int) -> str:
+        """The refusal's words, the limit exact (in MiB as the docs give it, and in bytes)."""
+        return f"the body is over {limit / 2**20:g} MiB ({limit:,} bytes)"
 
 
 def _declared_length(headers: Headers) -> int:
@@ -164,16 +177,16 @@ def _declared_length(headers: Headers) -> int:
     return int(value) if value.isascii() and value.isdigit() and len(value) < 19 else 0
 
 
-def _limited(receive: Receive) -> Receive:
-    """`receive`, refusing a body once more than MAX_BODY bytes of it have arrived."""
+def _limited(receive: Receive, limit: int) -> Receive:
+    """`receive`, refusing a body once more than `limit` bytes of it have arrived."""
     read = 0
 
     async def receive_limited() -> Message:
         nonlocal read
         message = await receive()
         read += len(message.get("body", b""))
-        if read > MAX_BODY:
-            raise TooLarge()
+        if read > limit:
+            raise TooLarge(limit)
         return message
 
     return receive_limited

@@ -7,24 +7,32 @@ import binascii
 from typing import Annotated, Any
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from shared.channels.base import IMAGE_TYPES, MAX_IMAGE, MAX_IMAGES, image_type
-from shared.contracts import NO_NUL
+from shared.contracts import NO_NUL, not_blank
 
 MAX_MESSAGE = 100_000  # characters
-# The largest body the REST API reads (gateway/app.py answers 413 past it): a photo of the largest size
-# a model is shown (5 MB, 6.7 MB as base64) with a message. (The longest message alone is 100,000
-# characters; written as JSON \u escapes of characters outside the BMP, 12 bytes each, 1.2 MB.)
-MAX_BODY = 8 * 1024 * 1024
+# A photo as a data URL: "data:image/jpeg;base64," (the longest head) and MAX_IMAGE bytes in base64,
+# four characters for every three bytes begun.
+IMAGE_URL_CHARS = len("data:image/jpeg;base64,") + 4 * -(-MAX_IMAGE // 3)
+# The largest body the REST API reads (gateway/app.py answers 413 past it, before reading): what
+# .../chat and .../messages take, MAX_IMAGES photos of the largest size with the longest message.
+# Four 5 MiB photos are 26.7 MiB as data URLs; the longest message, written as JSON \u escapes of
+# characters outside the BMP (12 bytes each), 1.1 MiB: 27.8 MiB with the keys and the model. The rest
+# of 30 MiB is room for JSON written looser (whitespace, "/" escaped as "\/": 1/64 of base64 on average).
+MAX_BODY = 30 * 1024 * 1024
+# Every other route's body has no photos: the most any holds is a message (1.1 MiB escaped), well within 8 MiB.
+MAX_BODY_WITHOUT_IMAGES = 8 * 1024 * 1024
 
 # Every /api/v1 route answers 401 without a valid bearer key; documented so clients (and schemathesis) know.
 UNAUTHORIZED: dict[int | str, dict[str, Any]] = {401: {"description": "missing or invalid API key"}}
 # A body that is not JSON, or not the model, is a 422 (FastAPI documents that one itself).
 BAD_BODY: dict[int | str, dict[str, Any]] = {
     400: {"description": "the body cannot be read as JSON: not UTF-8, nested too deep, or a number too long"},
-    413: {"description": f"the body is over {MAX_BODY // 1024 // 1024} MB"},
+    413: {"description": f"the body is over {MAX_BODY_WITHOUT_IMAGES // 2**20} MiB ({MAX_BODY // 2**20} MiB "
+                          "for POST .../chat and .../messages, which take photos)"},
 }
 BIGINT_MAX = 2**63 - 1  # offsets past Postgres' bigint are refused with 422, not a database error
 
@@ -32,6 +40,7 @@ BIGINT_MAX = 2**63 - 1  # offsets past Postgres' bigint are refused with 422, no
 # Postgres text cannot hold NUL: refuse it with 422 instead of failing in the database. A pattern,
 # not a validator, so the OpenAPI schema says so too.
 Text = Annotated[str, StringConstraints(pattern=NO_NUL)]
+Words = Annotated[Text, AfterValidator(not_blank)]  # not blank either
 Id = Annotated[str, Path(max_length=64, pattern=r"^[^\x00]+$")]
 
 
@@ -47,7 +56,7 @@ class RequestBody(CamelModel):
 
 
 class ConversationIn(RequestBody):
-    title: Text | None = Field(default=None, max_length=200)
+    title: Words | None = Field(default=None, max_length=200)
 
 
 class ConversationOut(CamelModel):
@@ -55,7 +64,7 @@ class ConversationOut(CamelModel):
 
 
 class ConversationPatch(RequestBody):
-    title: Text | None = Field(min_length=1, max_length=200, description="the new title; null removes it")
+    title: Words | None = Field(min_length=1, max_length=200, description="the new title; null removes it")
 
 
 class Usage(CamelModel):
@@ -81,7 +90,6 @@ class ConversationInfo(CamelModel):
 _B64 = "(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
 IMAGE_URL = ("^data:image/(?:png;base64,iVBORw0KGg[o-r][A-Za-z0-9+/]|jpeg;base64,/9j/|gif;base64,R0lGOD[dl]h"
              f"|webp;base64,UklGR[g-v][A-Za-z0-9+/]{{4}}[BFJNRVZdhlptx159]XRUJQ){_B64}$")
-IMAGE_URL_CHARS = len("data:image/jpeg;base64,") + 4 * (MAX_IMAGE // 3)  # (decodes to MAX_IMAGE bytes at most)
 
 
 class ChatIn(RequestBody):
@@ -107,8 +115,8 @@ class ChatIn(RequestBody):
 
     @model_validator(mode="after")
     def _said_something(self) -> ChatIn:
-        if not self.message and not self.images:
-            raise ValueError("message is empty: send some text, or images")
+        if not self.message.strip() and not self.images:
+            raise ValueError("message is empty or blank: send some text, or images")
         return self
 
     def photos(self) -> list[dict[str, str]]:
@@ -117,7 +125,7 @@ class ChatIn(RequestBody):
 
 
 class RegenerateIn(RequestBody):
-    message: Text | None = Field(default=None, min_length=1, max_length=MAX_MESSAGE, description=(
+    message: Words | None = Field(default=None, min_length=1, max_length=MAX_MESSAGE, description=(
         "the last user message as edited; left out, it is answered again as it was"))
     model: Text | None = Field(default=None, max_length=200, description=(
         "the model of the new answer (as for chat); left out, the one the message was sent with"))

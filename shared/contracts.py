@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import AfterValidator, BaseModel, Field, model_validator
 
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 NO_NUL = r"^[^\x00]*$"  # Postgres text cannot hold NUL: refuse it as invalid input, not as a database error
+
+
+def not_blank(text: str) -> str:
+    if not text.strip():
+        raise ValueError("it is blank: write something")
+    return text
+
+
+Said = Annotated[str, AfterValidator(not_blank)]  # a message (spaces alone start no model call), a title
 
 
 def without_nul(value: Any, *, lone_surrogates: bool = False) -> Any:

@@ -13,7 +13,7 @@ from sqlmodel import col, select
 from gateway.deps import SessionDep, StateDep, only_params, require_key
 from gateway.schemas import BAD_BODY, UNAUTHORIZED, RequestBody
 from gateway.state import AppState
-from shared.contracts import NO_NUL
+from shared.contracts import NO_NUL, Said
 from shared.models import CronJob, CronReceipt
 from shared.scheduling import jobs
 from shared.scheduling.beat import BeatMirror
@@ -28,7 +28,7 @@ JobId = Annotated[str, Path(pattern=NO_NUL, max_length=64)]
 class CronIn(RequestBody):
     """A new job: `message` and exactly one of everySeconds, cronExpr (with tz) or at."""
 
-    message: str = Field(min_length=1, max_length=10_000, pattern=NO_NUL)
+    message: Said = Field(min_length=1, max_length=10_000, pattern=NO_NUL)
     name: str = Field(default="", max_length=200, pattern=NO_NUL)
     every_seconds: int | None = Field(default=None, ge=1, le=MAX_EVERY)
     cron_expr: str | None = Field(default=None, max_length=200, pattern=NO_NUL)
@@ -45,7 +45,7 @@ class CronIn(RequestBody):
 class CronPatch(RequestBody):
     """Fields to change; a new schedule replaces the old one."""
 
-    message: str | None = Field(default=None, min_length=1, max_length=10_000, pattern=NO_NUL)
+    message: Said | None = Field(default=None, min_length=1, max_length=10_000, pattern=NO_NUL)
     name: str | None = Field(default=None, max_length=200, pattern=NO_NUL)
     every_seconds: int | None = Field(default=None, ge=1, le=MAX_EVERY)
     cron_expr: str | None = Field(default=None, max_length=200, pattern=NO_NUL)

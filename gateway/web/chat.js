@@ -6,6 +6,11 @@ const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 const POLL_MS = 2000;
 const LISTED = 50;  // conversations offered in the page's picker
 const TITLE_CHARS = 60;  // a new conversation is named after the start of its first message
+// What the API takes with a message (gateway/schemas.py ChatIn): checked before sending, so the page
+// can name the photo that is refused instead of showing the gateway's 422 or 413.
+const MAX_PHOTOS = 4;
+const MAX_PHOTO_BYTES = 5 * 1024 * 1024;
+const PHOTO_TYPES = new Set(["image/jpeg", "image/png", "image/gif", "image/webp"]);
 
 export class ApiError extends Error {
   constructor(status, detail) {
@@ -28,9 +33,10 @@ export class Client {
     const init = { method, headers: this.headers({ "Content-Type": "application/json" }) };
     if (body !== undefined) init.body = JSON.stringify(body);
     const res = await fetch(this.base + path, init);
-    const data = await res.json().catch(() => ({}));
-    if (!res.ok && res.status !== 504) {
-      const detail = typeof data.detail === "string" ? data.detail : JSON.stringify(data.detail ?? data);
+    const data = await res.json().catch(() => null);
+    if (!res.ok && res.status !== 504) {  // (a proxy's refusal may not be JSON: its status text, then)
+      const detail = data === null ? res.statusText || "no reason given"
+        : typeof data.detail === "string" ? data.detail : JSON.stringify(data.detail ?? data);
       throw new ApiError(res.status, detail);
     }
     return { status: res.status, data };
@@ -268,6 +274,11 @@ function page() {
     const text = $("text").value.trim();
     const files = [...$("photos").files];
     if ((!text && !files.length) || !client) return;
+    const refused = photoProblem(files);
+    if (refused) {  // nothing is sent: the photos stay picked, to pick again
+      $("status").textContent = refused;
+      return;
+    }
     $("send").disabled = true;
     let images;
     try {
@@ -283,8 +294,14 @@ function page() {
     live = bubble("assistant pending", "");
     const picked = $("pick").selectedOptions[0];
     if (picked && !picked.dataset.titled && !text.startsWith("/")) {  // name it after its first message
-      picked.dataset.titled = "yes";
-      client.rename(conversation, text.slice(0, TITLE_CHARS)).then(listConversations, () => {});
+      picked.dataset.titled = "naming";  // (not twice at once; a failed rename is tried with the next message)
+      client.rename(conversation, titleOf(text, images.length)).then(() => {
+        picked.dataset.titled = "yes";
+        return listConversations();
+      }, (err) => {
+        picked.dataset.titled = "";
+        $("status").textContent = `could not name the conversation: ${err.message ?? err}`;
+      });
     }
     try {
       const answer = await client.chat(conversation, text, images);
@@ -323,6 +340,28 @@ function page() {
 // A message's text, with the photos sent with it counted (the page does not show them again).
 export function withPhotos(text, count) {
   return count ? `${text}${text ? " " : ""}[${count} photo${count > 1 ? "s" : ""}]` : text;
+}
+
+// A new conversation's title from its first message: the start of its text, cut between code points
+// (a UTF-16 cut inside an emoji leaves half of it, which JSON carries as a lone surrogate the API
+// refuses), or its photos counted when it has no text.
+export function titleOf(text, photos) {
+  const start = Array.from(text.trim()).slice(0, TITLE_CHARS).join("").trim();
+  return start || (photos > 1 ? `${photos} photos` : "Photo");
+}
+
+// Why the API would refuse these picked files (File or {name, size, type}), in words that name the
+// photo; null when it takes them.
+export function photoProblem(files) {
+  if (files.length > MAX_PHOTOS) return `${files.length} photos picked: send at most ${MAX_PHOTOS} with a message.`;
+  for (const file of files) {
+    if (!PHOTO_TYPES.has(file.type)) return `"${file.name}" is not a photo the model takes: pick a JPEG, PNG, GIF or WebP image.`;
+    if (file.size > MAX_PHOTO_BYTES) {
+      return `"${file.name}" is too large (${sizeOf(file.size)}): a photo may be at most 5 MiB `
+        + `(${MAX_PHOTO_BYTES.toLocaleString("en-US")} bytes).`;
+    }
+  }
+  return null;
 }
 
 // What a `message` tool call sent to this page's caller, from its result in the transcript:

@@ -17,7 +17,7 @@ from sqlmodel import Session, col, or_, select
 
 from shared.channels import REGISTRY, get_channel
 from shared.channels.base import BaseChannel
-from shared.contracts import NO_NUL
+from shared.contracts import NO_NUL, Said
 from shared.errors import Conflict, NanofleetError, NotFound
 from shared.models import Conversation, CronJob, CronReceipt, utcnow
 from shared.scheduling import schedules
@@ -42,7 +42,7 @@ class InvalidJob(NanofleetError):
 class JobIn(BaseModel):
     """A new job: exactly one of every_seconds, cron_expr or at."""
 
-    message: str = Field(min_length=1, max_length=10_000, pattern=NO_NUL,
+    message: Said = Field(min_length=1, max_length=10_000, pattern=NO_NUL,
                          description="what the agent is asked at each run")
     name: str = Field(default="", max_length=200, pattern=NO_NUL)
     every_seconds: int | None = Field(default=None, ge=1, le=schedules.MAX_EVERY, description="run every N seconds")
@@ -60,7 +60,7 @@ class JobIn(BaseModel):
 class JobPatch(BaseModel):
     """Changes to a job; a new schedule replaces the old one and starts from now."""
 
-    message: str | None = Field(default=None, min_length=1, max_length=10_000, pattern=NO_NUL)
+    message: Said | None = Field(default=None, min_length=1, max_length=10_000, pattern=NO_NUL)
     name: str | None = Field(default=None, max_length=200, pattern=NO_NUL)
     every_seconds: int | None = Field(default=None, ge=1, le=schedules.MAX_EVERY)
     cron_expr: str | None = Field(default=None, max_length=200, pattern=NO_NUL)

@@ -182,3 +182,21 @@ def test_a_model_string_that_names_a_url_is_refused_unless_listed(stack: Stack, 
         assert fake_llm.calls() == 0 and api.get(f"/api/v1/conversations/{cid}/messages").json() == []
     llm = stack.settings.llm.model_copy(update={"allowed_models": [elsewhere]})
     assert llm.refuses(elsewhere) is None  # the operator may list one
+
+
+def test_a_blank_message_title_or_job_is_refused_and_starts_nothing(stack: Stack, api: Any) -> None:
+    """"" was refused, but "   " started a model call (and a cron job that would run one each time),
+    and a title of spaces was kept."""
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    sent = [("post", f"/api/v1/conversations/{cid}/chat", {"message": "   "}),
+            ("post", f"/api/v1/conversations/{cid}/messages", {"message": "\n\t"}),
+            ("post", f"/api/v1/conversations/{cid}/regenerate", {"message": "  "}),
+            ("post", "/api/v1/conversations", {"title": " "}),
+            ("patch", f"/api/v1/conversations/{cid}", {"title": "   "}),
+            ("post", "/api/v1/cron", {"message": "   ", "everySeconds": 600})]
+    for method, path, body in sent:
+        answer = getattr(api, method)(path, json=body)
+        assert answer.status_code == 422 and "blank" in answer.text, (path, body, answer.text[:300])
+    assert api.get(f"/api/v1/conversations/{cid}/messages").json() == []
+    assert api.get("/api/v1/cron").json() == []
+    assert api.get(f"/api/v1/conversations/{cid}").json()["title"] is None

@@ -81,3 +81,61 @@ def test_the_pages_client_downloads_the_files_the_agent_sends(make_stack: Callab
     sent = out["history"][1]
     assert sent["content"] == "your notes" and [f["name"] for f in sent["files"]] == ["notes.md"]
     assert sent["files"][0]["url"] == out["linked"][0]["url"]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+@pytest.mark.parametrize(("first", "title"), [
+    pytest.param("a" * 59 + "\U0001f600 and then some", "a" * 59 + "\U0001f600", id="an emoji across the cut"),
+    pytest.param("photo:", "Photo", id="a photo alone")])
+def test_the_page_names_a_conversation_after_its_first_message(stack: Stack, first: str, title: str) -> None:
+    """The title the page gives is one the API takes: never half an emoji (a lone surrogate, 422),
+    never empty for a message that is only photos."""
+    server = ThreadServer(create_app(stack.settings)).start()
+    try:
+        done = subprocess.run(["node", str(CLIENT), server.url, API_KEY, first], capture_output=True, text=True,
+                              timeout=90, check=False)
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["listed"] == {"mine": True, "title": title}
+
+
+TITLES_AND_PHOTOS = """
+import { photoProblem, titleOf } from "%s";
+const out = { titles: [], broken: [], problems: [] };
+for (const text of ["  hello  ", "", "   ", "/new"]) out.titles.push(titleOf(text, 0), titleOf(text, 3));
+for (let at = 50; at < 70; at++) {  // an emoji, a flag and a family at every place around the cut
+  for (const odd of ["\\u{1F600}", "\\u{1F1EB}\\u{1F1F7}", "\\u{1F468}\\u200D\\u{1F469}\\u200D\\u{1F467}"]) {
+    const title = titleOf("x".repeat(at) + odd.repeat(40), 0);
+    if (!title.isWellFormed() || [...title].length > 60 || !title) out.broken.push([at, odd, title]);
+  }
+}
+const photo = (name, size, type = "image/jpeg") => ({ name, size, type });
+for (const files of [[photo("a.jpg", 5 * 1024 * 1024), photo("b.png", 1, "image/png"), photo("c.gif", 1, "image/gif"),
+                      photo("d.webp", 1, "image/webp")],
+                     [photo("a.jpg", 1), photo("big.jpg", 5 * 1024 * 1024 + 1)],
+                     [photo("IMG_0001.HEIC", 1, "image/heic")],
+                     Array.from({ length: 5 }, (_, i) => photo(`p${i}.jpg`, 1))]) {
+  out.problems.push(photoProblem(files));
+}
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+def test_the_page_checks_titles_and_photos_before_sending() -> None:
+    """What the page sends is what the API takes: a title cut between characters, and photos it
+    refuses named before anything is sent (too many, too large, not a type a model takes)."""
+    script = TITLES_AND_PHOTOS % (Path(__file__).parents[2] / "gateway" / "web" / "chat.js").as_uri()
+    done = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["titles"] == ["hello", "hello", "Photo", "3 photos", "Photo", "3 photos", "/new", "/new"]
+    assert out["broken"] == []
+    assert out["problems"] == [
+        None,
+        '"big.jpg" is too large (5.2 MB): a photo may be at most 5 MiB (5,242,880 bytes).',
+        '"IMG_0001.HEIC" is not a photo the model takes: pick a JPEG, PNG, GIF or WebP image.',
+        "5 photos picked: send at most 4 with a message.",
+    ]

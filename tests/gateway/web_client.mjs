@@ -3,10 +3,11 @@
 // "linked", "downloads"}
 // (a MESSAGE "photo:TEXT" is TEXT sent with a 1x1 PNG)
 // as JSON ("unknown": the HTTP status the history of a conversation that does not exist gets;
-// "listed": whether the conversation, named after its first message, is the newest one listed;
+// "listed": whether the conversation, named after its first message as the page names it, is the
+// newest one listed, and its title;
 // "linked": the files `message` events linked; "downloads": the name, type and text of each, fetched
 // as the page does).
-import { ApiError, Client, sizeOf } from "../../gateway/web/chat.js";
+import { ApiError, Client, sizeOf, titleOf } from "../../gateway/web/chat.js";
 
 const PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAAAAAA6fptVAAAACklEQVR4nGNoAAAAggCBd81ytgAAAABJRU5ErkJggg==";
 
@@ -28,17 +29,15 @@ const following = (async () => {
     if (!stop.signal.aborted) throw err;
   }
 })();
+const sent = messages.map((m) => (m.startsWith("photo:") ? { text: m.slice(6), images: [PNG] } : { text: m, images: [] }));
 const replies = [];
-for (const message of messages) {
-  const photo = message.startsWith("photo:");
-  replies.push(await client.chat(conversation, photo ? message.slice(6) : message, photo ? [PNG] : []));
-}
+for (const { text, images } of sent) replies.push(await client.chat(conversation, text, images));
 const deadline = setTimeout(() => stop.abort(), 20000);
 await following;
 clearTimeout(deadline);
 stop.abort();
 const history = await client.history(conversation);
-await client.rename(conversation, messages[0]);  // (the page names it after the first message)
+await client.rename(conversation, titleOf(sent[0].text, sent[0].images.length));  // as the page does
 const [newest] = await client.conversations();
 const listed = { mine: newest.conversationId === conversation, title: newest.title };
 const unknown = await client.history("no-such-conversation").then(() => 200, (err) => (err instanceof ApiError ? err.status : -1));
