@@ -11,6 +11,7 @@ import typer
 
 from gateway.cli_channels import app as channels_app
 from gateway.cli_cron import app as cron_app
+from gateway.cli_cron import flag_error
 from shared.constants import QUEUES, REDBEAT_PREFIX
 from shared.process_guard import guard_or_warn, start_resource_tracker
 from shared.settings import Settings, SettingsError, get_settings
@@ -60,6 +61,14 @@ def refuse(err: Exception | str) -> NoReturn:
     """Say why a command cannot go on, in a line, and exit 1 (no traceback)."""
     typer.echo(f"nanofleet: {err}", err=True)
     raise typer.Exit(1)
+
+
+def bad_argument(*reasons: str) -> NoReturn:
+    """Say what is wrong with the arguments, a line each, and exit 2 (as for a bad setting), before
+    anything is done: no usage text, no traceback."""
+    for reason in reasons:
+        typer.echo(f"nanofleet: {reason}", err=True)
+    raise typer.Exit(2)
 
 
 def database_or_exit(settings: Settings, *, may_create: bool = False) -> Settings:
@@ -226,6 +235,23 @@ def up(
     raise typer.Exit(code)
 
 
+def _agent_problems(*, message: str, session: str, model: str | None) -> list[str]:
+    """What is wrong with `agent`'s arguments, a line each: a blank message or session (the session
+    is the conversation's key and chat id), or what the REST API's chat body refuses (a model name
+    too long, a message too long). Settings decide the rest about the model (`LLMSettings.refuses`)."""
+    from pydantic import ValidationError
+
+    from gateway.schemas import ChatIn
+
+    said = [f"--{flag}: must not be empty" for flag, value in (("message", message), ("session", session))
+            if not value.strip()]
+    try:
+        ChatIn.model_validate({"message": message, "model": model})
+    except ValidationError as err:  # an empty message's error names no field: said above
+        said += [flag_error(e) for e in err.errors() if e["loc"]]
+    return said
+
+
 @app.command()
 def agent(
     message: Annotated[str, typer.Option("-m", "--message", help="what to say")],
@@ -239,9 +265,12 @@ def agent(
     from gateway.local_agent import one_turn
     from shared.migrate import MigrationBlocked, UnknownRevision
 
-    if not message.strip():
-        raise typer.BadParameter("say something", param_hint="'-m' / '--message'")
-    settings = database_or_exit(plugins_or_exit(settings_or_exit()), may_create=True)
+    if said := _agent_problems(message=message, session=session, model=model):
+        bad_argument(*said)
+    settings = plugins_or_exit(settings_or_exit())
+    if model and (refusal := settings.llm.refuses(model)):  # the REST API's check: 422 there
+        bad_argument(refusal)
+    settings = database_or_exit(settings, may_create=True)
     try:
         answer = one_turn(settings, message=message, session=session, model=model)
     except (UnknownRevision, MigrationBlocked) as err:

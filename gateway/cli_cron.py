@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime
 from typing import Annotated
 
 import typer
@@ -26,10 +25,14 @@ JobId = Annotated[str, typer.Argument(metavar="JOB_ID", help="the job's id (see 
 
 # The core names the schedule's fields; the CLI names its own flags.
 _FLAGS = {"every_seconds": "--every", "cron_expr": "--cron", "chat_id": "--chat-id", "missed_policy": "--missed-policy"}
+# What --at takes: what pydantic reads as a datetime (the REST API's `at`), where the pieces in [] may be left out.
+_AT_FORMS = ("must be an ISO-8601 time ({error}): 2027-01-01T10:00[:SS[.ffffff]][Z|+-HH:MM], with a space or T, "
+            "or a date alone; without an offset it is read in --tz")
 # What a flag's value must be, by pydantic's error type (others: pydantic's own words).
 _MUST = {"greater_than_equal": "must be at least {ge}", "less_than_equal": "must be at most {le}",
          "literal_error": "must be {expected}", "string_too_short": "must not be empty",
-         "string_too_long": "must be at most {max_length} characters"}
+         "string_too_long": "must be at most {max_length} characters",
+         "datetime_from_date_parsing": _AT_FORMS, "datetime_parsing": _AT_FORMS}
 
 
 def _settings() -> Settings:
@@ -43,8 +46,9 @@ def _in_flags(message: str) -> str:
     return re.sub(r"\b(" + "|".join(_FLAGS) + r")\b", lambda m: _FLAGS[m.group(1)], message)
 
 
-def _flag_error(e: ErrorDetails) -> str:
-    """An invalid value in a line naming its flag (pydantic's own text names the model and links its docs)."""
+def flag_error(e: ErrorDetails) -> str:
+    """An invalid value in a line naming its flag (pydantic's own text names the model and links its
+    docs). `nanofleet agent` names its flags with it too."""
     field = str(e["loc"][0]) if e["loc"] else ""
     flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
     if e["type"] in _MUST:
@@ -94,10 +98,10 @@ def add(
     message: Annotated[str, typer.Option("--message", "-m", help="what the agent does at each run")],
     every: Annotated[int | None, typer.Option(help="run every N seconds")] = None,
     cron: Annotated[str | None, typer.Option(help="5-field cron expression, e.g. '0 9 * * 1-5'")] = None,
-    tz: Annotated[str | None, typer.Option(help="IANA timezone for --cron")] = None,
-    at: Annotated[datetime | None, typer.Option(help="run once at this ISO-8601 time", metavar="<datetime>",
-                                                formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S",
-                                                         "%Y-%m-%dT%H:%M%z", "%Y-%m-%dT%H:%M"])] = None,
+    tz: Annotated[str | None, typer.Option(help="IANA timezone for --cron, or a --at without offset")] = None,
+    at: Annotated[str | None, typer.Option(
+        help="run once at this ISO-8601 time (as the REST API reads it; without an offset: in --tz)",
+        metavar="<datetime>")] = None,
     name: Annotated[str, typer.Option(help="a short name")] = "",
     channel: Annotated[str, typer.Option(help="where results go: api, or a configured platform")] = "api",
     chat_id: Annotated[str, typer.Option(help="the chat on that channel (for api: a conversation id, or none)")] = "",
@@ -107,6 +111,8 @@ def add(
     if sum(x is not None for x in (every, cron, at)) != 1:
         typer.echo("nanofleet: give exactly one of --every, --cron or --at", err=True)
         raise typer.Exit(2)
+    # A blank message is refused as an empty one: each run would ask the agent nothing (min_length lets it by).
+    message = message if message.strip() else ""
     try:
         data = jobs.JobIn.model_validate({
             "message": message, "name": name, "every_seconds": every, "cron_expr": cron, "tz": tz, "at": at,
@@ -114,7 +120,7 @@ def add(
         })
     except ValidationError as err:
         for e in err.errors():
-            typer.echo(f"nanofleet: {_flag_error(e)}", err=True)
+            typer.echo(f"nanofleet: {flag_error(e)}", err=True)
         raise typer.Exit(2) from None
     settings = _settings()
     try:

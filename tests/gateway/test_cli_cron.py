@@ -157,3 +157,32 @@ def test_agent_model_option_says_what_it_takes() -> None:
     out = CliRunner().invoke(app, ["agent", "--help"])
     assert "--model <str> the model for this turn: a profile name or a litellm model string" in " ".join(
         out.output.split())
+
+
+@pytest.mark.parametrize(("at", "tz", "instant"), [
+    ("2027-01-01T10:00:00.5+02:00", [], "2027-01-01T08:00:00+00:00"),  # kept to the whole second
+    ("2027-01-01 10:00", [], "2027-01-01T10:00:00+00:00"),  # no offset: NANOFLEET_SCHEDULER__TIMEZONE (UTC)
+    ("2027-01-01 10:00", ["--tz", "Asia/Tokyo"], "2027-01-01T01:00:00+00:00"),
+    ("2027-01-01T10:00Z", [], "2027-01-01T10:00:00+00:00"),
+    ("2027-01-01", ["--tz", "Europe/Paris"], "2026-12-31T23:00:00+00:00"),
+], ids=["fraction-offset", "space-naive", "naive-in-tz", "zulu", "date"])
+def test_cron_add_at_takes_what_the_rest_api_takes(at: str, tz: list[str], instant: str, cli: CliRunner) -> None:
+    """`at` is read as the REST API reads it (pydantic's ISO-8601), a time without offset in `--tz`
+    (these were refused with a usage error listing strptime formats)."""
+    job_id = added_id(cli.invoke(app, ["cron", "add", "-m", "x", "--at", at, *tz]))
+    [shown] = json.loads(cli.invoke(app, ["cron", "list", "--json"]).output)
+    assert shown["id"] == job_id and datetime.fromisoformat(shown["at"]) == datetime.fromisoformat(instant), shown
+
+
+@pytest.mark.parametrize("at", ["tomorrow", "2027-13-01T10:00", "2027-01-01T25:00", ""])
+def test_cron_add_at_names_the_forms_it_takes_in_a_line(at: str, cli: CliRunner) -> None:
+    line = refused(cli.invoke(app, ["cron", "add", "-m", "x", "--at", at]))
+    assert line.startswith("nanofleet: --at: must be an ISO-8601 time") and "2027-01-01T10:00" in line, line
+    assert "no cron jobs" in cli.invoke(app, ["cron", "list"]).output
+
+
+@pytest.mark.parametrize("message", ["", "   ", "\n\t"], ids=["empty", "spaces", "whitespace"])
+def test_cron_add_refuses_a_blank_message(message: str, cli: CliRunner) -> None:
+    assert refused(cli.invoke(app, ["cron", "add", "-m", message, "--every", "60"])) == (
+        "nanofleet: --message: must not be empty")
+    assert "no cron jobs" in cli.invoke(app, ["cron", "list"]).output

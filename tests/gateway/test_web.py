@@ -35,16 +35,22 @@ def test_the_page_is_served_without_a_key_and_with_a_strict_policy(stack: Stack)
         assert anonymous.get("/api/v1/tools").status_code == 401  # the page opens nothing else
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
-def test_the_pages_client_chats_and_follows_the_event_stream(stack: Stack) -> None:
+def _client(stack: Stack, *messages: str) -> dict[str, Any]:
+    """What the page's client (web_client.mjs, in Node) saw sending `messages` to a gateway of `stack`."""
     server = ThreadServer(create_app(stack.settings)).start()
     try:
-        done = subprocess.run(["node", str(CLIENT), server.url, API_KEY, "hello", "call:time", "photo:look"],
-                              capture_output=True, text=True, timeout=90, check=False)
+        done = subprocess.run(["node", str(CLIENT), server.url, API_KEY, *messages], capture_output=True, text=True,
+                              timeout=90, check=False)
     finally:
         server.stop()
     assert done.returncode == 0, done.stderr
     out: dict[str, Any] = json.loads(done.stdout)
+    return out
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+def test_the_pages_client_chats_and_follows_the_event_stream(stack: Stack) -> None:
+    out = _client(stack, "hello", "call:time", "photo:look")
     first, second, photo = out["replies"]
     assert (first["text"], first["status"]) == ("echo: hello", "succeeded")
     assert [c["toolName"] for c in second["toolCalls"]] == ["time"] and second["status"] == "succeeded"
@@ -64,15 +70,7 @@ def test_the_pages_client_downloads_the_files_the_agent_sends(make_stack: Callab
     stack = make_stack(TOOLS__ALLOWED=json.dumps(["message"]), PERMISSIONS__GRANTED=json.dumps(["FS_READ"]))
     (stack.workspace / "notes.md").write_text("# Notes\nbuy milk\n")
     stack.worker()
-    server = ThreadServer(create_app(stack.settings)).start()
-    ask = 'call:message{"content": "your notes", "files": ["notes.md"]}'
-    try:
-        done = subprocess.run(["node", str(CLIENT), server.url, API_KEY, ask], capture_output=True, text=True,
-                              timeout=90, check=False)
-    finally:
-        server.stop()
-    assert done.returncode == 0, done.stderr
-    out: dict[str, Any] = json.loads(done.stdout)
+    out = _client(stack, 'call:message{"content": "your notes", "files": ["notes.md"]}')
     assert out["downloads"] == [{"name": "notes.md", "size": "17 B", "type": "text/markdown",
                                  "text": "# Notes\nbuy milk\n"}]
     # Reopened later, the page shows what was sent, with its link, between the request and the answer
@@ -90,14 +88,7 @@ def test_the_pages_client_downloads_the_files_the_agent_sends(make_stack: Callab
 def test_the_page_names_a_conversation_after_its_first_message(stack: Stack, first: str, title: str) -> None:
     """The title the page gives is one the API takes: never half an emoji (a lone surrogate, 422),
     never empty for a message that is only photos."""
-    server = ThreadServer(create_app(stack.settings)).start()
-    try:
-        done = subprocess.run(["node", str(CLIENT), server.url, API_KEY, first], capture_output=True, text=True,
-                              timeout=90, check=False)
-    finally:
-        server.stop()
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["listed"] == {"mine": True, "title": title}
+    assert _client(stack, first)["listed"] == {"mine": True, "title": title}
 
 
 TITLES_AND_PHOTOS = """

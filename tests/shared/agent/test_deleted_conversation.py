@@ -21,15 +21,20 @@ from shared.models import Conversation, ToolCall
 from tests.support.stack import Stack
 
 
+def _turn(rt: Runtime, message: str) -> tuple[str, str | None]:
+    """A new conversation and the turn `message` starts in it."""
+    with rt.session() as s:
+        cid = conversations.get_or_create(s, session_key=f"t:deleted-{message}").id
+        return cid, conversations.post_message(s, cid, message, origin={},
+                                               lease_seconds=rt.settings.runtime.lease_seconds).run_id
+
+
 def test_a_tool_that_finishes_after_its_conversation_was_deleted_ends_quietly(
         make_stack: Callable[..., Stack]) -> None:
     """/stop leaves a running tool to finish (its run is cancelled, so DELETE goes ahead); its
     result then had no run to be written to, and the task failed with NoResultFound."""
     rt = Runtime.build(make_stack().settings)
-    with rt.session() as s:
-        cid = conversations.get_or_create(s, session_key="t:deleted").id
-        run_id = conversations.post_message(s, cid, "call:time {}", origin={},
-                                            lease_seconds=rt.settings.runtime.lease_seconds).run_id
+    cid, run_id = _turn(rt, "call:time {}")
     execute = rt.tools.execute
 
     async def stopped_and_deleted_meanwhile(*args: Any, **kwargs: Any) -> Any:
@@ -50,10 +55,7 @@ def test_a_model_answer_that_comes_after_its_conversation_was_deleted_ends_quiet
     """/stop, then DELETE, while the model is still answering: the answer had no run to be written
     to, and the step failed with NoResultFound (an ERROR traceback in the worker log)."""
     rt = Runtime.build(make_stack().settings)
-    with rt.session() as s:
-        cid = conversations.get_or_create(s, session_key="t:deleted-llm").id
-        run_id = conversations.post_message(s, cid, "hello", origin={},
-                                            lease_seconds=rt.settings.runtime.lease_seconds).run_id
+    cid, run_id = _turn(rt, "hello")
     complete = rt.llm.complete
 
     def stopped_and_deleted_meanwhile(*args: Any, **kwargs: Any) -> Any:
