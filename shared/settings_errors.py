@@ -151,6 +151,7 @@ def _expected(field: FieldInfo, name: str, value: str) -> str:
     text = f"a JSON {'list' if is_list else 'object'} is expected, e.g. {example}"
     if not stripped:
         text += "; the value is empty: unset the variable for the default"
-    elif stripped[0] in "[{" and '"' not in stripped:  # `set -a; . ./.env` with an unquoted JSON value
+    elif stripped[0] in "[{" and '"' not in stripped and any(c.isalpha() for c in stripped):
+        # `set -a; . ./.env` with an unquoted JSON value: its strings are bare words
         text += f"; its double quotes are gone, as when a shell reads it unquoted: single-quote it, {name}='{example}'"
     return text

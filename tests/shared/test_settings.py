@@ -129,6 +129,13 @@ def test_malformed_json_names_the_exact_variable(monkeypatch: pytest.MonkeyPatch
     assert "a-long-random-key]" not in lines[0]  # a secret's value is not repeated
 
 
+def test_json_cut_short_is_not_said_to_have_lost_its_quotes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NANOFLEET_CHANNELS__TELEGRAM__ALLOW_FROM", "[1,")
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert "Expecting value" in str(err.value) and "quotes are gone" not in str(err.value)
+
+
 @pytest.mark.parametrize("value", ["[a-long-random-key]", '["time",]'])
 def test_cli_names_a_malformed_json_variable_without_a_traceback(value: str) -> None:
     env = {"PATH": "/usr/bin:/bin", "NANOFLEET_TOOLS__ALLOWED": value, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
