@@ -11,7 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from pydantic.alias_generators import to_camel
 
 from shared.channels.base import IMAGE_TYPES, MAX_IMAGE, MAX_IMAGES, image_type
-from shared.contracts import NO_NUL, not_blank
+from shared.contracts import BLANKS, NO_NUL, NOT_BLANK, not_blank
 
 MAX_MESSAGE = 100_000  # characters
 # A photo as a data URL: "data:image/jpeg;base64," (the longest head) and MAX_IMAGE bytes in base64,
@@ -40,7 +40,7 @@ BIGINT_MAX = 2**63 - 1  # offsets past Postgres' bigint are refused with 422, no
 # Postgres text cannot hold NUL: refuse it with 422 instead of failing in the database. A pattern,
 # not a validator, so the OpenAPI schema says so too.
 Text = Annotated[str, StringConstraints(pattern=NO_NUL)]
-Words = Annotated[Text, AfterValidator(not_blank)]  # not blank either
+Words = Annotated[Text, AfterValidator(not_blank), Field(json_schema_extra={"pattern": NOT_BLANK})]  # nor blank
 Id = Annotated[str, Path(max_length=64, pattern=r"^[^\x00]+$")]
 
 
@@ -94,7 +94,7 @@ IMAGE_URL = ("^data:image/(?:png;base64,iVBORw0KGg[o-r][A-Za-z0-9+/]|jpeg;base64
 
 class ChatIn(RequestBody):
     model_config = ConfigDict(json_schema_extra={"anyOf": [
-        {"required": ["message"], "properties": {"message": {"minLength": 1}}},
+        {"required": ["message"], "properties": {"message": {"pattern": NOT_BLANK}}},
         {"required": ["images"], "properties": {"images": {"minItems": 1}}}]})
 
     message: Text = Field(default="", max_length=MAX_MESSAGE, description="the text; may be left out with images")
@@ -115,7 +115,7 @@ class ChatIn(RequestBody):
 
     @model_validator(mode="after")
     def _said_something(self) -> ChatIn:
-        if not self.message.strip() and not self.images:
+        if not self.message.strip(BLANKS) and not self.images:
             raise ValueError("message is empty or blank: send some text, or images")
         return self
 
