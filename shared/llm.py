@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import random
+import re
 import time
 import uuid
 import warnings
@@ -377,8 +378,10 @@ def _user_message(err: Exception, wait: float | None = None) -> str:
     if unreachable(err):
         return "Sorry, I couldn't reach the language model (no connection to it). Please try again in a moment."
     if kind == "BadRequestError" and "LLM Provider NOT provided" in str(err):
-        return ("Sorry, the configured model names no provider litellm knows: check the model name "
-                "(a litellm model string such as openai/gpt-4.1-mini).")
+        named = re.search(r"You passed model=(\S+)", str(err))  # the default, a profile's, or the request's
+        model = f"{named[1]!r} " if named else ""
+        return (f"Sorry, the model {model}names no provider litellm knows: check the model name (a profile, or "
+                "a litellm model string such as openai/gpt-4.1-mini).")
     if retryable(err):
         when = f"in {wait:.0f} seconds" if wait else "in a moment"
         return f"Sorry, I couldn't get an answer from the language model right now ({kind}). Please try again {when}."

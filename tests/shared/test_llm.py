@@ -60,7 +60,7 @@ def test_a_model_nobody_can_reach_is_reported_as_such(api_base: str) -> None:
 def test_a_model_string_without_a_provider_says_so() -> None:
     with pytest.raises(LLMError) as err:
         LLMClient(LLMSettings(model="nosuchprovider/foo", api_key="k", max_retries=0)).complete(USER)
-    assert "names no provider" in err.value.user_message
+    assert "the model 'nosuchprovider/foo' names no provider" in err.value.user_message
 
 
 @pytest.mark.parametrize("status", [503, 520, 529])  # 520/529: a proxy's or an overloaded provider's
