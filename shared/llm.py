@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from shared.contracts import without_nul
 from shared.llm_faults import HINTS, retry_after, unreachable
 from shared.llm_images import without_images
 from shared.settings import LLMProfile, LLMSettings
@@ -316,7 +317,7 @@ def _vision(model: str) -> bool:
 def _parse(response: Any, model: str) -> LLMResponse:
     message = response.choices[0].message
     calls = [
-        LLMToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "{}")
+        LLMToolCall(id=c.id, name=_storable(c.function.name), arguments=_storable(c.function.arguments or "{}"))
         for c in (message.tool_calls or [])
     ]
     usage = getattr(response, "usage", None)
@@ -328,7 +329,7 @@ def _parse(response: Any, model: str) -> LLMResponse:
         except Exception:  # models without a price in the map
             cost = 0.0
     return LLMResponse(
-        content=message.content or "",
+        content=_storable(message.content or ""),
         tool_calls=calls,
         usage=Usage(
             prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
@@ -367,10 +368,17 @@ def _streamed(stream: Any, on_delta: Callable[[str], None], model: str) -> LLMRe
         cost = sum(_litellm().cost_per_token(model=model, prompt_tokens=prompt, completion_tokens=completion))
     except Exception:  # models without a price in the map
         cost = 0.0
-    tool_calls = [LLMToolCall(id=c.id or f"call_{uuid.uuid4().hex[:24]}", name=c.name, arguments=c.arguments or "{}")
-                  for _, c in sorted(calls.items())]
-    return LLMResponse(content="".join(text), tool_calls=tool_calls,
+    tool_calls = [LLMToolCall(id=c.id or f"call_{uuid.uuid4().hex[:24]}", name=_storable(c.name),
+                              arguments=_storable(c.arguments or "{}")) for _, c in sorted(calls.items())]
+    return LLMResponse(content=_storable("".join(text)), tool_calls=tool_calls,
                        usage=Usage(prompt_tokens=prompt, completion_tokens=completion, cost=float(cost)), model=model)
+
+
+def _storable(text: str) -> str:
+    """A model's text as Postgres can store it: a NUL or a lone surrogate (which a model may well
+    write) failed the step that wrote it, five times, each after a paid call."""
+    cleaned: str = without_nul(text, lone_surrogates=True)
+    return cleaned
 
 
 def _user_message(err: Exception, wait: float | None = None) -> str:

@@ -20,6 +20,7 @@ from shared.agent.finish import NOT_RUN, finish, publish_final, recorded, tool_m
 from shared.agent.runtime import Next, Runtime
 from shared.aio import run_sync
 from shared.constants import T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EXECUTE
+from shared.contracts import without_nul
 from shared.db import Inserting, returning_row, table_of, unavailable, updated_row
 from shared.errors import Retryable
 from shared.llm import LLMError, LLMResponse
@@ -249,11 +250,12 @@ def _add_usage(s: Session, run: Run, response: LLMResponse, seq: int, elapsed_ms
 
 
 def _parse_arguments(raw: str) -> dict[str, Any]:
+    """The call's arguments as stored (JSON may spell a NUL, \\u0000, which JSONB cannot hold)."""
     try:
         value = json.loads(raw or "{}")
     except json.JSONDecodeError:
         return {"_invalid_json": raw}
-    return value if isinstance(value, dict) else {"_invalid_json": raw}
+    return without_nul(value, lone_surrogates=True) if isinstance(value, dict) else {"_invalid_json": raw}
 
 
 def _start_tools(s: Session, run: Run, response: LLMResponse, lease_seconds: float) -> list[Next]:
@@ -335,7 +337,8 @@ def _write_result(rt: Runtime, call: ToolCall, result: ToolResult) -> list[Next]
         locked = s.get(Run, call.run_id, with_for_update=True)
         if locked is None:
             return None
-        s.execute(WRITE_RESULT, {"call": call.id, "outcome": result.status, "output": result.model_dump(mode="json"),
+        output = without_nul(result.model_dump(mode="json"), lone_surrogates=True)  # a command may print a NUL
+        s.execute(WRITE_RESULT, {"call": call.id, "outcome": result.status, "output": output,
                                  "elapsed": result.elapsed_ms})
         return _advance(rt, s, locked, call.step_seq)
 

@@ -218,3 +218,21 @@ def test_usage_in_chat_is_what_the_runs_recorded(stack: Stack, api: Any) -> None
     reply = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "/usage"}).json()["assistantMessage"]
     assert reply == (f"This chat so far: {prompt:,} prompt and {completion:,} completion tokens, "
                      f"${sum(u['cost'] for u in used):.4f}.")
+
+
+def test_a_nul_from_the_model_or_a_tool_is_dropped_without_failing_the_turn(stack: Stack, api: Any,
+                                                                           fake_llm: FakeLLM) -> None:
+    """Postgres holds no NUL: a model's answer, its tool call's arguments or a tool's output with one
+    failed the step five times, each after a paid call."""
+    def handler(body: dict[str, Any]) -> Reply:
+        if any(m.get("role") == "tool" for m in body["messages"]):
+            return Reply(text="before\x00after")
+        return Reply(tool_calls=[("record", {"tag": "nul\x00here"})])
+
+    fake_llm.handler = handler
+    cid = new_conversation(api)
+    body = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "go"}).json()
+    assert body["status"] == "succeeded" and body["assistantMessage"] == "beforeafter"
+    assert body["toolCalls"][0]["status"] == "SUCCESS" and "recorded nulhere" in body["toolCalls"][0]["result"]
+    assert fake_llm.calls() == 2  # none again
+    assert [line.split()[-1] for line in stack.executions()] == ["nulhere"]
