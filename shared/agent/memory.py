@@ -121,6 +121,8 @@ def _compact(rt: Runtime, conversation_id: str, *, everything: bool, keep: int |
         previous = f"Previous summary:\n{summary.content}\n" if summary and summary.content else ""
     try:
         response = rt.llm.complete([_summary_request(rt, conversation_id, previous, old)])
+        if not response.content.strip():  # stored, it would replace the summary there is: all of it forgotten
+            raise LLMError(f"the model wrote an empty summary ({response.model})", user_message="")
     except LLMError as err:  # an automatic compaction comes again with the next turn
         if everything:
             return _failed_reset(rt, conversation_id, err)

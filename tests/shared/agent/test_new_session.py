@@ -3,6 +3,7 @@ compaction task whatever runs beside it, sent again by the sweep, and given up i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,7 +15,7 @@ from sqlmodel import Session
 from shared.agent import conversations, memory, prompt
 from shared.agent.runtime import Runtime
 from shared.db import get_engine
-from shared.llm import LLMError
+from shared.llm import LLMError, LLMResponse
 from shared.models import IMAGES, Message, Role, utcnow
 from tests.fakes.llm import FakeLLM
 from tests.support.stack import Stack
@@ -186,3 +187,27 @@ def test_a_summary_is_told_of_the_photos_it_is_not_shown(stack: Stack, fake_llm:
     with fake_llm.lock:
         [request] = [b["messages"] for b in fake_llm.requests if "Summarise the conversation" in json.dumps(b)]
     assert "USER: [2 photo(s)]\nUSER: [1 photo(s)] my cat\nASSISTANT: a fine cat" in request[0]["content"]
+
+
+def test_an_empty_summary_from_the_model_keeps_the_one_there_is(stack: Stack) -> None:
+    """The model answered a compaction with nothing: stored, the empty text replaced the summary, and
+    the next compaction had no previous summary to build on: the conversation's memory was gone."""
+    rt = Runtime.build(stack.settings)
+    cid = _chat(rt, 30)
+    assert memory.compact(rt, cid) is True
+    kept = _summary(rt, cid).content
+    with rt.session() as s:
+        for i in range(30, 60):
+            s.add(Message(conversation_id=cid, role=Role.USER, content=f"question {i}"))
+            s.add(Message(conversation_id=cid, role=Role.ASSISTANT, content=f"answer {i}"))
+    complete = rt.llm.complete
+
+    def nothing(*args: Any, **kwargs: Any) -> LLMResponse:
+        return dataclasses.replace(complete(*args, **kwargs), content=" \n")
+
+    rt.llm.complete = nothing  # type: ignore[method-assign]
+    assert memory.compact(rt, cid) is False
+    assert _summary(rt, cid).content == kept and "answer 19" in kept
+    _new(rt, cid)  # a /new summary the model leaves empty is left to the sweep, as a failed one
+    assert memory.compact(rt, cid, everything=True) is False
+    assert _summary(rt, cid).content == kept and memory.DUE in _summary(rt, cid).meta
