@@ -55,3 +55,4 @@ WORKER_ALIVE_FILE = "worker.alive"  # in the data dir: touched at each of a work
 
 # Header that carries the request id from the gateway into Celery tasks and logs.
 REQUEST_ID_HEADER = "request_id"
+REPORT = "subagent_report"  # the meta kind of a subagent's report in its parent's conversation

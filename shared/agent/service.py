@@ -12,7 +12,7 @@ from sqlmodel import Session, col, select
 from shared.agent import conversations, memory, prompt
 from shared.agent.finish import cancel_conversation, publish_final
 from shared.agent.runtime import Next, Runtime
-from shared.constants import T_AGENT_STEP, T_COMPACT
+from shared.constants import REPORT, T_AGENT_STEP, T_COMPACT
 from shared.errors import Conflict, NotFound
 from shared.models import Conversation, Message, MessageType, Role, Run
 
@@ -93,8 +93,10 @@ def submit(
 
 def answer_again(rt: Runtime, s: Session, conversation_id: str, *, content: str | None = None,
                  model: str | None = None, origin: dict[str, Any] | None = None) -> Submitted:
-    """/retry, and the API's regenerate: the conversation's last user message answered afresh (with
-    `content`, as edited), the answer and tool results that followed it dropped; the message moves to
+    """/retry, and the API's regenerate: the conversation's last user message (its user's: not a
+    subagent's report) answered afresh (with `content`, as edited), the answer and tool results of the
+    turn that answered it dropped (not what came after from elsewhere: a report and its answer, a cron
+    job's result); the message moves to
     the end of the transcript (a new seq) and into the new turn, whose model is `model`, else the
     message's own, and whose reply goes to `origin`, else where the message came from. Raises NotFound,
     or Conflict while a turn runs or when there is no message to answer again (none yet, or only ones a
@@ -106,13 +108,15 @@ def answer_again(rt: Runtime, s: Session, conversation_id: str, *, content: str 
     if found[1]:
         raise conversations.Busy([found[1]])
     last = s.exec(select(Message).where(Message.conversation_id == conversation_id, Message.role == Role.USER,
-                                        Message.type == MessageType.NORMAL, col(Message.pending).is_(False))
+                                        Message.type == MessageType.NORMAL, col(Message.pending).is_(False),
+                                        col(Message.meta)["kind"].astext.is_distinct_from(REPORT))
                   .order_by(col(Message.seq).desc()).limit(1)).first()
     if last is None or (last.seq or 0) <= prompt.covered(prompt.latest_summary(s, conversation_id, fresh=True)):
         raise Conflict("the conversation has no message to answer again since its last summary (or /new)"
                        if last else "the conversation has no message yet")
+    answer = [col(Message.run_id) == last.run_id] if last.run_id else []  # (None: every message after it)
     s.execute(delete(Message).where(col(Message.conversation_id) == conversation_id, col(Message.seq) > last.seq,
-                                    col(Message.type) == MessageType.NORMAL, col(Message.pending).is_(False)))
+                                    col(Message.type) == MessageType.NORMAL, col(Message.pending).is_(False), *answer))
     origin = origin or last.meta.get("origin") or {"channel": "api", "chat_id": conversation_id}
     run_id = conversations.try_start_turn(s, conversation_id, origin=origin,
                                           lease_seconds=rt.settings.runtime.lease_seconds,

@@ -18,7 +18,7 @@ from sqlmodel import Session, col, select
 
 from shared.agent import conversations, lease, steps, views
 from shared.agent.runtime import Next, Runtime
-from shared.constants import INTERNAL, T_AGENT_STEP, T_SUBAGENT_STEP
+from shared.constants import INTERNAL, REPORT, T_AGENT_STEP, T_SUBAGENT_STEP
 from shared.db import session_scope
 from shared.models import Conversation, Message, Role, Run, RunKind, RunStatus
 from shared.scheduling.ids import call_key, derived
@@ -128,7 +128,7 @@ def announce(rt: Runtime, s: Session, child: Run) -> list[Next]:
     if parent_conv is None:
         return []
     s.add(Message(conversation_id=parent_conv, role=Role.USER, content=report(child), pending=True,
-                  meta={"origin": origin, "subagent_run_id": child.id, "kind": "subagent_report"}))
+                  meta={"origin": origin, "subagent_run_id": child.id, "kind": REPORT}))
     child.announced = True
     s.add(child)
     s.flush()

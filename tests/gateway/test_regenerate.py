@@ -7,7 +7,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from shared.models import TERMINAL, RunStatus
+from sqlmodel import Session
+
+from shared.constants import REPORT
+from shared.db import get_engine
+from shared.models import TERMINAL, Message, Role, RunStatus
 from tests.fakes.llm import FakeLLM
 from tests.support.processes import wait_until
 from tests.support.stack import Stack
@@ -89,3 +93,23 @@ def test_retry_in_a_chat_answers_the_last_message_again(stack: Stack, api: Any) 
     edited = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "/retry  one, but\nin two lines"})
     assert edited.json()["assistantMessage"] == "echo: one, but\nin two lines"
     assert _transcript(api, cid) == [("USER", "one, but\nin two lines"), ("ASSISTANT", "echo: one, but\nin two lines")]
+
+
+def test_regenerate_answers_the_user_s_message_and_keeps_what_came_from_elsewhere(stack: Stack, api: Any) -> None:
+    """A subagent's report (a user message of the conversation) and a cron job's result came after the
+    user's last message and its answer: /retry answered the report again, and dropped the cron result
+    and everything else after the message, not the answer alone."""
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "question one"})
+    with Session(get_engine(stack.settings.database_url)) as s:
+        s.add(Message(conversation_id=cid, role=Role.USER, content="[subagent report] it is done",
+                      meta={"kind": REPORT}, run_id="run-of-the-report"))
+        s.add(Message(conversation_id=cid, role=Role.ASSISTANT, content="your task is done",
+                      run_id="run-of-the-report"))
+        s.add(Message(conversation_id=cid, role=Role.ASSISTANT, content="[cron] the daily check passed"))
+        s.commit()
+    again = api.post(f"/api/v1/conversations/{cid}/regenerate").json()
+    _ended(api, again["runId"])
+    assert _transcript(api, cid) == [
+        ("USER", "[subagent report] it is done"), ("ASSISTANT", "your task is done"),
+        ("ASSISTANT", "[cron] the daily check passed"), ("USER", "question one"), ("ASSISTANT", "echo: question one")]
