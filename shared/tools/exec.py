@@ -1,5 +1,6 @@
 """`exec`: a shell command in the workspace, in its own process group, with a timeout that kills
-the whole group, capped output, a minimal environment and, under root, an unprivileged user.
+the whole group (as does the end of its run: `/stop`, a cancel), capped output, a minimal
+environment and, under root, an unprivileged user.
 While calls run the worker is a child subreaper (Linux), so what a command leaves behind, even
 through `setsid`, is reparented to the worker, then found, killed and reaped when the call ends."""
 
@@ -17,6 +18,7 @@ import signal
 import stat
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from pydantic import BaseModel, Field
 from shared.process_guard import libc
 from shared.settings import Permission, Settings
 from shared.tools.base import Emit, ErrorCode, Tool, ToolContext, ToolResult
+from shared.tools.run_watch import run_ended
 from shared.tools.shell_guard import Denied, check_command
 from shared.tools.workspace import OutsideWorkspace, resolve
 
@@ -40,6 +43,7 @@ PROGRESS_LINE_CHARS = 500
 MARKER = "EXEC_CALL_ID"  # a token per call in the command's environment (not NANOFLEET_*: those are settings)
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 KILL_ROUNDS = 20  # rescans for processes forked while the others were being stopped
+TIMED_OUT = "timed out"  # why run_command killed a command, unless its run ended (then how it did)
 
 
 class ExecArgs(BaseModel):
@@ -279,13 +283,17 @@ def kill_call(leftovers: Leftovers) -> list[psutil.Process]:
     return [p for p in stopped if p.pid != leftovers.shell]
 
 
-async def _exited(proc: asyncio.subprocess.Process, timeout: float) -> bool:
+async def _exited(proc: asyncio.subprocess.Process, timeout: float,
+                  run_end: asyncio.Task[str] | None) -> str | None:
+    """None once the command exited; else why it is to be killed: TIMED_OUT, or how its run ended."""
     deadline = time.monotonic() + timeout
     while proc.returncode is None:
+        if run_end is not None and run_end.done():
+            return run_end.result()
         if time.monotonic() >= deadline:
-            return False
+            return TIMED_OUT
         await asyncio.sleep(POLL)
-    return True
+    return None
 
 
 def _reap(orphans: list[psutil.Process]) -> threading.Thread:
@@ -298,8 +306,11 @@ def _reap(orphans: list[psutil.Process]) -> threading.Thread:
 
 
 async def run_command(argv: list[str], *, cwd: Path, env: dict[str, str], who: RunAs | None, timeout: float,
-                      output: Output, progress: Progress) -> tuple[int | None, bool]:
-    """Run to completion or timeout; (exit code, timed out). Nothing of the command outlives this."""
+                      output: Output, progress: Progress,
+                      watch: Callable[[], Coroutine[Any, Any, str]] | None = None) -> tuple[int | None, str | None]:
+    """Run to completion, timeout or the end of `watch` (which returns once the run ended, saying how);
+    (exit code, why it was killed: TIMED_OUT, `watch`'s answer or None). Nothing of the command
+    outlives this."""
     ids: dict[str, Any] = {"user": who.uid, "group": who.gid, "extra_groups": []} if who else {}
     token = secrets.token_hex(16)
     in_tree = CALLS.start(token)
@@ -313,9 +324,12 @@ async def run_command(argv: list[str], *, cwd: Path, env: dict[str, str], who: R
             started = psutil.Process(proc.pid)
         assert proc.stdout is not None
         pump = asyncio.create_task(_pump(proc.stdout, output, progress))
+        run_end = asyncio.create_task(watch()) if watch else None
         try:
-            finished = await _exited(proc, timeout)
+            killed = await _exited(proc, timeout, run_end)
         finally:  # also when the call itself is cancelled
+            if run_end is not None:
+                run_end.cancel()
             exec_uid = who.uid if who and who.uid != os.geteuid() else None
             reaper = _reap(kill_call(Leftovers(proc.pid, token, exec_uid, in_tree, started)))
         with contextlib.suppress(TimeoutError):
@@ -327,7 +341,7 @@ async def run_command(argv: list[str], *, cwd: Path, env: dict[str, str], who: R
     finally:
         CALLS.end(token)
     progress.flush(final=True)
-    return proc.returncode, not finished
+    return proc.returncode, killed
 
 
 class ExecTool(Tool):
@@ -362,11 +376,16 @@ class ExecTool(Tool):
         limits = ctx.settings.tools.exec
         timeout = min(args.timeout or limits.default_timeout, limits.max_timeout)
         output = Output(limits.max_output_chars)
-        code, timed_out = await run_command(
+        # A call outside a run (a test, a script) has nothing to watch
+        watch = (lambda: run_ended(ctx.settings.database_url, ctx.run_id)) if ctx.run_id else None
+        code, killed = await run_command(
             [SHELL, "-c", args.command], cwd=cwd, env=minimal_env(ctx.settings), who=who, timeout=timeout,
-            output=output, progress=Progress(ctx.emit, ctx.call_id))
+            output=output, progress=Progress(ctx.emit, ctx.call_id), watch=watch)
         text = output.render() or "(no output)"
-        if timed_out:
+        if killed == TIMED_OUT:
             return ToolResult.fail(ErrorCode.TIMEOUT, f"the command did not finish within {timeout} s and was "
+                                   f"killed with all its processes; output so far:\n{text}")
+        if killed:  # not retryable: nobody waits for the result of a run that ended
+            return ToolResult.fail(ErrorCode.FAILED, f"stopped: the run {killed} while this command ran; it was "
                                    f"killed with all its processes; output so far:\n{text}")
         return ToolResult.success(f"{text.rstrip()}\n[exit code: {code}]")
