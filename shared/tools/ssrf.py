@@ -150,7 +150,7 @@ async def check_url(raw: str, allow_hosts: Iterable[str]) -> Target:
     if not listed:
         for ip in addresses:
             if (why := blocked_reason(ip)) is not None:
-                raise Blocked(f"'{host}' resolves to {ip}, a {why} address; only public addresses can be fetched")
+                raise Blocked(f"'{host}' resolves to {ip} ({why}); only public addresses can be fetched")
     return Target(url=url, host=host, port=port, address=str(addresses[0]), listed=listed)
 
 

@@ -27,6 +27,8 @@ class WriteFileTool(Tool):
 
     async def run(self, args: WriteFileArgs, ctx: ToolContext) -> ToolResult:
         data = args.content.encode()
+        if args.path.endswith(("/", "\\")):  # a folder's name: it would become a file of that name
+            return ToolResult.fail(ErrorCode.INVALID_ARGS, f"{args.path} names a folder: give a file name in it")
         try:
             target = resolve(ctx.workspace, args.path)
             if target == ctx.workspace.resolve():

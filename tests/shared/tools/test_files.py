@@ -30,6 +30,9 @@ def test_write_creates_parents_and_appends(reg: ToolRegistry, workspace: Path) -
     assert call(reg, "write_file", {"path": "notes/2026/today.md", "content": "new"}).ok
     assert (workspace / "notes/2026/today.md").read_text() == "new"
     assert call(reg, "write_file", {"path": "notes", "content": "x"}).error == ErrorCode.INVALID_ARGS
+    # a folder's name was written as a file of that name
+    assert call(reg, "write_file", {"path": "drafts/", "content": "x"}).error == ErrorCode.INVALID_ARGS
+    assert not (workspace / "drafts").exists()
 
 
 def test_read_whole_file_and_line_ranges(reg: ToolRegistry, workspace: Path) -> None:
