@@ -169,10 +169,43 @@ def _say_if_standby(settings: Settings) -> None:
                    f"when that one stops (at most {settings.scheduler.beat_lock_timeout}s after it dies)", err=True)
 
 
+def _wait_for_redis(settings: Settings, *, pause: float = 1.0, longest: float = 10.0) -> None:
+    """Return once Redis answers, saying once that beat waits for it: celery beat exits at once
+    without it, and `up`, which starts beat again after an outage, took that for a crash loop and
+    stopped everything. A refused password is no outage: refused, in a line."""
+    import time
+
+    import redis
+
+    from gateway.status import masked
+
+    told = False
+    while True:
+        try:
+            with redis.Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=2) as client:
+                client.ping()
+        except redis.AuthenticationError as err:
+            refuse(f"Redis at {masked(settings.redis_url)} refused beat: {err}")
+        except (redis.ConnectionError, redis.TimeoutError) as err:
+            if not told:
+                typer.echo(f"nanofleet: Redis at {masked(settings.redis_url)} does not answer ({err}); beat waits "
+                           "for it", err=True)
+                told = True
+            time.sleep(pause)
+            pause = min(pause * 2, longest)
+            continue
+        if told:
+            typer.echo("nanofleet: Redis answers; beat starts", err=True)
+        return
+
+
 @app.command()
 def beat() -> None:
-    """Run the scheduler (exactly one per deployment; a second one waits for the lock)."""
-    _say_if_standby(migrated_or_exit(settings_or_exit()))
+    """Run the scheduler (exactly one per deployment; a second one waits for the lock, and one started
+    while Redis is down waits for Redis)."""
+    settings = migrated_or_exit(settings_or_exit())
+    _wait_for_redis(settings)
+    _say_if_standby(settings)
     argv = [sys.executable, "-m", "celery", "-A", "workers.beat:app", "beat", "-S", "redbeat.RedBeatScheduler",
             "--max-interval", "1"]
     os.execvp(argv[0], argv)

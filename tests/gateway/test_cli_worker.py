@@ -6,8 +6,11 @@ shows no types for flags; on a database at this code's revision the gateway, a w
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -19,6 +22,7 @@ from gateway.cli import app
 from shared.constants import REDBEAT_PREFIX
 from shared.queueing import make_celery
 from shared.settings import get_settings
+from tests.fakes.server import free_port
 from tests.support.processes import Proc, wait_until
 from tests.support.stack import Stack
 
@@ -131,3 +135,28 @@ def test_a_standby_beat_says_it_waits_for_the_lock(make_stack) -> None:  # type:
         get_settings.cache_clear()
     assert result.exit_code == 0 and started, result.output
     assert f"another beat holds the lock {REDBEAT_PREFIX}:lock; this one waits for it" in result.output
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+def test_a_beat_started_while_redis_is_down_waits_for_it(make_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """celery beat exits at once without Redis; `nanofleet up` starts it again after an outage, and
+    took the exits for a crash loop: it stopped everything (a 10 s Redis restart did)."""
+    s: Stack = make_stack()
+    port = free_port()
+    env = {**s.env, "NANOFLEET_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+    beat = Proc([sys.executable, "-m", "gateway.cli", "beat"], env, tmp_path / "beat.log")
+    server: subprocess.Popen[bytes] | None = None
+    try:
+        wait_until(lambda: "beat waits for it" in beat.log(), timeout=30, message="beat to say it waits for Redis")
+        assert beat.alive(), beat.log()
+        server = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=port)
+        wait_until(lambda: client.exists(f"{REDBEAT_PREFIX}:lock"), timeout=60,
+                   message="beat to start once Redis answers, and take its lock")
+        assert beat.alive() and "Redis answers; beat starts" in beat.log(), beat.log()
+    finally:
+        beat.kill()
+        if server is not None:
+            server.kill()
+            server.wait()
