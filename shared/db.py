@@ -14,7 +14,7 @@ import psycopg
 from sqlalchemy import Dialect, Engine, Table, Update, bindparam, create_engine, event, insert, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 from sqlalchemy.sql.selectable import ExecutableReturnsRows
@@ -162,6 +162,9 @@ def session_scope(url: str) -> Iterator[Session]:
             raise
 
 
+UNIQUE_VIOLATION = "23505"  # CREATE DATABASE beside another one: pg_database's unique name index
+
+
 def ensure_database(url: str) -> bool:
     """Create the database named in url if it does not exist; True when created. A database that
     answers is not looked up in the `postgres` one: a managed server's role, or a pooler, may not
@@ -183,8 +186,14 @@ def ensure_database(url: str) -> bool:
             exists = conn.execute(
                 text("select 1 from pg_database where datname = :n"), {"n": target.database}
             ).scalar()
-            if not exists:
+            if exists:
+                return False
+            try:
                 conn.execute(text(f'create database "{target.database}"'))
-            return not exists
+            except IntegrityError as err:  # another migrate created it meanwhile: theirs, then
+                if getattr(err.orig, "sqlstate", None) != UNIQUE_VIOLATION:
+                    raise
+                return False
+            return True
     finally:
         admin.dispose()

@@ -4,6 +4,7 @@ errors say the database is unavailable, rather than that a statement was wrong."
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -67,6 +68,23 @@ def test_a_database_that_answers_is_not_looked_up_in_the_postgres_one(
         admin = real(make_url(database_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
             conn.execute(text(f'drop database if exists "{missing.database}"'))
+        admin.dispose()
+
+
+def test_databases_created_side_by_side_are_each_created_once_without_an_error(database_url: str) -> None:
+    """Two or three `nanofleet migrate` at once on a database that is not there yet: the ones that lost
+    the race to CREATE DATABASE failed with a UniqueViolation traceback, about half of them."""
+    names = [f"nanofleet_race_{uuid.uuid4().hex[:8]}" for _ in range(4)]
+    urls = [make_url(database_url).set(database=name).render_as_string(hide_password=False) for name in names]
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            created = list(pool.map(db.ensure_database, [u for u in urls for _ in range(2)]))
+        assert sum(created) == len(names)  # each by one of the two, the other found it there
+    finally:
+        admin = db.create_engine(make_url(database_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            for name in names:
+                conn.execute(text(f'drop database if exists "{name}"'))
         admin.dispose()
 
 
