@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import time
@@ -21,11 +22,13 @@ from tests.support.processes import wait_until
 from tests.support.stack import Stack, answers, api_client, gateway_process
 
 
-def test_healthz_and_readyz_with_a_worker(stack: Stack, api) -> None:  # type: ignore[no-untyped-def]
+def test_healthz_and_readyz_with_a_worker(stack: Stack, api, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
     assert api.get("/healthz").json() == {"status": "ok"}
-    ready = api.get("/readyz")
+    with caplog.at_level(logging.INFO):
+        ready = api.get("/readyz")
     assert ready.status_code == 200, ready.text
     assert ready.json()["checks"]["workers"] >= 1
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("alembic")] == []  # two lines a check were
 
 
 def test_readyz_names_redis_when_it_is_down(make_stack: Callable[..., Stack]) -> None:
