@@ -27,6 +27,7 @@ from shared.tool_settings import ToolsSettings
 
 CONFIG_FILE_ENV = "NANOFLEET_CONFIG_FILE"
 POSTGRES_SCHEMES = ("postgresql+psycopg", "postgresql", "postgres")  # hosted Postgres URLs often say postgres://
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")  # NANOFLEET_LOG_LEVEL, in any case
 # Passwords anyone can read in an example: nanofleet's compose file and .env.example shipped "nanofleet"
 # (a word in every log line, where redaction masked it: "Task ***.agent.step[...] received") and, for
 # Flower, "change-me-now" (docker/entrypoint.sh refuses these for Flower: keep its list the same).
@@ -253,6 +254,13 @@ class Settings(BaseSettings):
                              "(the last two are read as postgresql+psycopg://)")
         shipped_password(v, compose_variable="POSTGRES_PASSWORD")
         return f"postgresql+psycopg://{rest}"
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_level(cls, v: str) -> str:
+        if v.upper() not in LOG_LEVELS:  # (logging would raise in every process as it starts)
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+        return v.upper()
 
     @field_validator("redis_url")
     @classmethod

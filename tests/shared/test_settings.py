@@ -263,3 +263,14 @@ def test_the_database_pool_is_set_beside_the_database_url(monkeypatch: pytest.Mo
     monkeypatch.setenv("NANOFLEET_DATABASE__POOL_SIZE", "0")
     with pytest.raises(SettingsError, match="NANOFLEET_DATABASE__POOL_SIZE"):
         load_settings()
+
+
+def test_the_log_level_is_checked_with_the_other_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A level logging does not know failed every process as it started, with a traceback (`up` then
+    started them again and again)."""
+    monkeypatch.setenv("NANOFLEET_LOG_LEVEL", "bogus")
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert "NANOFLEET_LOG_LEVEL" in str(err.value) and "DEBUG, INFO, WARNING" in str(err.value)
+    monkeypatch.setenv("NANOFLEET_LOG_LEVEL", "debug")
+    assert load_settings().log_level == "DEBUG"
