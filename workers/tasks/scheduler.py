@@ -4,6 +4,7 @@ scheduler queue, but for the heartbeat and the daily summary: see shared.constan
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime
 
 from celery import current_app, shared_task
@@ -19,6 +20,7 @@ from shared.constants import (
     T_RETENTION,
     T_SWEEP,
 )
+from shared.db import unavailable
 from shared.scheduling import cron, summary
 from shared.scheduling import heartbeat as heartbeat_core
 from shared.scheduling.beat import BeatMirror
@@ -26,6 +28,8 @@ from workers.base import NanofleetTask
 from workers.runtime import dispatch, runtime
 
 log = logging.getLogger(__name__)
+OUTAGE_REPEAT = 60.0  # seconds between the sweeper's lines while the database stays down
+_outage: dict[str, float] = {}  # "since" and "said": when this process's sweeps found it down, and last said so
 
 
 @shared_task(name=T_PING, base=NanofleetTask, ignore_result=False)
@@ -36,7 +40,23 @@ def ping(payload: str = "") -> str:
 
 @shared_task(name=T_SWEEP, base=NanofleetTask)
 def sweep() -> None:
-    dispatch(recovery.sweep(runtime()))
+    """Beat sends one a second: while the database is down each would log a traceback (18 KB a line,
+    a gigabyte and more a day); a line a minute says so instead, and one when it answers again."""
+    try:
+        dispatch(recovery.sweep(runtime()))
+    except Exception as err:
+        if not unavailable(err):
+            raise
+        now = time.monotonic()
+        if now - _outage.get("said", -OUTAGE_REPEAT) >= OUTAGE_REPEAT:
+            log.warning("sweeper: the database does not answer (%s); it tries again every second",
+                        str(getattr(err, "orig", err)).splitlines()[0] if str(err) else type(err).__name__)
+            _outage["said"] = now
+        _outage.setdefault("since", now)
+        return
+    if "since" in _outage:
+        log.info("sweeper: the database answers again (down %.0f s)", time.monotonic() - _outage["since"])
+        _outage.clear()
 
 
 @shared_task(name=T_RETENTION, base=NanofleetTask)
