@@ -242,7 +242,7 @@ def status() -> None:
 @app.command()
 def up(
     host: str = "127.0.0.1",
-    port: Port = 8000,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="(not 0: up says where the gateway is)")] = 8000,
     concurrency: Annotated[int, typer.Option(min=1)] = 32,
     embedded: Annotated[bool, typer.Option(help="use embedded Redis/PostgreSQL even if local ones answer")] = False,
 ) -> None:

@@ -45,8 +45,8 @@ def _assert_explained(done: subprocess.CompletedProcess[str], *expected: str) ->
         assert text in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize("args", [["migrate"], ["agent", "-m", "hello"], ["cron", "list"], ["up", "--port", "0"]],
-                         ids=["migrate", "agent", "cron", "up"])
+@pytest.mark.parametrize("args", [["migrate"], ["agent", "-m", "hello"], ["cron", "list"],
+                                  ["up", "--port", str(free_port())]], ids=["migrate", "agent", "cron", "up"])
 def test_an_unreachable_database_is_named_with_the_reason(args: list[str], redis_server: str,
                                                           tmp_path: Path) -> None:
     url = _closed_url("postgresql+psycopg", "nanofleet")
@@ -96,7 +96,7 @@ def test_the_gateway_and_beat_refuse_a_database_behind(command: list[str], tmp_p
     _assert_explained(done, f"nanofleet: the database at {masked(url)} {reason('behind')}")
 
 
-@pytest.mark.parametrize("args", [["up", "--port", "0"], ["agent", "-m", "hello"]], ids=["up", "agent"])
+@pytest.mark.parametrize("args", [["up", "--port", str(free_port())], ["agent", "-m", "hello"]], ids=["up", "agent"])
 def test_a_database_a_newer_nanofleet_migrated_is_left_alone(args: list[str], redis_server: str,
                                                              tmp_path: Path) -> None:
     with database_in("ahead") as url:
