@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,16 @@ def tool_settings(workspace: Path, *, allowed: list[str] | None = None, granted:
 def call(registry: ToolRegistry, name: str, args: dict[str, Any] | str, **ctx: Any) -> ToolResult:
     """Run one tool call through the real registry, as the tools queue does."""
     return run_sync(registry.execute(name, args, ToolContext(settings=registry.settings, **ctx)))
+
+
+@pytest.fixture
+def open_workspace() -> Iterator[Path]:
+    """A workspace the unprivileged user a root worker runs commands as can use (pytest's own temp
+    folders are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="nanofleet-exec-", dir="/tmp"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

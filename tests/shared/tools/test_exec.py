@@ -6,11 +6,9 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -253,15 +251,6 @@ def test_ordinary_commands_pass(parts: list[str], seps: list[str]) -> None:
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs a root worker")
-
-
-@pytest.fixture
-def open_workspace() -> Iterator[Path]:
-    """A workspace the unprivileged user can use (pytest's own temp folders are private to root)."""
-    path = Path(tempfile.mkdtemp(prefix="nanofleet-exec-", dir="/tmp"))
-    path.chmod(0o777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @needs_root

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,15 +27,6 @@ from tests.support.processes import wait_until
 from tests.support.stack import Stack, api_client
 
 SLEEP = 8  # seconds the command sleeps before it writes its file
-
-
-@pytest.fixture
-def open_workspace() -> Iterator[Path]:
-    """A workspace the unprivileged user a root worker runs commands as can use."""
-    path = Path(tempfile.mkdtemp(prefix="nanofleet-exec-stop-", dir="/tmp"))
-    path.chmod(0o777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def gone(pid: int) -> bool:
