@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import random
-import re
 import time
 import uuid
 import warnings
@@ -19,7 +18,7 @@ from typing import Any, TypeVar
 import httpx
 
 from shared.contracts import without_nul
-from shared.llm_faults import HINTS, retry_after, unreachable
+from shared.llm_faults import retry_after, user_message
 from shared.llm_images import without_images
 from shared.settings import LLMProfile, LLMSettings
 
@@ -382,21 +381,7 @@ def _storable(text: str) -> str:
 
 
 def _user_message(err: Exception, wait: float | None = None) -> str:
-    kind = type(err).__name__
-    if unreachable(err):
-        return "Sorry, I couldn't reach the language model (no connection to it). Please try again in a moment."
-    if kind == "BadRequestError" and "LLM Provider NOT provided" in str(err):
-        named = re.search(r"You passed model=(\S+)", str(err))  # the default, a profile's, or the request's
-        model = f"{named[1]!r} " if named else ""
-        return (f"Sorry, the model {model}names no provider litellm knows: check the model name (a profile, or "
-                "a litellm model string such as openai/gpt-4.1-mini).")
-    if retryable(err):
-        when = f"in {wait:.0f} seconds" if wait else "in a moment"
-        return f"Sorry, I couldn't get an answer from the language model right now ({kind}). Please try again {when}."
-    if not isinstance(err, _litellm_errors()):
-        return f"Sorry, something went wrong calling the language model ({kind}); the logs say more."
-    hint = HINTS.get(kind, "the request was refused; trying again will not help")
-    return f"Sorry, the language model refused the request ({kind}): {hint}."
+    return user_message(err, wait, may_pass=retryable(err), from_provider=isinstance(err, _litellm_errors()))
 
 
 def _provider(model: str) -> str:

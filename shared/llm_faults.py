@@ -1,8 +1,10 @@
 """What a failed model call says: the wait the provider asked for, whether the model could be reached
-at all, and what to check when it refused (no litellm here: these read the errors it raised)."""
+at all, what to check when it refused, and what its user is told (no litellm here: these read the
+errors it raised)."""
 
 from __future__ import annotations
 
+import re
 import socket
 
 import httpx
@@ -36,3 +38,23 @@ def retry_after(err: Exception) -> float | None:
         return float(value) if value is not None else None
     except ValueError:
         return None
+
+
+def user_message(err: Exception, wait: float | None, *, may_pass: bool, from_provider: bool) -> str:
+    """What the user is told of a call that failed with `err`: `may_pass` when trying again later may
+    succeed, `from_provider` when litellm raised it for the provider's answer (or its absence)."""
+    kind = type(err).__name__
+    if unreachable(err):
+        return "Sorry, I couldn't reach the language model (no connection to it). Please try again in a moment."
+    if kind == "BadRequestError" and "LLM Provider NOT provided" in str(err):
+        named = re.search(r"You passed model=(\S+)", str(err))  # the default, a profile's, or the request's
+        model = f"{named[1]!r} " if named else ""
+        return (f"Sorry, the model {model}names no provider litellm knows: check the model name (a profile, or "
+                "a litellm model string such as openai/gpt-4.1-mini).")
+    if may_pass:
+        when = f"in {wait:.0f} seconds" if wait else "in a moment"
+        return f"Sorry, I couldn't get an answer from the language model right now ({kind}). Please try again {when}."
+    if not from_provider:
+        return f"Sorry, something went wrong calling the language model ({kind}); the logs say more."
+    hint = HINTS.get(kind, "the request was refused; trying again will not help")
+    return f"Sorry, the language model refused the request ({kind}): {hint}."
