@@ -23,6 +23,7 @@ from shared.constants import REDBEAT_PREFIX
 from shared.queueing import make_celery
 from shared.settings import get_settings
 from tests.fakes.server import free_port
+from tests.support import services
 from tests.support.processes import Proc, wait_until
 from tests.support.stack import Stack
 
@@ -52,8 +53,13 @@ def migrated(monkeypatch: pytest.MonkeyPatch, database_url: str) -> Iterator[lis
 
 
 @pytest.mark.parametrize("command", [["gateway", "--port", "0"], ["worker"], ["beat"]], ids=lambda c: c[0])
-def test_at_this_codes_revision_the_processes_start(command: list[str], migrated: list[list[str]]) -> None:
-    result = CliRunner().invoke(app, command)
+def test_at_this_codes_revision_the_processes_start(command: list[str], migrated: list[list[str]], redis_server: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    with services.claimed_redis_dbs(redis_server, 1) as (db,):
+        if command == ["beat"]:  # beat waits for Redis (test_a_beat_started_while_redis_is_down_waits_for_it)
+            monkeypatch.setenv("NANOFLEET_REDIS_URL", f"{redis_server}/{db}")
+            get_settings.cache_clear()
+        result = CliRunner().invoke(app, command)
     assert result.exit_code == 0, result.output
     assert len(migrated) == 1 and result.output == ""
 
