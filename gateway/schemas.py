@@ -7,11 +7,11 @@ import binascii
 from typing import Annotated, Any
 
 from fastapi import Path
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from shared.channels.base import IMAGE_TYPES, MAX_IMAGE, MAX_IMAGES, image_type
-from shared.contracts import BLANKS, NO_NUL, NOT_BLANK, not_blank
+from shared.contracts import BLANKS, NO_NUL, NOT_BLANK, Said
 
 MAX_MESSAGE = 100_000  # characters
 # A photo as a data URL: "data:image/jpeg;base64," (the longest head) and MAX_IMAGE bytes in base64,
@@ -40,7 +40,7 @@ BIGINT_MAX = 2**63 - 1  # offsets past Postgres' bigint are refused with 422, no
 # Postgres text cannot hold NUL: refuse it with 422 instead of failing in the database. A pattern,
 # not a validator, so the OpenAPI schema says so too.
 Text = Annotated[str, StringConstraints(pattern=NO_NUL)]
-Words = Annotated[Text, AfterValidator(not_blank), Field(json_schema_extra={"pattern": NOT_BLANK})]  # nor blank
+Words = Annotated[Said, StringConstraints(pattern=NO_NUL)]  # nor blank
 Id = Annotated[str, Path(max_length=64, pattern=r"^[^\x00]+$")]
 
 

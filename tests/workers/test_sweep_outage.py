@@ -13,9 +13,12 @@ from sqlalchemy.exc import OperationalError
 from workers.tasks import scheduler
 
 
+@pytest.mark.parametrize(("reason", "said"), [("connection refused\n\tIs the server running?", "connection refused"),
+                                              ("", "OperationalError")], ids=["reason", "none"])
 def test_a_database_outage_is_a_line_a_minute_and_its_end_one_more(monkeypatch: pytest.MonkeyPatch,
-                                                                   caplog: pytest.LogCaptureFixture) -> None:
-    down = OperationalError("select 1", {}, psycopg.OperationalError("connection refused\n\tIs the server running?"))
+                                                                   caplog: pytest.LogCaptureFixture, reason: str,
+                                                                   said: str) -> None:
+    down = OperationalError("select 1", {}, psycopg.OperationalError(reason))
 
     def failing(_rt: Any) -> Any:
         raise down
@@ -29,9 +32,9 @@ def test_a_database_outage_is_a_line_a_minute_and_its_end_one_more(monkeypatch: 
             scheduler.sweep.run()  # raises nothing
         monkeypatch.setattr(scheduler.recovery, "sweep", lambda _rt: [])
         scheduler.sweep.run()
-    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == scheduler.__name__]
-    assert [level for level, _ in said] == ["WARNING", "INFO"], said
-    assert "does not answer (connection refused)" in said[0][1] and "answers again" in said[1][1]
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == scheduler.__name__]
+    assert [level for level, _ in lines] == ["WARNING", "INFO"], lines
+    assert f"does not answer ({said})" in lines[0][1] and "answers again" in lines[1][1]
     assert all(r.exc_info is None for r in caplog.records)
 
 

@@ -50,7 +50,7 @@ def sweep() -> None:
         now = time.monotonic()
         if now - _outage.get("said", -OUTAGE_REPEAT) >= OUTAGE_REPEAT:
             log.warning("sweeper: the database does not answer (%s); it tries again every second",
-                        str(getattr(err, "orig", err)).splitlines()[0] if str(err) else type(err).__name__)
+                        (str(getattr(err, "orig", err)).splitlines() or [type(err).__name__])[0])
             _outage["said"] = now
         _outage.setdefault("since", now)
         return
