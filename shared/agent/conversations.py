@@ -138,6 +138,8 @@ def try_start_turn(
     Core, not the unit of work (the hot path of every message): a Conversation loaded in this session
     keeps its old active_run_id (the lock is the row's), and objects added to the session are not
     flushed by it."""
+    if kind == RunKind.TURN and origin.get("cron_job_id"):  # a turn in a job's session (a subagent's report)
+        kind = RunKind.CRON  # is the job's: its answer goes where the job's results go
     run_id = new_id()
     conn = s.connection()
     if conn.execute(TAKE_TURN, {"cid": conversation_id, "rid": run_id}).rowcount != 1:

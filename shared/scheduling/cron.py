@@ -25,7 +25,19 @@ from shared.agent import conversations
 from shared.agent.finish import deliver
 from shared.agent.runtime import Next, Runtime
 from shared.constants import INTERNAL, T_AGENT_STEP, T_CRON_FIRE, T_CRON_RECONCILE, T_DAILY_SUMMARY
-from shared.models import TERMINAL, Conversation, CronJob, CronReceipt, Message, Role, Run, RunKind, utcnow
+from shared.models import (
+    TERMINAL,
+    Conversation,
+    CronJob,
+    CronReceipt,
+    Message,
+    Role,
+    Run,
+    RunKind,
+    ToolCall,
+    ToolStatus,
+    utcnow,
+)
 from shared.scheduling import schedules
 from shared.scheduling.beat import BeatMirror
 from shared.scheduling.jobs import API, cursor, spec_of, upcoming
@@ -233,23 +245,41 @@ def on_finish(rt: Runtime, s: Session, run: Run) -> list[Next]:
 
 def post_result(s: Session, run: Run) -> list[Next]:
     """An `api` job's result goes into the API conversation its chat id names, once (run.announced,
-    set in the same transaction). As a plain assistant message: a reminder should read as the
-    assistant's own words and cost no second LLM call. A conversation in the middle of a turn gets
-    it later (reconciliation), so it never lands between a tool call and its result."""
+    set in the same transaction): what the run sent that chat with the `message` tool, then its
+    answer. As plain assistant messages: a reminder should read as the assistant's own words and
+    cost no second LLM call. A conversation in the middle of a turn gets them later
+    (reconciliation), so they never land between a tool call and its result."""
     origin = run.origin or {}
     if run.announced:
         return []
     chat_id = str(origin.get("chat_id") or "") if origin.get("channel", API) == API else ""  # else: the outbox
-    text = "" if run.suppress_reply else run.final_text or ""
-    conv = s.get(Conversation, chat_id, with_for_update=True) if chat_id and text else None
+    conv = s.get(Conversation, chat_id, with_for_update=True) if chat_id else None
     if conv is not None and conv.channel == API and conv.id != run.conversation_id:
-        if conv.active_run_id is not None:
+        answer = "" if run.suppress_reply else run.final_text or ""
+        texts = [*_sent(s, run, conv.id), *([answer] if answer else [])]
+        if texts and conv.active_run_id is not None:
             return [Next(T_CRON_RECONCILE, countdown=POST_RETRY)]
-        s.add(Message(conversation_id=conv.id, role=Role.ASSISTANT, content=text, meta={
-            "kind": "cron_result", "cron_job_id": origin.get("cron_job_id"), "cron_run_id": run.id}))
+        for text in texts:
+            s.add(Message(conversation_id=conv.id, role=Role.ASSISTANT, content=text, meta={
+                "kind": "cron_result", "cron_job_id": origin.get("cron_job_id"), "cron_run_id": run.id}))
     run.announced = True  # posted, or nothing to post here (which also keeps it out of ix_runs_cron_unannounced)
     s.add(run)
     return []
+
+
+def _sent(s: Session, run: Run, conversation_id: str) -> list[str]:
+    """The texts the run's `message` calls sent to the API conversation, in the order of the calls;
+    a file as its name and where the API serves it."""
+    results = s.exec(select(ToolCall.result).where(ToolCall.run_id == run.id, ToolCall.name == "message",
+                                                   ToolCall.status == ToolStatus.SUCCESS)
+                     .order_by(col(ToolCall.step_seq), col(ToolCall.position))).all()
+    texts = []
+    for result in results:
+        out = (result or {}).get("output")
+        if isinstance(out, dict) and out.get("channel") == API and out.get("chat_id") == conversation_id:
+            files = [f"{f['name']}: {f['url']}" for f in out.get("files", [])]
+            texts.append("\n".join([out.get("content", ""), *files]).strip())
+    return [t for t in texts if t]
 
 
 def _waiting() -> SelectOfScalar[str]:

@@ -4,7 +4,8 @@ when the operator lists it (tools.message.send_to).
 Sent to the run's own chat during a turn, it stands in for the reply: the turn's final answer is
 then not sent again (runs.suppress_reply). On the `api` channel there is no platform to deliver
 to: the text reaches the API caller as this tool's result and as a `message` event on the run's
-stream, and the final reply is kept (it is the chat endpoint's answer).
+stream, and the final reply is kept (it is the chat endpoint's answer); a cron job's run posts it
+into the API conversation its results go to, before its answer.
 """
 
 from __future__ import annotations
@@ -152,6 +153,14 @@ def _to_caller(ctx: ToolContext, files: list[OutFile]) -> list[dict[str, Any]]:
     return [{**n, "size": len(f.data), "url": f"/api/v1/files/{n['id']}"} for n, f in zip(named, files, strict=True)]
 
 
+def _delivered(ctx: ToolContext, chat_id: str) -> str:
+    """Where an `api` message goes: to the caller of this run, or, from a cron job's run into the API
+    conversation its results go to, into that conversation with the run's answer (shared.scheduling.cron)."""
+    if ctx.run_kind == "cron" and chat_id != ctx.conversation_id:
+        return "with this job's result, when this run ends"
+    return "to the API caller"
+
+
 class MessageTool(Tool):
     name = "message"
     description = ("Send a message to a chat: by default the current one (then it replaces your final reply "
@@ -174,7 +183,7 @@ class MessageTool(Tool):
         if channel == API:
             sent = {"files": await asyncio.to_thread(_to_caller, ctx, files)} if files else {}
             ctx.emit("message", {"call_id": ctx.call_id, "chat_id": chat_id, "content": args.content, **sent})
-            return ToolResult.success({"channel": API, "chat_id": chat_id, "delivered": "to the API caller",
+            return ToolResult.success({"channel": API, "chat_id": chat_id, "delivered": _delivered(ctx, chat_id),
                                        "content": args.content, **sent})
         own_chat = channel == ctx.channel and chat_id == ctx.chat_id
         nexts = await asyncio.to_thread(_store, ctx, channel, chat_id, args.content, files, own_chat)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -13,9 +15,9 @@ from sqlmodel import Session, col, select
 
 from gateway.local_agent import one_turn
 from shared.agent import conversations
-from shared.agent.local import drain
+from shared.agent.local import HANDLERS, drain
 from shared.agent.runtime import Next, Runtime
-from shared.constants import INTERNAL, T_AGENT_STEP, T_CRON_RECONCILE
+from shared.constants import INTERNAL, T_AGENT_STEP, T_CRON_RECONCILE, T_SUBAGENT_STEP
 from shared.db import get_engine
 from shared.models import Conversation, CronJob, Message, Role, RunKind, RunStatus, ToolCall, utcnow
 from shared.scheduling import cron
@@ -156,3 +158,49 @@ def waiting_on_locks(stack: Stack) -> int:
     with db(stack) as s:
         return int(s.execute(text("select count(*) from pg_stat_activity where datname = current_database() "
                                   "and wait_event_type = 'Lock'")).scalar_one())
+
+
+def test_a_subagent_a_job_spawns_reports_into_its_api_chat(core: Core) -> None:
+    """The job's run spawns a subagent that ends after it: its report comes to the job's session, and
+    the answer the model gives it there goes where the job's results go (it stayed in the job's
+    session, unseen)."""
+    stack, rt, mirror = core()
+    ctx = parent_call(stack, "cron")
+    set_turn(stack, ctx.conversation_id, None)
+    at = utcnow() + timedelta(seconds=30)
+    added = asyncio.run(CronTool().run(CronArgs(action="add", message=call("spawn", task="look up the tides"), at=at),
+                                       ctx))
+    queue, subagent_steps = deque(cron.fire(rt, mirror, added.output["job_id"], whole_second(at))), []
+    while queue:  # the job's run to its end, its subagent's steps held back
+        nxt = queue.popleft()
+        if nxt.task == T_SUBAGENT_STEP:
+            subagent_steps.append(nxt)
+        elif nxt.task in HANDLERS:
+            queue.extend(HANDLERS[nxt.task](rt, nxt))
+    [job_run] = runs(stack, kind=RunKind.CRON)
+    assert job_run.status == RunStatus.SUCCEEDED and len(posted(stack, ctx.conversation_id)) == 1
+    drain(rt, subagent_steps)
+    [_, report_turn] = runs(stack, kind=RunKind.CRON)
+    assert report_turn.conversation_id == job_run.conversation_id
+    assert "look up the tides" in str(report_turn.final_text)
+    shown = [(m.content, m.meta["cron_run_id"]) for m in posted(stack, ctx.conversation_id)]
+    assert shown == [(job_run.final_text, job_run.id), (report_turn.final_text, report_turn.id)]
+
+
+def test_what_a_job_sends_with_the_message_tool_reaches_its_api_chat(core: Core) -> None:
+    """On a platform, `message` sends to the job's chat; into an API chat it is posted with the result."""
+    stack, rt, mirror = core(TOOLS__ALLOWED=json.dumps(["cron", "message"]))
+    ctx = parent_call(stack, "cron")
+    set_turn(stack, ctx.conversation_id, None)
+    assert add_and_fire(stack, rt, mirror, ctx, call("message", content="time to stretch")) == []
+    [run] = runs(stack, kind=RunKind.CRON)
+    shown = [m.content for m in posted(stack, ctx.conversation_id)]
+    assert shown == ["time to stretch", run.final_text], shown
+    [sent] = [c for c in calls_of(stack, run.id) if c.name == "message"]
+    assert sent.result is not None
+    assert sent.result["output"]["delivered"] == "with this job's result, when this run ends"
+
+
+def calls_of(stack: Stack, run_id: str) -> list[ToolCall]:
+    with db(stack) as s:
+        return list(s.exec(select(ToolCall).where(ToolCall.run_id == run_id)))
