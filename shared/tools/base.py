@@ -106,6 +106,7 @@ class Tool:
     max_input_bytes: ClassVar[int] = 64_000
     max_output_bytes: ClassVar[int] = 64_000
     idempotent: ClassVar[bool] = False
+    watches_run: ClassVar[bool] = False  # it ends itself when its run ends; others are cancelled by the registry
 
     async def run(self, args: Any, ctx: ToolContext) -> ToolResult:
         raise NotImplementedError

@@ -352,6 +352,7 @@ class ExecTool(Tool):
     group = "shell"
     permissions = frozenset({Permission.SHELL})
     timeout = 3600.0  # the outer bound only: each call is limited by its own timeout (<= max_timeout)
+    watches_run = True  # it kills the command's processes and keeps the output so far
     max_output_bytes = 400_000
 
     async def run(self, args: ExecArgs, ctx: ToolContext) -> ToolResult:

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from shared.db import unavailable
 from shared.settings import Settings
 from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
+from shared.tools.run_watch import run_ended
 
 audit = logging.getLogger("TOOL_AUDIT")
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ class ToolRegistry:
             return ToolResult.fail(ErrorCode.INVALID_ARGS, f"invalid arguments for '{name}': {err}")
         timeout = tool.timeout or self.settings.tools.default_timeout
         try:
-            result = await asyncio.wait_for(_run(tool, args, ctx), timeout)
+            result = await asyncio.wait_for(_until_run_ends(tool, args, ctx), timeout)
         except TimeoutError:
             return ToolResult.fail(ErrorCode.TIMEOUT, f"'{name}' did not finish within {timeout:g} s", retryable=True)
         except Exception as err:  # a tool must never take the run down
@@ -160,6 +161,25 @@ class ToolRegistry:
             else:
                 return ToolResult.fail(ErrorCode.TOO_LARGE, f"output exceeds {tool.max_output_bytes} bytes")
         return result
+
+
+async def _until_run_ends(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
+    """The tool's result; or, once its run ended (`/stop`, a cancel, the sweeper giving up), a failure
+    at once: the call is cancelled rather than left to fetch or wait for an MCP server until its
+    timeout, for nobody. A call outside a run (a test, a script) has nothing to watch."""
+    if not ctx.run_id or tool.watches_run:
+        return await _run(tool, args, ctx)
+    work = asyncio.ensure_future(_run(tool, args, ctx))
+    watch = asyncio.ensure_future(run_ended(ctx.settings.database_url, ctx.run_id))
+    try:
+        await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when the call itself is cancelled (its timeout)
+        for task in (watch, work):
+            task.cancel()
+        await asyncio.gather(watch, work, return_exceptions=True)
+    if not work.cancelled():
+        return work.result()
+    return ToolResult.fail(ErrorCode.FAILED, f"stopped: the run {watch.result()} while this call ran; it was cancelled")
 
 
 async def _run(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:

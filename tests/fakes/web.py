@@ -62,6 +62,7 @@ class FakeWeb:
     def __init__(self) -> None:
         self.brave_requests: list[dict[str, Any]] = []
         self.callbacks: list[dict[str, Any]] = []  # what the generic webhook channel delivered
+        self.slow_requests = 0  # requests /slow took in
         self.stopping = False
         self.server = ThreadServer(Starlette(routes=[
             Route("/page", page), Route("/json", data), Route("/host", host), Route("/redirect", redirect),
@@ -87,6 +88,7 @@ class FakeWeb:
 
     async def _slow(self, request: Request) -> Response:
         """Answers after `seconds`, or at once when the site stops (so stopping never waits for it)."""
+        self.slow_requests += 1
         loop = asyncio.get_running_loop()
         deadline = loop.time() + float(request.query_params.get("seconds", 10))
         while loop.time() < deadline and not self.stopping:
