@@ -78,7 +78,12 @@ class EditFileTool(Tool):
                 if os.fstat(fh.fileno()).st_size > MAX_FILE_BYTES:
                     return ToolResult.fail(ErrorCode.TOO_LARGE,
                                            f"{args.path} is larger than {MAX_FILE_BYTES} bytes")
-                text = fh.read().decode("utf-8", errors="replace")
+                try:
+                    text = fh.read().decode("utf-8")
+                except UnicodeDecodeError as err:  # written back, every byte not UTF-8 would be lost
+                    return ToolResult.fail(ErrorCode.INVALID_ARGS, (
+                        f"{args.path} is not UTF-8 text (byte {err.start}): edit_file would change bytes it "
+                        "does not replace; rewrite it whole with write_file, or convert it with exec"))
                 count = text.count(args.old_text)
                 if count == 1 or (count > 1 and args.replace_all):
                     fh.seek(0)  # the same fd that was read: no second open to race against

@@ -12,7 +12,7 @@ from shared.skills import builtin_file
 from shared.tools.base import ErrorCode, Tool, ToolContext, ToolResult
 from shared.tools.workspace import NotAFile, OutsideWorkspace, display, open_file, resolve
 
-MAX_CHARS = 50_000
+MAX_BYTES = 60_000  # of the text returned, in UTF-8: with its note, within the output cap
 MAX_FILE_BYTES = 20_000_000
 
 
@@ -60,11 +60,20 @@ def select_lines(text: str, start: int | None, end: int | None) -> str:
     return "".join(lines[first:end])
 
 
-def _clip(text: str, total_lines: int) -> str:
-    if len(text) <= MAX_CHARS:
+def _clip(text: str, first_line: int, total_lines: int) -> str:
+    """The text, or as many whole lines of it as fit MAX_BYTES of UTF-8, with the line to read on from
+    (a byte cap: Cyrillic or CJK text is two or three bytes a character, and the tool's output cap,
+    which cuts without that hint, counts bytes)."""
+    data = text.encode()
+    if len(data) <= MAX_BYTES:
         return text
-    return (text[:MAX_CHARS] + f"\n[truncated at {MAX_CHARS} characters; the file has {total_lines} lines: "
-            "read further with start_line and end_line]")
+    kept = data[:MAX_BYTES].decode(errors="ignore")
+    whole = kept[: kept.rfind("\n") + 1]
+    if not whole:  # one line longer than the budget
+        return (kept + f"\n[line {first_line} is cut off at {MAX_BYTES:,} bytes; the file has {total_lines} lines: "
+                f"read on with start_line={first_line + 1}]")
+    last = first_line + whole.count("\n") - 1
+    return whole + f"[cut off after line {last} of {total_lines}: read on with start_line={last + 1}]"
 
 
 class ReadFileTool(Tool):
@@ -87,4 +96,4 @@ class ReadFileTool(Tool):
             return ToolResult.fail(ErrorCode.INVALID_ARGS, f"{args.path} looks like a binary file")
         text = data.decode("utf-8", errors="replace")
         chosen = select_lines(text, args.start_line, args.end_line)
-        return ToolResult.success(_clip(chosen, text.count("\n") + 1))
+        return ToolResult.success(_clip(chosen, args.start_line or 1, text.count("\n") + 1))

@@ -49,7 +49,32 @@ def test_read_whole_file_and_line_ranges(reg: ToolRegistry, workspace: Path) -> 
 def test_read_cuts_long_files_with_a_hint(reg: ToolRegistry, workspace: Path) -> None:
     (workspace / "long.txt").write_text("x" * 80 + "\n" * 1 + "y" * 80_000)
     out = call(reg, "read_file", {"path": "long.txt"}).output
-    assert "[truncated at" in out and "start_line" in out
+    assert out == "x" * 80 + "\n[cut off after line 1 of 2: read on with start_line=2]"
+    out = call(reg, "read_file", {"path": "long.txt", "start_line": 2}).output
+    assert out.startswith("y" * 100) and out.endswith("[line 2 is cut off at 60,000 bytes; the file has 2 lines: "
+                                                    "read on with start_line=3]")
+
+
+def test_text_of_many_bytes_a_character_is_cut_at_a_line_with_the_hint(reg: ToolRegistry, workspace: Path) -> None:
+    """44,500 Cyrillic characters are 89,000 bytes: the output cap (in bytes) cut them without the hint."""
+    lines = [f"{i:04d} " + "привет мир " * 4 for i in range(1, 1001)]
+    (workspace / "ru.txt").write_text("\n".join(lines) + "\n")
+    first = call(reg, "read_file", {"path": "ru.txt"})
+    assert first.ok and "[output truncated" not in first.output
+    shown, _, note = first.output.rpartition("\n[")
+    last = len(shown.splitlines())
+    assert shown.splitlines() == lines[:last] and note == f"cut off after line {last} of 1001: read on with " \
+        f"start_line={last + 1}]"
+    rest = call(reg, "read_file", {"path": "ru.txt", "start_line": last + 1}).output
+    assert rest.splitlines()[0] == lines[last]
+
+
+def test_edit_refuses_a_file_that_is_not_utf8_and_leaves_it_alone(reg: ToolRegistry, workspace: Path) -> None:
+    path = workspace / "latin1.txt"
+    path.write_bytes("café naïve\nline two ändern\n".encode("latin-1"))
+    result = call(reg, "edit_file", {"path": "latin1.txt", "old_text": "line two", "new_text": "line 2"})
+    assert result.error == ErrorCode.INVALID_ARGS and "not UTF-8" in result.message
+    assert path.read_bytes() == "café naïve\nline two ändern\n".encode("latin-1")
 
 
 def test_edit_needs_a_unique_match_unless_replace_all(reg: ToolRegistry, workspace: Path) -> None:
