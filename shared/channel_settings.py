@@ -106,12 +106,12 @@ class GenericWebhookSettings(ChannelBase):
 class DeliverySettings(BaseModel):
     """How outbox rows are sent: timeouts, the per-row claim, retries, redelivery of lost tasks."""
 
-    send_timeout: float = 10.0
-    claim_seconds: float = 60.0  # a row being sent is another worker's only after this
-    max_attempts: int = 10
-    retry_base_delay: float = 2.0
-    retry_max_delay: float = 300.0
-    redeliver_after: float = 30.0  # a pending row untouched this long has lost its task
+    send_timeout: float = Field(default=10.0, gt=0)
+    claim_seconds: float = Field(default=60.0, gt=0)  # a row being sent is another worker's only after this
+    max_attempts: int = Field(default=10, ge=1)
+    retry_base_delay: float = Field(default=2.0, ge=0)
+    retry_max_delay: float = Field(default=300.0, ge=0)
+    redeliver_after: float = Field(default=30.0, gt=0)  # a pending row untouched this long has lost its task
 
 
 class ChannelsSettings(BaseModel):

@@ -58,9 +58,9 @@ class LLMProfile(BaseModel):
     model: str = "openai/gpt-4.1-mini"
     api_base: str | None = None
     api_key: SecretStr | None = None
-    temperature: float | None = None
-    max_tokens: int | None = None
-    context_window: int = 128_000
+    temperature: float | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    context_window: int = Field(default=128_000, ge=1)
     # USD per token, for a model litellm's price map does not know (self-hosted, or newer than the
     # map; such a model's usage is otherwise recorded at no cost), or to override it. Both or neither.
     input_cost_per_token: float | None = Field(default=None, ge=0)
@@ -91,10 +91,10 @@ class LLMSettings(LLMProfile):
     # The model that turns voice messages into text (a profile name, or a litellm model string on the
     # default endpoint: openai/whisper-1, groq/whisper-large-v3...); empty: voice messages get a notice.
     transcription_model: str = ""
-    timeout: float = 120.0
-    max_retries: int = 3
-    retry_base_delay: float = 1.0
-    retry_max_delay: float = 30.0
+    timeout: float = Field(default=120.0, gt=0)
+    max_retries: int = Field(default=3, ge=0)
+    retry_base_delay: float = Field(default=1.0, ge=0)
+    retry_max_delay: float = Field(default=30.0, ge=0)
     # Concurrent HTTP connections to the model endpoints per process: an LLM call waiting on the
     # network holds one, so this caps the calls a worker keeps in flight (httpx's default is 100).
     max_connections: int = Field(default=1000, ge=1)
@@ -141,8 +141,8 @@ class PermissionsSettings(BaseModel):
 class MemorySettings(BaseModel):
     """How much history goes into a prompt and when it is compacted."""
 
-    window: int = 20
-    compact_after: int = 40
+    window: int = Field(default=20, ge=1)
+    compact_after: int = Field(default=40, ge=1)
     context_strategy: Literal["hard_trim", "sliding_window", "summarize"] = "sliding_window"
 
 
@@ -152,22 +152,22 @@ class AgentSettings(BaseModel):
     name: str = "nanofleet"
     max_iterations: int = Field(default=20, ge=1)
     mailbox_mode: Literal["steer", "followup"] = "steer"
-    chat_timeout: float = 120.0
+    chat_timeout: float = Field(default=120.0, gt=0)
 
 
 class SubagentSettings(BaseModel):
     """Background subagents."""
 
     max_iterations: int = Field(default=15, ge=1)
-    max_concurrent: int = 3
+    max_concurrent: int = Field(default=3, ge=1)
 
 
 class RuntimeSettings(BaseModel):
     """Run leases and the recovery sweeper."""
 
-    lease_seconds: float = 4.0
-    sweep_interval: float = 1.0
-    requeue_grace: float = 15.0  # after the sweeper re-enqueues a step, how long before it may again
+    lease_seconds: float = Field(default=4.0, gt=0)
+    sweep_interval: float = Field(default=1.0, gt=0)
+    requeue_grace: float = Field(default=15.0, ge=0)  # after the sweeper re-enqueues a step: before it may again
     # A step (or idempotent tool call) that failed this many times (it raised, or its worker died in
     # it) fails its run instead of being tried again: something in it kills workers or always raises.
     # An inbound message whose submission raised this many times is set aside (shared.channels.inbound).
@@ -184,8 +184,8 @@ class SchedulerSettings(BaseModel):
 
     daily_summary: DailySummarySettings = Field(default_factory=DailySummarySettings)
     timezone: str = "UTC"
-    reconcile_interval: float = 30.0  # seconds between checks that redbeat mirrors the cron jobs
-    beat_lock_timeout: int = 15  # seconds before a standby beat takes over from one that died
+    reconcile_interval: float = Field(default=30.0, gt=0)  # seconds between checks that redbeat mirrors the cron jobs
+    beat_lock_timeout: int = Field(default=15, ge=1)  # seconds before a standby beat takes over from one that died
     # Jobs the model adds (the `cron` tool; each firing is a paid LLM run): how often one may fire at
     # most, and how many jobs a chat may hold for it to add another. The REST API and CLI are not bound.
     tool_min_interval: int = Field(default=60, ge=1)
@@ -203,7 +203,7 @@ class HeartbeatSettings(BaseModel):
     """Periodic look at HEARTBEAT.md in the workspace."""
 
     enabled: bool = True
-    interval: int = 1800
+    interval: int = Field(default=1800, ge=1)
     model: str | None = None
 
 

@@ -274,3 +274,18 @@ def test_the_log_level_is_checked_with_the_other_settings(monkeypatch: pytest.Mo
     assert "NANOFLEET_LOG_LEVEL" in str(err.value) and "DEBUG, INFO, WARNING" in str(err.value)
     monkeypatch.setenv("NANOFLEET_LOG_LEVEL", "debug")
     assert load_settings().log_level == "DEBUG"
+
+
+@pytest.mark.parametrize(("var", "value"), [
+    ("NANOFLEET_MEMORY__WINDOW", "-1"),  # every prompt's query failed: LIMIT must not be negative
+    ("NANOFLEET_MEMORY__COMPACT_AFTER", "0"),
+    ("NANOFLEET_LLM__MAX_TOKENS", "0"),
+    ("NANOFLEET_RUNTIME__LEASE_SECONDS", "0"),
+    ("NANOFLEET_CHANNELS__DELIVERY__MAX_ATTEMPTS", "0"),
+])
+def test_a_number_out_of_range_stops_the_start_naming_its_variable(monkeypatch: pytest.MonkeyPatch, var: str,
+                                                                   value: str) -> None:
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert var in str(err.value) and "greater than" in str(err.value)
