@@ -280,8 +280,9 @@ def fit(rt: Runtime, messages: list[dict[str, Any]], model: str | None,
         tools: list[dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], int | None]:
     """Trim the history so the prompt fits the model's context window, tool calls and the tools'
     schemas (sent with every call) counted. The newest user message (the request being answered)
-    is never cut: older history goes first, then every message is shortened (`hard_trim` starts
-    there), then the oldest tool rounds after the request. An assistant message and its tool
+    is kept whole while anything else can give way: older history goes first, then every other
+    message is shortened (`hard_trim` starts there), then the request itself, then the oldest tool
+    rounds after it. An assistant message and its tool
     results go or stay together. Returns the messages and, when history was cut, how many history
     messages were kept (the `summarize` strategy then compacts what was left out)."""
     profile = rt.llm.profile(model)
@@ -294,14 +295,19 @@ def fit(rt: Runtime, messages: list[dict[str, Any]], model: str | None,
     def fits() -> bool:
         return _tokens(rt, head + [m for r in rounds for m in r] + tail, model, tools) <= budget
 
-    if rt.settings.memory.context_strategy == "hard_trim":
-        rounds = [[_shorten(m) for m in r] for r in rounds]
     request = max((i for i, r in enumerate(rounds) if r[0]["role"] == "user"), default=len(rounds) - 1)
+
+    def shorten(request_too: bool = False) -> list[list[dict[str, Any]]]:
+        return [r if i == request and not request_too else [_shorten(m) for m in r] for i, r in enumerate(rounds)]
+
+    if rt.settings.memory.context_strategy == "hard_trim":
+        rounds = shorten()
     while request > 0 and not fits():
         rounds.pop(0)
         request -= 1
-    if not fits():
-        rounds = [[_shorten(m) for m in r] for r in rounds]
+    for request_too in (False, True):
+        if not fits():
+            rounds = shorten(request_too)
     while len(rounds) > request + 2 and not fits():  # the request and the newest round stay
         rounds.pop(request + 1)
     body = [m for r in rounds for m in r]

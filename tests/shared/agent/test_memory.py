@@ -120,3 +120,17 @@ def test_one_message_over_the_budget_is_shortened() -> None:
 
 
 _RT = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini"}))
+
+
+@pytest.mark.parametrize("strategy", ["hard_trim", "sliding_window", "summarize"])
+def test_a_long_request_that_fits_is_never_shortened(strategy: str) -> None:
+    """`hard_trim` shortened every message at once, the request too, though dropping older history
+    would have made room: the end of the question never reached the model."""
+    rt = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini", "context_window": 7000, "max_tokens": 1000},
+                                     memory={"context_strategy": strategy}))
+    request = "the quick brown fox jumps over the lazy dog " * 130 + "REQUEST-END please answer"
+    msgs = [*conversation(12)[:-1], {"role": "user", "content": request},
+            {"role": "user", "content": "[runtime context, not written by the user]"}]
+    fitted, kept = memory.fit(rt, msgs, None)
+    assert kept is not None and rt.llm.count_tokens(fitted) <= 6000
+    assert fitted[-2]["content"] == request
