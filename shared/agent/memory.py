@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import BigInteger, Integer, bindparam, cast, func, text
 from sqlmodel import Session, col, select
 
-from shared.agent import lease, prompt
+from shared.agent import conversations, lease, prompt
 from shared.errors import Retryable
 from shared.llm import LLMError
 from shared.models import IMAGES, Conversation, Message, MessageType, Role
@@ -68,8 +68,12 @@ def start_over(s: Session, conversation_id: str) -> bool:
     conversation's last message. The summary of what came before is written by a compaction task
     (`everything=True`); until it is, the summary row carries `DUE`, and `resend_summaries` sends
     the task again while it stays there (a lost enqueue, a worker that died, a model that was down).
-    False when nothing was said since the last summary."""
-    _lock(s, conversation_id)
+    False when nothing was said since the last summary. Raises Busy while a turn runs: its answer,
+    written later, would open the new session without its question."""
+    active = s.exec(select(Conversation.active_run_id).where(Conversation.id == conversation_id)
+                    .with_for_update()).first()
+    if active:
+        raise conversations.Busy([active])
     summary = prompt.latest_summary(s, conversation_id, fresh=True)
     last = s.exec(select(func.max(Message.seq)).where(
         Message.conversation_id == conversation_id, Message.type == MessageType.NORMAL,

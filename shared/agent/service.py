@@ -23,6 +23,7 @@ HELP = """Commands:
 /usage - the tokens and cost of this chat so far
 /retry - answer the last message again (the answer it had is dropped); /retry TEXT: as if it said TEXT
 /help  - this message"""
+NEW_WHILE_BUSY = "A reply is still being written: send /new again once it has come, or /stop it first."
 DEFAULT = "default"
 # The commands as chat apps list them in their menus (Telegram's, set with the webhook)
 COMMANDS = {
@@ -77,7 +78,11 @@ def submit(
         except Conflict as err:
             return Submitted(conversation_id, reply=f"Nothing to retry: {err.message}.")
     if command == "/new":
-        if not memory.start_over(s, conversation_id):
+        try:
+            started = memory.start_over(s, conversation_id)
+        except conversations.Busy:
+            return Submitted(conversation_id, reply=NEW_WHILE_BUSY)
+        if not started:
             return Submitted(conversation_id, reply="Started a new session.")
         return Submitted(conversation_id, reply="Started a new session; I'll keep a summary of the last one.",
                          nexts=[Next(T_COMPACT, (conversation_id, True))])

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 from sqlmodel import Session
 
-from shared.agent import conversations, memory, prompt
+from shared.agent import conversations, memory, prompt, service
 from shared.agent.runtime import Runtime
 from shared.db import get_engine
 from shared.llm import LLMError, LLMResponse
@@ -211,3 +211,23 @@ def test_an_empty_summary_from_the_model_keeps_the_one_there_is(stack: Stack) ->
     _new(rt, cid)  # a /new summary the model leaves empty is left to the sweep, as a failed one
     assert memory.compact(rt, cid, everything=True) is False
     assert _summary(rt, cid).content == kept and memory.DUE in _summary(rt, cid).meta
+
+
+def test_new_while_a_turn_runs_is_refused_and_cuts_nothing(stack: Stack) -> None:
+    """The running turn's answer, written after a cut made now, opened the new session without its
+    question (and the old session's summary went without it)."""
+    rt = Runtime.build(stack.settings)
+    cid = _chat(rt, 2)
+    with rt.session() as s:
+        turn = conversations.post_message(s, cid, "a long question", origin={"channel": "api", "chat_id": cid},
+                                          lease_seconds=2).run_id
+    assert turn is not None
+    with rt.session() as s:
+        refused = service.submit(rt, s, cid, "/new", origin={"channel": "api", "chat_id": cid})
+    assert refused.reply == service.NEW_WHILE_BUSY and refused.nexts == []
+    with rt.session() as s:
+        assert prompt.latest_summary(s, cid) is None
+        s.execute(text("update conversations set active_run_id = null where id = :cid"), {"cid": cid})  # it ended
+    with rt.session() as s:
+        started = service.submit(rt, s, cid, "/new", origin={"channel": "api", "chat_id": cid})
+    assert started.reply is not None and started.reply.startswith("Started a new session")
