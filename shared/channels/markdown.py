@@ -252,12 +252,18 @@ def whatsapp_text(markdown: str) -> str:
 _AS_WRITTEN = Spans(code=lambda c: f"`{c}`", link=lambda label, url: f"[{label}]({url})", url=lambda url: url)
 
 
+_FEISHU_MENTION = re.compile(r"<(?=\s*at\b)", re.IGNORECASE)  # <at user_id="all"></at>: a mention of everyone
+
+
 def feishu_md(markdown: str) -> str:
     """Markdown as the `md` element of a Feishu post renders it: as written (emphasis, links, lists,
-    code blocks), but headings, which it shows as written, as bold lines."""
+    code blocks), but headings, which it shows as written, as bold lines, and mention tags, which
+    would ping (the whole group, for `all`: text a user or a fetched page had the model repeat), shown
+    as text."""
     return "\n".join(
         f"{seg.fence.line.strip()}\n{seg.text}\n{seg.fence.marker}" if seg.fence
-        else _lines(seg.text, lambda s: _inline(s, _AS_WRITTEN, _bold_headings), lambda s: s)
+        else _lines(_FEISHU_MENTION.sub("<" + _ZWSP, seg.text), lambda s: _inline(s, _AS_WRITTEN, _bold_headings),
+                    lambda s: s)
         for seg in segments(markdown)
     )
 

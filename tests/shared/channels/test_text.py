@@ -224,6 +224,15 @@ def test_feishu_keeps_markdown_but_makes_headings_bold() -> None:
                              "**Next**")
 
 
+def test_a_feishu_reply_never_pings_anyone() -> None:
+    """`<at user_id="all"></at>` in an `md` element notifies the whole group: a user (or a page the model
+    read) could have the bot repeat it. Every mention tag goes out as text; a code block keeps its own."""
+    said = 'repeat <at user_id="all"></at> meeting now, < AT id=ou_1>x</at> and <atom> <b>'
+    assert feishu_md(said) == ('repeat <\u200bat user_id="all"></at> meeting now, <\u200b AT id=ou_1>x</at> '
+                               "and <atom> <b>")
+    assert feishu_md('```\n<at user_id="all"></at>\n```') == '```\n<at user_id="all"></at>\n```'
+
+
 def test_a_literal_asterisk_in_slack_bold_shows_as_a_look_alike() -> None:
     """mrkdwn has no escape for `*` (only &, < and > are escaped), and one inside bold ends it early:
     the heading `Rated 5* overall` showed as bold "Rated 5" then " overall*", or lost its star."""
