@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,7 +89,9 @@ def _read(file: Path, workspace: Path | None) -> str:
 
 
 def _split(text: str) -> tuple[str | None, str]:
-    """(raw front matter, body); no front matter gives None and the whole text."""
+    """(raw front matter, body); no front matter gives None and the whole text. A byte order mark
+    (Notepad writes one) is not text."""
+    text = text.removeprefix("\ufeff")
     if not text.startswith("---"):
         return None, text
     head, sep, body = text[3:].partition("\n---")
@@ -97,16 +100,34 @@ def _split(text: str) -> tuple[str | None, str]:
     return head, body.partition("\n")[2]
 
 
-def parse_front_matter(head: str) -> dict[str, Any]:
-    """The front matter as a mapping ({} when it is not valid YAML or not a mapping); BadSkill when it
-    is too long or uses aliases."""
+def parse_front_matter(head: str, where: str = "front matter") -> dict[str, Any]:
+    """The front matter as a mapping ({} when it is not a mapping); BadSkill when it is too long or
+    uses aliases. Front matter YAML cannot read (a `: ` in an unquoted value, which nanobot's line
+    reader takes) is read as nanobot reads it, one `key: value` a line, with a warning."""
     if len(head) > MAX_FRONT_MATTER_CHARS:
         raise BadSkill(f"front matter is longer than {MAX_FRONT_MATTER_CHARS} characters")
     try:
         data = yaml.load(head, Loader=_NoAliasLoader)  # a SafeLoader: no arbitrary objects
-    except yaml.YAMLError:
-        return {}
+    except yaml.YAMLError as err:
+        problem = str(err).splitlines()[0] if str(err) else type(err).__name__
+        log.warning("%s is not valid YAML (%s); read as `key: value` lines (quote a value with ': ' in it)",
+                    where, problem)
+        return {m["key"]: _unquoted(m["value"].strip()) for line in head.splitlines() if (m := _KEY_VALUE.match(line))}
     return data if isinstance(data, dict) else {}
+
+
+_KEY_VALUE = re.compile(r"(?P<key>[A-Za-z_][\w-]*):(?P<value>.*)$")
+
+
+def _unquoted(value: str) -> str:
+    return value[1:-1] if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"" else value
+
+
+def _flag(value: Any) -> bool:
+    """A front matter yes or no: `true`, or the text of it (`always: "true"`); `"false"` is no."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "on", "1")
+    return value is True or (type(value) is int and value == 1)
 
 
 def split_front_matter(text: str) -> tuple[dict[str, Any], str]:
@@ -189,9 +210,9 @@ def read_skill(file: Path, source: str, settings: Settings) -> Skill:
     """The skill in `file` (a workspace one unless `source` is "builtin"); raises BadSkill or
     OSError for one that cannot be used."""
     head, body = _split(_read(file, None if source == "builtin" else settings.workspace))
-    front = parse_front_matter(head) if head is not None else {}
+    front = parse_front_matter(head, f"the front matter of {file}") if head is not None else {}
     meta = skill_metadata(front)
-    always = bool(meta.get("always") or front.get("always"))
+    always = _flag(meta.get("always")) or _flag(front.get("always"))
     return Skill(
         name=_text(front, "name", MAX_NAME_CHARS) or file.parent.name,
         description=_text(front, "description", MAX_DESCRIPTION_CHARS),
@@ -218,9 +239,17 @@ def _scan(root: Path, source: str, settings: Settings) -> list[Skill]:
 
 
 def load_skills(settings: Settings) -> list[Skill]:
-    """Built-in and workspace skills by name; a workspace skill replaces a built-in one of that name."""
-    found = {s.name: s for s in _scan(BUILTIN_DIR, "builtin", settings)}
-    found |= {s.name: s for s in _scan(settings.workspace / "skills", "workspace", settings)}
+    """Built-in and workspace skills by name. A workspace skill replaces a built-in one of its name,
+    or in its folder (whose path would lead read_file to the workspace one); of two workspace skills
+    of one name, the first folder's is kept, with a warning."""
+    ours = _scan(settings.workspace / "skills", "workspace", settings)
+    folders = {s.file.parent.name for s in ours}
+    found = {s.name: s for s in _scan(BUILTIN_DIR, "builtin", settings) if s.file.parent.name not in folders}
+    for skill in ours:
+        if (kept := found.get(skill.name)) is not None and kept.source == "workspace":
+            log.warning("skill %s skipped: %s is named '%s' too", skill.location, kept.location, skill.name)
+            continue
+        found[skill.name] = skill
     return [found[name] for name in sorted(found)]
 
 

@@ -90,7 +90,7 @@ def test_metadata_shapes(tmp_path: Path, bin_dir: Path) -> None:
     assert skills["nested"].missing == ["env API_TOKEN"]
     assert skills["json-string"].missing == ["bin rg"] and skills["json-string"].always
     assert skills["inner-string"].always and skills["inner-string"].available
-    assert skills["broken"].description == "" and skills["broken"].source == "workspace"
+    assert skills["[unclosed"].description == "x" and skills["[unclosed"].source == "workspace"  # read as lines
 
 
 def test_workspace_skill_replaces_the_builtin_one(tmp_path: Path, bin_dir: Path) -> None:
@@ -173,3 +173,44 @@ def test_skills_endpoint(tmp_path: Path, bin_dir: Path) -> None:
                                    "reason": None}
         assert listed["github"]["reason"] == "missing bin gh, env GH_TOKEN"
         assert client.get("/api/v1/skills", headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+
+def test_front_matter_yaml_cannot_read_is_read_as_lines(tmp_path: Path, bin_dir: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """An unquoted `: ` in a value (nanobot's line reader takes it) made the whole front matter {}:
+    no description, and its requirements unchecked, without a word in the log."""
+    write_skill(tmp_path, "colon", 'name: colon\ndescription: Fetch a page: then "summarise" it\n'
+                'metadata: {"nanobot": {"requires": {"bins": ["nonexistentbin"]}}}')
+    skill = by_name(settings_for(tmp_path, bin_dir))["colon"]
+    assert skill.description == 'Fetch a page: then "summarise" it'
+    assert skill.missing == ["bin nonexistentbin"] and not skill.available
+    assert "skills/colon/SKILL.md is not valid YAML" in caplog.text
+
+
+def test_a_byte_order_mark_does_not_hide_the_front_matter(tmp_path: Path, bin_dir: Path) -> None:
+    path = tmp_path / "skills" / "bom" / "SKILL.md"
+    path.parent.mkdir(parents=True)
+    path.write_bytes("\ufeff---\nname: bom-skill\ndescription: saved by Notepad\n---\nbody\n".encode())
+    skill = by_name(settings_for(tmp_path, bin_dir))["bom-skill"]
+    assert skill.description == "saved by Notepad"
+
+
+@pytest.mark.parametrize(("value", "inlined"), [('"false"', False), ("'no'", False), ('"true"', True),
+                                                ("true", True), ("false", False), ("0", False)])
+def test_always_as_text_means_what_it_says(tmp_path: Path, bin_dir: Path, value: str, inlined: bool) -> None:
+    write_skill(tmp_path, "rules", f"name: rules\ndescription: d\nmetadata:\n  always: {value}", "RULES BODY")
+    assert by_name(settings_for(tmp_path, bin_dir))["rules"].always is inlined
+    assert ("RULES BODY" in system_prompt(settings_for(tmp_path, bin_dir))) is inlined
+
+
+def test_skills_of_one_name_or_folder_do_not_mislead(tmp_path: Path, bin_dir: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """Two workspace skills of one name: one was dropped without a word. A workspace folder named as a
+    built-in skill's, holding another skill: the built-in one stayed listed at that path, where
+    read_file gives the workspace file."""
+    write_skill(tmp_path, "dup1", "name: same\ndescription: first")
+    write_skill(tmp_path, "dup2", "name: same\ndescription: second")
+    write_skill(tmp_path, "github", "name: my-gh\ndescription: ours")
+    skills = by_name(settings_for(tmp_path, bin_dir))
+    assert skills["same"].description == "first" and "skills/dup2/SKILL.md skipped" in caplog.text
+    assert "github" not in skills and skills["my-gh"].location == "skills/github/SKILL.md"
