@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from sqlalchemy import or_
 from sqlmodel import col, select
 
 from shared.agent import conversations, lease
@@ -13,10 +14,12 @@ from shared.agent.recovery import sweep
 from shared.agent.runtime import Runtime
 from shared.agent.service import after_commit, submit
 from shared.migrate import upgrade
-from shared.models import ACTIVE, Run, RunKind, RunStatus
+from shared.models import ACTIVE, TERMINAL, Message, Run, RunKind, RunStatus
 from shared.scheduling import hooks
 from shared.settings import Settings
 from shared.startup_checks import warn_model_key
+
+QUEUED_POLL = 0.2  # seconds between looks at a queued message's run
 
 
 @dataclass
@@ -32,12 +35,14 @@ def _stalled(rt: Runtime, conversation_id: str) -> bool:
 
 
 def one_turn(settings: Settings, *, message: str, session: str, model: str | None = None) -> Answer:
-    """The answer to `message`, and the reports of any subagents it started (they run inline too)."""
+    """The answer to `message`, and the reports of any subagents it started (they run inline too);
+    first, the answer to a message an earlier call left unanswered (it died, or was stopped)."""
     upgrade(settings.database_url)
     warn_model_key(settings)
     rt = hooks.install(Runtime.build(settings))  # a subagent's report starts a turn, as in workers
     with rt.session() as s:
         conv = conversations.get_or_create(s, session_key=session, channel="cli", chat_id=session)
+        since = lease.db_now(s)
     drain(rt, sweep(rt, conv.id))  # a turn an earlier `nanofleet agent` left behind when it died
     if _stalled(rt, conv.id):  # it died in a tool call, which the sweeper takes for dead a lease later
         time.sleep(rt.settings.runtime.lease_seconds + 0.5)
@@ -48,11 +53,30 @@ def one_turn(settings: Settings, *, message: str, session: str, model: str | Non
     drain(rt, out.nexts)  # for a command too: /new's summary, the turn that /stop let start
     if out.reply is not None:
         return Answer(out.reply)
+    if out.run_id is None and out.message_id is not None:
+        return _queued(rt, conv.id, out.message_id)
     with rt.session() as s:
-        first = s.get(Run, out.run_id) if out.run_id else None
-        if first is None:
-            return Answer("(your message is queued behind a running turn)", ok=False)
-        turns = list(s.exec(select(Run).where(Run.conversation_id == conv.id, Run.kind == RunKind.TURN,
-                                              col(Run.created_at) >= first.created_at).order_by(col(Run.created_at))))
+        first = s.get_one(Run, out.run_id)
+        turns = list(s.exec(select(Run).where(
+            Run.conversation_id == conv.id, Run.kind == RunKind.TURN,
+            or_(col(Run.created_at) >= first.created_at, col(Run.finished_at) >= since),
+        ).order_by(col(Run.created_at))))
     return Answer("\n\n".join(run.final_text or "" for run in turns),
                   ok=all(run.status == RunStatus.SUCCEEDED for run in turns))
+
+
+def _queued(rt: Runtime, conversation_id: str, message_id: int) -> Answer:
+    """A message that waits behind a turn another `nanofleet agent` runs on this session: that call
+    answers it (it takes it in, or starts the next turn with it); wait for the run that does, and
+    finish it here if the other call died meanwhile."""
+    deadline = time.monotonic() + rt.settings.agent.chat_timeout
+    while time.monotonic() < deadline:
+        with rt.session() as s:
+            found = s.exec(select(Run).join(Message, col(Message.run_id) == Run.id)
+                           .where(Message.id == message_id)).first()
+            if found is not None and found.status in TERMINAL:
+                return Answer(found.final_text or "", ok=found.status == RunStatus.SUCCEEDED)
+        drain(rt, sweep(rt, conversation_id))
+        time.sleep(QUEUED_POLL)
+    return Answer(f"(your message waits behind a turn still running after {rt.settings.agent.chat_timeout:g} s; "
+                  "it will be answered in this session)", ok=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -14,6 +15,7 @@ from shared.errors import Retryable
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Runtime, Next], list[Next]]
+RETRY_DELAY, MAX_RETRY_DELAY = 0.1, 2.0  # seconds before a task that raised runs again: doubled each time
 
 HANDLERS: dict[str, Handler] = {
     T_AGENT_STEP: lambda rt, n: steps.llm_step(rt, *n.args),
@@ -31,14 +33,25 @@ def _compact(rt: Runtime, conversation_id: str, everything: bool = False, keep: 
     return []
 
 
-def drain(rt: Runtime, nexts: list[Next]) -> list[Next]:
-    """Run every task inline until none is left; returns the ones with no local handler."""
-    queue, skipped = deque(nexts), []
+def drain(rt: Runtime, nexts: list[Next], retries: int | None = None) -> list[Next]:
+    """Run every task inline until none is left; returns the ones with no local handler. A task that
+    raises is run again at once, a little later each time, as the sweeper would send it (a step
+    counts its failures and fails its run at `max_recoveries`): after `retries` more tries (default
+    `max_recoveries`: the database is gone) it is raised."""
+    retries = rt.settings.runtime.max_recoveries if retries is None else retries
+    queue, skipped = deque((nxt, 0) for nxt in nexts), []
     while queue:
-        nxt = queue.popleft()
+        nxt, failed = queue.popleft()
         handler = HANDLERS.get(nxt.task)
         if handler is None:
             skipped.append(nxt)
             continue
-        queue.extend(handler(rt, nxt))
+        try:
+            queue.extend((more, 0) for more in handler(rt, nxt))
+        except Exception as err:
+            if failed >= retries:
+                raise
+            log.warning("%s%s failed (%s); trying it again", nxt.task, nxt.args, type(err).__name__)
+            time.sleep(min(RETRY_DELAY * 2**failed, MAX_RETRY_DELAY))
+            queue.appendleft((nxt, failed + 1))
     return skipped

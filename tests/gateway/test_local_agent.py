@@ -3,20 +3,26 @@ runs what a command starts, and says when a turn failed."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import pytest
 from sqlalchemy import text
-from sqlmodel import select
+from sqlmodel import col, select
 
-from gateway.local_agent import one_turn
-from shared.agent import conversations, steps
+from gateway.local_agent import Answer, one_turn
+from shared.agent import conversations, prompt, steps
+from shared.agent.local import drain
 from shared.agent.runtime import Runtime
 from shared.agent.service import submit
+from shared.agent.steps import FAILED_STEP
 from shared.constants import T_TOOL_EXECUTE
 from shared.models import Message, MessageType, Run, RunKind, RunStatus, utcnow
 from shared.settings import Settings, load_settings
 from tests.fakes.llm import FakeLLM, Reply, default_handler
+from tests.support.processes import wait_until
 from tests.support.stack import clean_db
 
 
@@ -39,7 +45,8 @@ def test_a_turn_left_by_a_crashed_call_is_finished_first(database_url: str, fake
         run = s.get_one(Run, stale.run_id)
         run.lease_until = utcnow() - timedelta(seconds=1)
         s.add(run)
-    assert one_turn(settings, message="second", session="cli:t").text == "echo: second"
+    # the answer the earlier call never printed comes first
+    assert one_turn(settings, message="second", session="cli:t").text == "echo: first\n\necho: second"
     with rt.session() as s:
         assert s.get_one(Run, stale.run_id).final_text == "echo: first"
 
@@ -61,7 +68,7 @@ def test_a_turn_whose_call_died_in_a_tool_is_finished_first(database_url: str, f
         s.execute(text("update runs set lease_until = now() - interval '1 second' where id = :r"), {"r": stale.run_id})
     assert tool.task == T_TOOL_EXECUTE
     answer = one_turn(settings, message="second", session="cli:k")
-    assert (answer.ok, answer.text) == (True, "echo: second")
+    assert answer.ok and answer.text.startswith("done: ") and answer.text.endswith("\n\necho: second")
     with rt.session() as s:
         assert s.get_one(Run, stale.run_id).status == RunStatus.SUCCEEDED  # told the tool may not have run
 
@@ -118,3 +125,51 @@ def test_a_new_summary_the_model_could_not_write_is_sent_again_by_a_later_call(
     while "summary_due" in summary().meta and utcnow() < deadline:  # each call sweeps its conversation
         assert one_turn(settings, message="and now?", session="cli:d").ok
     assert "remember the tea" in summary().content and "summary_due" not in summary().meta
+
+
+def test_a_step_that_raises_is_tried_again_inline(database_url: str, fake_llm: FakeLLM, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """There is no sweeper to send a failed step again: the call crashed with a traceback and left
+    the turn for a later one."""
+    clean_db(database_url)
+    fake_llm.reset()
+    settings = _settings(database_url, fake_llm, tmp_path)
+    build, raised = prompt.build, []
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        if len(raised) < 2:
+            raised.append(1)
+            raise RuntimeError("a bug on the first two tries")
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(prompt, "build", flaky)
+    assert one_turn(settings, message="hello", session="cli:f") == Answer("echo: hello")
+    monkeypatch.setattr(prompt, "build", lambda *args, **kwargs: 1 / 0)
+    failed = one_turn(settings, message="again", session="cli:f")
+    assert failed == Answer(FAILED_STEP, ok=False)
+
+
+def test_a_message_queued_behind_another_calls_turn_gets_its_answer(database_url: str, fake_llm: FakeLLM,
+                                                                    tmp_path: Path) -> None:
+    """It printed "(your message is queued behind a running turn)" and exited 1; the other call printed
+    the answer."""
+    clean_db(database_url)
+    fake_llm.reset()
+    settings = _settings(database_url, fake_llm, tmp_path)
+    rt = Runtime.build(settings)
+    with rt.session() as s:  # another call's turn, going
+        conv = conversations.get_or_create(s, session_key="cli:q", channel="cli", chat_id="cli:q")
+        other = submit(rt, s, conv.id, "first", origin={"channel": "api", "chat_id": "cli:q"})
+    with rt.session() as s:  # its call renews the lease
+        s.execute(text("update runs set lease_until = now() + interval '1 hour' where id = :r"), {"r": other.run_id})
+    with ThreadPoolExecutor(1) as pool:
+        queued = pool.submit(one_turn, settings, message="second", session="cli:q")
+        wait_until(lambda: "second" in pending(rt, conv.id), timeout=30, message="the message to wait")
+        drain(rt, other.nexts)  # the other call's step takes it in (steer) and answers
+        assert queued.result(timeout=30) == Answer("echo: second")
+
+
+def pending(rt: Runtime, conversation_id: str) -> list[str]:
+    with rt.session() as s:
+        return list(s.exec(select(Message.content).where(Message.conversation_id == conversation_id,
+                                                         col(Message.pending))).all())

@@ -72,7 +72,7 @@ def work(rt: Runtime, run_id: str, conversation_id: str, limit: int = 3 * MAX_RE
     nexts = [Next(T_AGENT_STEP, (run_id, 0))]
     for tries in range(1, limit + 1):
         with contextlib.suppress(Exception):  # a worker logs it; the sweeper takes the step back
-            drain(rt, nexts)
+            drain(rt, nexts, retries=0)
         if run_of(rt, run_id).status in TERMINAL:
             return tries
         with rt.session() as s:
