@@ -96,7 +96,7 @@ def display(workspace: Path, target: Path) -> str:
 
 
 def open_file(workspace: Path, target: Path, mode: OpenMode, *, make_parents: bool = False,
-              protected: Sequence[str] = ()) -> BinaryIO:
+              protected: Sequence[str] = (), owner: tuple[int, int] | None = None) -> BinaryIO:
     """Open the regular file `target` (a path `resolve` answered) without following any symlink.
 
     Between `resolve` and the open, a folder on the way can be swapped for a symlink that leads
@@ -105,18 +105,19 @@ def open_file(workspace: Path, target: Path, mode: OpenMode, *, make_parents: bo
     found on the way raises OutsideWorkspace. Missing folders are created on the way when
     `make_parents`. A file with other hard links is refused (HardLinked), judged on the open fd.
     Opening for a change a path in `protected` (workspace paths; a folder's covers all below it)
-    raises Protected, before anything is made. Raises OutsideWorkspace, NotAFile or the OSError of
-    the open.
+    raises Protected, before anything is made. What this makes (the file, a folder) is given to
+    `owner` (uid, gid): exec's user, when commands run as another than the file tools. Raises
+    OutsideWorkspace, NotAFile or the OSError of the open.
     """
     root = workspace.resolve()
     if target == root or not target.parent.is_relative_to(root):
         raise NotAFile(target, is_dir=True)
     if mode != "rb":
         _check_unprotected(root, target, protected)
-    parent = _open_folder(root, target.parent, make_parents=make_parents)
+    parent = _open_folder(root, target.parent, make_parents=make_parents, owner=owner)
     try:
         _check_inside(root, parent, target)
-        fd = _open_at(parent, target, _MODES[mode])
+        fd = _open_at(parent, target, _MODES[mode], owner=owner)
     finally:
         os.close(parent)
     try:
@@ -161,14 +162,17 @@ def open_folder(workspace: Path, target: Path) -> int:
     return fd
 
 
-def _open_folder(root: Path, folder: Path, *, make_parents: bool) -> int:
-    """An fd on `folder`, walked down to from `root` without following a symlink."""
+def _open_folder(root: Path, folder: Path, *, make_parents: bool, owner: tuple[int, int] | None = None) -> int:
+    """An fd on `folder`, walked down to from `root` without following a symlink; a folder made on
+    the way is given to `owner`."""
     fd = os.open(root, _DIR_FLAGS)
     try:
         for name in folder.relative_to(root).parts:
             if make_parents:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(name, dir_fd=fd)
+                    if owner is not None:
+                        os.chown(name, *owner, dir_fd=fd, follow_symlinks=False)
             next_fd = _open_at(fd, folder, _DIR_FLAGS, name=name)
             os.close(fd)
             fd = next_fd
@@ -178,11 +182,21 @@ def _open_folder(root: Path, folder: Path, *, make_parents: bool) -> int:
     return fd
 
 
-def _open_at(dir_fd: int, target: Path, flags: int, *, name: str | None = None) -> int:
-    """os.open relative to `dir_fd` with O_NOFOLLOW; a symlink where none was resolved is refused."""
-    name = name or target.name
+def _open_at(dir_fd: int, target: Path, flags: int, *, name: str | None = None,
+             owner: tuple[int, int] | None = None) -> int:
+    """os.open relative to `dir_fd` with O_NOFOLLOW; a symlink where none was resolved is refused.
+    A file it creates is given to `owner` (one that was there keeps its own)."""
+    name, made = name or target.name, False
     try:
-        return os.open(name, flags | _FILE_FLAGS, 0o666, dir_fd=dir_fd)
+        if owner is not None and flags & os.O_CREAT:
+            try:
+                fd, made = os.open(name, flags | os.O_EXCL | _FILE_FLAGS, 0o666, dir_fd=dir_fd), True
+            except FileExistsError:
+                if flags & os.O_EXCL:
+                    raise
+                fd = os.open(name, flags | _FILE_FLAGS, 0o666, dir_fd=dir_fd)
+        else:
+            fd = os.open(name, flags | _FILE_FLAGS, 0o666, dir_fd=dir_fd)
     except OSError as err:
         # ELOOP: the last component is a symlink; ENOTDIR: it may be a symlink where a folder was.
         if err.errno == errno.ELOOP or (err.errno == errno.ENOTDIR and _is_link(dir_fd, name)):
@@ -190,6 +204,13 @@ def _open_at(dir_fd: int, target: Path, flags: int, *, name: str | None = None) 
         if err.errno == errno.EISDIR:
             raise NotAFile(target, is_dir=True) from err
         raise
+    if made and owner is not None:
+        try:
+            os.fchown(fd, *owner)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd
 
 
 def _is_link(dir_fd: int, name: str) -> bool:

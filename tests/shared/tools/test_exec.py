@@ -265,6 +265,29 @@ def test_root_worker_runs_commands_as_the_unprivileged_user(open_workspace: Path
 
 
 @needs_root
+def test_commands_can_change_what_write_file_made(open_workspace: Path) -> None:
+    """Under a root worker the file tools made root's files and folders (644, 755): a command, run as
+    nobody, could not add to the script the agent had just written, nor put a file beside it. What
+    write_file makes is the exec user's now; a file that was there keeps its owner."""
+    from shared.tools import build_registry
+    from tests.shared.tools.conftest import tool_settings
+
+    (open_workspace / "MEMORY.md").write_text("the operator's\n")
+    reg = build_registry(tool_settings(open_workspace, allowed=["exec", "write_file"], granted=["SHELL", "FS_WRITE"]))
+    assert call(reg, "write_file", {"path": "proj/deep/notes.md", "content": "one\n"}).ok
+    assert call(reg, "write_file", {"path": "MEMORY.md", "content": "the agent's\n"}).ok
+    result = call(reg, "exec", {"command": "echo two >> proj/deep/notes.md && touch proj/new.txt proj/deep/x"})
+    assert result.ok and result.output.endswith("[exit code: 0]"), result
+    assert (open_workspace / "proj/deep/notes.md").read_text() == "one\ntwo\n"
+    nobody = pwd.getpwnam("nobody").pw_uid
+    assert [(open_workspace / p).stat().st_uid for p in ("proj", "proj/deep", "proj/deep/notes.md")] == [nobody] * 3
+    assert (open_workspace / "MEMORY.md").stat().st_uid == 0
+    without_exec = build_registry(tool_settings(open_workspace, allowed=["write_file"], granted=["FS_WRITE"]))
+    assert call(without_exec, "write_file", {"path": "solo.md", "content": "x"}).ok
+    assert (open_workspace / "solo.md").stat().st_uid == 0  # no commands here: nothing to give it to
+
+
+@needs_root
 def test_root_worker_kills_what_cleared_its_environment_and_left_the_session(open_workspace: Path) -> None:
     from shared.tools import build_registry
     from tests.shared.tools.conftest import tool_settings
