@@ -73,9 +73,14 @@ class ToolRegistry:
         self._specs: dict[frozenset[str], str] = {}  # exclusions -> the specs as JSON text
 
     def add(self, tool: Tool) -> None:
+        """Add or replace a tool (an MCP server's, from the background loop: the maps are replaced, not
+        changed, so a worker thread reading them meanwhile sees the old or the new one whole)."""
         if tool.group not in self.settings.tools.disabled_groups:
-            self._tools[tool.name] = tool
-            self._specs.clear()
+            self._tools, self._specs = {**self._tools, tool.name: tool}, {}
+
+    def remove(self, name: str) -> None:
+        if name in self._tools:
+            self._tools, self._specs = {k: t for k, t in self._tools.items() if k != name}, {}
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)

@@ -3,7 +3,8 @@
 Tools: `add`, `echo`, `slow` (sleeps), `fail` (answers with an error) and `crash` (the process
 exits mid-call, as a crashed server would). Each start appends a line to the file named by
 MCP_DEMO_STARTS, so tests can see the server being started again after a crash; while the file
-named by MCP_DEMO_BLOCK exists, the server exits at start (it is "down"). `server` also serves
+named by MCP_DEMO_BLOCK exists, the server exits at start (it is "down"); MCP_DEMO_START_DELAY
+seconds pass before it answers. `server` also serves
 streamable HTTP through `server.streamable_http_app()`.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -59,6 +61,7 @@ def main() -> None:
     if starts:
         with open(starts, "a") as fh:
             fh.write(f"{os.getpid()}\n")
+    time.sleep(float(os.environ.get("MCP_DEMO_START_DELAY", "0")))  # a server slow to start (npx downloading)
     server.run("stdio")
 
 

@@ -24,6 +24,7 @@ from shared.tools.base import ErrorCode, ToolResult
 log = logging.getLogger(__name__)
 BACKOFF_START = 0.5
 BACKOFF_MAX = 30.0
+CONNECT_WAIT_MAX = 300.0  # the longest wait for a slow server's start, doubled from the connect timeout
 LIST_PAGES = 20
 
 
@@ -168,13 +169,13 @@ class MCPConnection:
                 raise Unhealthy(f"health check failed: {type(err).__name__}: {err}") from err
             self._set_tools(tools)
 
-    async def _connect(self) -> asyncio.Task[None] | None:
-        """Start a session; the task that owns it once it is up, None (and DOWN) if it failed."""
+    async def _connect(self, wait: float) -> asyncio.Task[None] | bool:
+        """Start a session, waiting `wait` seconds for its tool list; the task that owns it once it is
+        up, else DOWN and whether it was too slow (rather than failed)."""
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._scope = None
         attempt = self._session = asyncio.create_task(self._attempt(ready))
-        done, _ = await asyncio.wait({ready, attempt}, timeout=self.connect_timeout,
-                                     return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({ready, attempt}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
         if ready in done:
             self._mark(State.UP, "")
             return attempt
@@ -182,20 +183,26 @@ class MCPConnection:
         if attempt not in done:
             self._end_session()
             await asyncio.wait({attempt})  # its server process is being stopped
-            self._mark(State.DOWN, f"no answer within {self.connect_timeout:g} s")
-        else:
-            self._mark(State.DOWN, _outcome(attempt))
-        return None
+            self._mark(State.DOWN, f"no answer within {wait:g} s" + (
+                "; waiting longer next time" if wait < CONNECT_WAIT_MAX else ""))
+            return True
+        self._mark(State.DOWN, _outcome(attempt))
+        return False
 
     async def _supervise(self) -> None:
-        backoff = BACKOFF_START
+        """Connect, and again after each loss, with backoff. A server too slow to start within the
+        connect timeout (a first `npx` download, a cold container) is given twice as long at each
+        next attempt, up to CONNECT_WAIT_MAX: with the same wait it would be killed every time."""
+        backoff, wait = BACKOFF_START, self.connect_timeout
         while True:
-            session = await self._connect()
+            session = await self._connect(wait)
             self.first_attempt.set()
-            if session is not None:
-                backoff = BACKOFF_START
+            if isinstance(session, asyncio.Task):
+                backoff, wait = BACKOFF_START, self.connect_timeout
                 await asyncio.wait({session})  # unlike `await session`, never passes a cancellation on
                 self._mark(State.DOWN, _outcome(session))
+            elif session:  # too slow
+                wait = min(wait * 2, max(CONNECT_WAIT_MAX, self.connect_timeout))
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
 
@@ -206,8 +213,9 @@ class MCPConnection:
         self.state, self.error = state, error
 
     def _set_tools(self, tools: list[mcp_types.Tool]) -> None:
-        changed = set(self.tools) != {t.name for t in tools}
-        self.tools = {t.name: t for t in tools}
+        """Keep the listing; tell the listeners when a tool came, went, or changed its description or schema."""
+        listed = {t.name: t for t in tools}
+        changed, self.tools = listed != self.tools, listed
         if changed:
             for listener in self._listeners:
                 listener(self)

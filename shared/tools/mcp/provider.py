@@ -96,12 +96,17 @@ def _adder(registry: ToolRegistry, servers: list[str]) -> Callable[[MCPConnectio
         target = ref()
         if target is None:
             return
-        for spec in list(connection.tools.values()):
+        listed = dict(connection.tools)
+        for name in target.names():  # tools the server no longer lists are not offered any more
+            held = target.get(name)
+            if isinstance(held, MCPTool) and held.server == connection.name and held.remote_name not in listed:
+                target.remove(name)
+        for spec in listed.values():
             tool = make_tool(connection, spec)
             held = target.get(tool.name)
-            if held is None:
+            if held is None or _origin(held) == _origin(tool):  # new, or listed again (its schema may have changed)
                 target.add(tool)
-            elif _origin(held) != _origin(tool):
+            else:
                 kept, skipped = (tool, held) if _first(tool, held, order) else (held, tool)
                 if kept is tool:
                     target.add(tool)

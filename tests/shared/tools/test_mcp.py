@@ -130,7 +130,7 @@ def test_broken_servers_do_not_hold_up_the_others(settings: Callable[..., Settin
     wait_until(lambda: call(reg, "mcp_demo_add", {"a": 2, "b": 2}).output == "4", timeout=30, message="demo")
     by_name = {c.name: c for c in ours()}
     wait_until(lambda: by_name["silent"].state == State.DOWN, timeout=30, message="the silent server marked down")
-    assert by_name["silent"].error == "no answer within 3 s"
+    assert by_name["silent"].error.startswith("no answer within 3 s; waiting longer next time")
     assert by_name["broken"].state == State.DOWN and "FileNotFoundError" in by_name["broken"].error
     assert by_name["empty"].state == State.DOWN and "NANOFLEET_TOOLS__MCP_SERVERS__EMPTY" in by_name["empty"].error
 
@@ -149,3 +149,47 @@ def http_server() -> Iterator[str]:
 def test_streamable_http_server(settings: Callable[..., Settings], http_server: str) -> None:
     reg = build_registry(settings(servers={"demo": {"url": http_server, "headers": {"X-Test": "1"}}}))
     assert call(reg, "mcp_demo_add", {"a": 5, "b": 6}).output == "11"
+
+
+def shout(words: str) -> str:
+    return words.upper()
+
+
+def test_a_server_that_changes_its_tools_is_followed(settings: Callable[..., Settings], http_server: str) -> None:
+    """A tool that changed its schema kept the old one (the model sent arguments the server refused),
+    and a tool the server dropped was still offered."""
+    from tests.support.mcp_server import crash, echo, server
+
+    reg = build_registry(settings(servers={"demo": {"url": http_server}}))
+    wait_until(lambda: call(reg, "mcp_demo_add", {"a": 1, "b": 1}).ok, timeout=30, message="the server")
+    assert {"mcp_demo_crash", "mcp_demo_echo"} <= set(reg.names())
+    server.remove_tool("crash")
+    server.remove_tool("echo")
+    server.add_tool(shout, name="echo", description="Shout the words back.")
+    try:
+        def followed() -> bool:
+            held = reg.get("mcp_demo_echo")
+            return "mcp_demo_crash" not in reg.names() and held is not None and "Shout" in held.description
+
+        wait_until(followed, timeout=30, message="the new listing to be taken up")
+        assert reg.specs() == [s for s in reg.specs() if s["function"]["name"] != "mcp_demo_crash"]
+        [spec] = [s for s in reg.specs() if s["function"]["name"] == "mcp_demo_echo"]
+        assert spec["function"]["parameters"]["required"] == ["words"]
+        assert call(reg, "mcp_demo_echo", {"words": "hi"}).output == "HI"
+    finally:
+        server.remove_tool("echo")
+        server.add_tool(echo)
+        server.add_tool(crash)
+
+
+def test_a_server_slower_to_start_than_the_timeout_comes_up(settings: Callable[..., Settings],
+                                                            tmp_path: Path) -> None:
+    """Each attempt waited the connect timeout and killed the server: one that needs longer to start
+    (an npx download) never came up."""
+    slow = demo(tmp_path)
+    slow["env"]["MCP_DEMO_START_DELAY"] = "2.5"
+    reg = build_registry(settings(servers={"demo": slow}, mcp_connect_timeout=1))
+    wait_until(lambda: call(reg, "mcp_demo_add", {"a": 2, "b": 3}).output == "5", timeout=60,
+               message="the slow server to come up")
+    [conn] = ours()
+    assert conn.state == State.UP and starts(tmp_path) >= 2  # the first attempts gave up on it
