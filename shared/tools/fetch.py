@@ -5,6 +5,7 @@ decompression, which is done here, a bounded piece at a time)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,9 @@ HEADERS = {"User-Agent": "Mozilla/5.0 (compatible; nanofleet/0.1; +https://githu
            "Accept-Encoding": "gzip, deflate"}
 # zlib wbits per content-encoding we can decompress with a bound on the output
 WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+HTML_TYPES = ("text/html", "application/xhtml+xml")
+META_CHARSET = re.compile(rb"""<meta[^>]*?charset\s*=\s*["']?\s*([A-Za-z0-9._:-]+)""", re.IGNORECASE)
+LATIN = dict.fromkeys(("iso-8859-1", "latin1", "latin-1", "us-ascii", "ascii"), "cp1252")  # as browsers decode them
 KEPT_HEADERS = ("content-type", "content-length", "last-modified", "etag", "location")
 
 
@@ -44,11 +48,16 @@ class Fetched:
         return self.headers.get("content-type", "").split(";")[0].strip().lower()
 
     def text(self) -> str:
+        """The body as text, in the charset its header names, else the one an HTML page declares in
+        a meta tag (as browsers read it), else UTF-8 (a byte order mark dropped)."""
         charset = httpx.Headers(self.headers).get("content-type", "").partition("charset=")[2].strip(' "\'')
+        if not charset and self.content_type in HTML_TYPES and (meta := META_CHARSET.search(self.body[:4096])):
+            charset = meta[1].decode("ascii")
+        charset = LATIN.get(charset.lower(), charset) or "utf-8-sig"
         try:
-            return self.body.decode(charset or "utf-8", errors="replace")
+            return self.body.decode(charset, errors="replace")
         except LookupError:
-            return self.body.decode("utf-8", errors="replace")
+            return self.body.decode("utf-8-sig", errors="replace")
 
 
 Decode = Callable[[bytes, int], bytes]  # (raw chunk, most bytes wanted) -> decoded bytes

@@ -84,3 +84,19 @@ def test_compressed_pages_still_decode(site: str) -> None:
 def test_encodings_that_cannot_be_bounded_are_refused(site: str, name: str) -> None:
     result = get(site, name)
     assert isinstance(result, ToolResult) and result.error == ErrorCode.FAILED and "DecodingError" in result.message
+
+
+def page(body: bytes, content_type: str = "text/html") -> Fetched:
+    return Fetched(url="http://x/", status=200, headers={"content-type": content_type}, body=body, truncated=False)
+
+
+def test_a_page_is_read_in_the_charset_it_declares() -> None:
+    """A page that names its charset only in a meta tag was read as UTF-8: "Caf\ufffd na\ufffdve"."""
+    latin = "<html><head><meta charset='iso-8859-1'><title>Café</title></head><body>naïve – ok</body></html>"
+    assert "Café" in page(latin.replace("–", "-").encode("latin-1")).text()
+    legacy = '<meta http-equiv="Content-Type" content="text/html; charset=Shift_JIS"><p>日本語</p>'
+    assert "日本語" in page(legacy.encode("shift_jis")).text()
+    assert page("<p>naïve</p>".encode("cp1252"), "text/html; charset=windows-1252").text() == "<p>naïve</p>"
+    assert page("\ufeff<p>é</p>".encode()).text() == "<p>é</p>"  # a byte order mark is not text
+    assert page(b"<meta charset='no-such-codec'><p>ok</p>").text().endswith("<p>ok</p>")
+    assert page("<meta charset='x'>é".encode(), "text/plain").text() == "<meta charset='x'>é"  # HTML only
