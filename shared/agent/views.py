@@ -8,7 +8,7 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from shared.constants import INTERNAL
-from shared.models import IMAGES, Conversation, Message, Run, RunStep, ToolCall
+from shared.models import IMAGES, Conversation, Message, MessageType, Run, RunStep, ToolCall
 
 
 def tool_result_text(call: ToolCall) -> str:
@@ -81,8 +81,10 @@ def message(m: Message) -> dict[str, Any]:
 
 def messages(s: Session, conversation_id: str, *, limit: int = 200, offset: int = 0,
              after: int | None = None) -> list[dict[str, Any]]:
-    """In transcript order (`seq`); `after` a seq, for a client that follows the conversation."""
-    query = select(Message).where(Message.conversation_id == conversation_id)
+    """In transcript order (`seq`); `after` a seq, for a client that follows the conversation. A
+    summary not written yet (a /new's, while the model writes it) is not shown: it has no text."""
+    query = select(Message).where(Message.conversation_id == conversation_id,
+                                  ~((col(Message.type) == MessageType.SUMMARY) & (col(Message.content) == "")))
     if after is not None:
         query = query.where(col(Message.seq) > after)
     return [message(m) for m in s.exec(query.order_by(col(Message.seq)).offset(offset).limit(limit)).all()]

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 from sqlmodel import Session
 
-from shared.agent import conversations, memory, prompt, service
+from shared.agent import conversations, memory, prompt, service, views
 from shared.agent.runtime import Runtime
 from shared.db import get_engine
 from shared.llm import LLMError, LLMResponse
@@ -231,3 +231,16 @@ def test_new_while_a_turn_runs_is_refused_and_cuts_nothing(stack: Stack) -> None
     with rt.session() as s:
         started = service.submit(rt, s, cid, "/new", origin={"channel": "api", "chat_id": cid})
     assert started.reply is not None and started.reply.startswith("Started a new session")
+
+
+def test_a_summary_not_written_yet_is_not_listed(stack: Stack) -> None:
+    """GET .../messages showed a SYSTEM SUMMARY with no text while the model wrote it (or kept failing)."""
+    rt = Runtime.build(stack.settings)
+    cid = _chat(rt, 2)
+    _new(rt, cid)
+    with rt.session() as s:
+        assert [m["type"] for m in views.messages(s, cid)] == ["NORMAL"] * 4
+    assert memory.compact(rt, cid, everything=True) is True
+    with rt.session() as s:
+        listed = views.messages(s, cid)
+    assert [m["type"] for m in listed] == ["NORMAL"] * 4 + ["SUMMARY"] and "answer 1" in listed[-1]["content"]
