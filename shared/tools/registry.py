@@ -182,9 +182,10 @@ async def _until_run_ends(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult
         for task in (watch, work):
             task.cancel()
         await asyncio.gather(watch, work, return_exceptions=True)
-    if not work.cancelled():
-        return work.result()
-    return ToolResult.fail(ErrorCode.FAILED, f"stopped: the run {watch.result()} while this call ran; it was cancelled")
+    if work.cancelled() and not watch.cancelled():  # the watch saw the run end first
+        return ToolResult.fail(ErrorCode.FAILED, f"stopped: the run {watch.result()} while this call ran; "
+                               "it was cancelled")
+    return work.result()
 
 
 async def _run(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
