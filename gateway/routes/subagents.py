@@ -47,10 +47,11 @@ def get_subagent(subagent_id: SubagentId, s: SessionDep) -> dict[str, Any]:
 
 @router.post("/{subagent_id}/cancel", responses={404: {"description": "no such subagent"}})
 def cancel_subagent(subagent_id: SubagentId, s: SessionDep, state: StateDep) -> dict[str, Any]:
-    """Stop a subagent; one that already ended is left as it is (no report is sent for a cancel)."""
+    """Stop a subagent; one that already ended is left as it is. Its conversation is told it was
+    cancelled (a report and a turn, as when it ends)."""
     _subagent(s, subagent_id)
     cancelled: list[Run] = []
-    nexts = cancel(state.runtime, s, subagent_id, "cancelled through the API", cancelled)
+    nexts = cancel(state.runtime, s, subagent_id, subagents.CANCELLED_ALONE, cancelled)
     s.commit()
     for run in cancelled:
         publish_final(state.runtime, run)

@@ -25,6 +25,7 @@ from shared.scheduling.ids import call_key, derived
 from shared.settings import Settings
 
 SESSION_PREFIX = "subagent:"
+CANCELLED_ALONE = "cancelled through the API (POST /api/v1/subagents/{id}/cancel)"
 ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING)
 QUOTE_CHARS = 8000
 
@@ -107,6 +108,8 @@ def report(child: Run) -> str:
     text = child.final_text or ""
     if child.status == RunStatus.FAILED:
         outcome = f"failed ({child.error or 'no reason given'})"
+    elif child.status == RunStatus.CANCELLED:
+        outcome = "was cancelled through the API before it finished"
     elif child.iteration >= child.max_iterations and text == steps.bound_message(child.max_iterations):
         outcome = f"stopped at its limit of {child.max_iterations} steps without a final answer"
     else:
@@ -117,9 +120,11 @@ def report(child: Run) -> str:
 
 
 def announce(rt: Runtime, s: Session, child: Run) -> list[Next]:
-    """Finish hook for subagents: one report into the parent's mailbox, and a turn to tell the user."""
-    if child.status == RunStatus.CANCELLED or child.announced:
-        return []  # stopped on purpose: nobody is waiting for news
+    """Finish hook for subagents: one report into the parent's mailbox, and a turn to tell the user.
+    None for one stopped with its conversation (/stop, its turn cancelled): the user stopped it; one
+    cancelled on its own through the API reports that, or the user told "I'll report back" hears nothing."""
+    if (child.status == RunStatus.CANCELLED and child.error != CANCELLED_ALONE) or child.announced:
+        return []
     origin = {k: v for k, v in (child.origin or {}).items() if k != "conversation_id"}
     parent_conv = (child.origin or {}).get("conversation_id")
     if parent_conv is None:

@@ -37,4 +37,6 @@ def test_list_show_and_cancel_subagents(make_stack: Callable[..., Stack], fake_l
         assert api.get("/api/v1/subagents", params={"status": "bogus"}).status_code == 422
         assert api.get("/api/v1/subagents", params={"conversation_id": cid}).status_code == 422
     wait_until(lambda: fake_llm.in_flight == 0, message="the cancelled subagent's LLM call to return")
-    assert reports(stack, cid) == []
+    # the chat was told "I'll report back": it hears that its subagent was cancelled, once
+    [report] = wait_until(lambda: reports(stack, cid), message="the report of the cancel")
+    assert f"({sid}) was cancelled through the API before it finished" in report.content
