@@ -112,6 +112,15 @@ def missing_key(settings: LLMSettings) -> list[str]:
     return [k for k in wanted if k.endswith("_API_KEY")]  # not cloud credentials (AWS_...) or bases
 
 
+def unplaced(model: str) -> bool:
+    """Whether litellm places no provider for `model` (a bare name it does not know): every call fails."""
+    try:
+        _litellm().get_llm_provider(model)
+    except Exception:
+        return True
+    return False
+
+
 class _ProcessTransport(httpx.HTTPTransport):
     """One connection pool for the whole process; litellm closes the clients it evicts from its cache
     (hourly), and that must not close connections other calls are using."""

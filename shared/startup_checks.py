@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from shared.channels import REGISTRY
 from shared.channels.base import BaseChannel
-from shared.llm import missing_key
+from shared.llm import missing_key, unplaced
 from shared.settings import CONFIG_FILE_ENV, Settings
 from shared.settings_errors import config_table
 from shared.tools.registry import is_allowed
@@ -158,9 +158,24 @@ def warn(settings: Settings, tool_names: Iterable[str]) -> None:
                     name, ", ".join(missing))
 
 
+def _models(settings: Settings) -> list[tuple[str, str]]:
+    """(setting, litellm model string) of every model the settings name."""
+    llm, prefix = settings.llm, "NANOFLEET_LLM__"
+    named = [(f"{prefix}MODEL", llm.model)]
+    named += [(f"{prefix}PROFILES__{name.upper()}__MODEL", p.model) for name, p in llm.profiles.items()]
+    named += [(f"{prefix}FALLBACKS", m) for m in llm.fallbacks if m not in llm.profiles]
+    extra = llm.transcription_model
+    return named + ([(f"{prefix}TRANSCRIPTION_MODEL", extra)] if extra and extra not in llm.profiles else [])
+
+
 def warn_model_key(settings: Settings) -> None:
-    """Where the model is called (agent and subagent workers, `nanofleet agent`): a hosted model
-    without a key. Asking litellm loads it, which the other processes do without."""
+    """Where the model is called (agent and subagent workers, `nanofleet agent`): a model litellm
+    cannot place, a hosted model without a key. Asking litellm loads it, which the other processes
+    do without."""
+    for var, model in _models(settings):
+        if unplaced(model):
+            log.warning("%s=%s names no provider litellm knows, so every call to it fails: write it as provider/"
+                        "model (openai/gpt-4.1-mini, anthropic/claude-sonnet-4-5, ollama/llama3...)", var, model)
     if wanted := missing_key(settings.llm):
         log.warning("no key is set for the model %s: its provider refuses every call without one, and each turn "
                     "ends with a reply saying so; set NANOFLEET_LLM__API_KEY (or %s), or "

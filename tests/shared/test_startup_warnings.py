@@ -168,3 +168,15 @@ def test_a_worker_names_a_misspelt_variable(make_stack: Callable[..., Stack], mo
     assert "sk-only-in-the-typo" not in line
     [key] = [x for x in worker.log().splitlines() if "no key is set for the model" in x]
     assert '"level": "WARNING"' in key and "ANTHROPIC_API_KEY" in key
+
+
+def test_a_model_litellm_cannot_place_is_named_where_the_model_is_called(caplog: pytest.LogCaptureFixture) -> None:
+    """`NANOFLEET_LLM__MODEL=gpt4` (no provider) started fine, and every turn then failed."""
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        warn_model_key(load_settings(llm={"model": "bogus-model", "api_key": "sk-x", "fallbacks": ["openai/gpt-4o"],
+                                          "profiles": {"fast": {"model": "quick"}, "ok": {"model": "gpt-4o"}}}))
+    lines = [r.getMessage() for r in caplog.records if "names no provider" in r.getMessage()]
+    assert [line.split(" names")[0] for line in lines] == ["NANOFLEET_LLM__MODEL=bogus-model",
+                                                          "NANOFLEET_LLM__PROFILES__FAST__MODEL=quick"]
+    assert "provider/model (openai/gpt-4.1-mini" in lines[0]
