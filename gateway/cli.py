@@ -30,16 +30,19 @@ app.add_typer(channels_app, name="channels")
 app.add_typer(cron_app, name="cron")
 
 
-def settings_or_exit() -> Settings:
+def settings_or_exit(*, misspelt: bool = False) -> Settings:
     """Load settings; a bad one stops start-up with a message naming it. This process's connections
-    say `nanofleet-cli` in pg_stat_activity."""
-    from shared import db
+    say `nanofleet-cli` in pg_stat_activity. `misspelt`: warn of variables that look like settings but
+    are none (commands that build no tool registry, which warns of them itself)."""
+    from shared import db, startup_checks
 
     try:
         settings = get_settings()
     except SettingsError as err:
         typer.echo(f"nanofleet: {err}", err=True)
         raise typer.Exit(2) from None
+    if misspelt:
+        startup_checks.warn_misspelt()
     db.configure(settings.database, role="cli")  # `gateway` runs on in this process, and says so again
     return settings
 
@@ -203,7 +206,7 @@ def _wait_for_redis(settings: Settings, *, pause: float = 1.0, longest: float = 
 def beat() -> None:
     """Run the scheduler (exactly one per deployment; a second one waits for the lock, and one started
     while Redis is down waits for Redis)."""
-    settings = migrated_or_exit(settings_or_exit())
+    settings = migrated_or_exit(settings_or_exit(misspelt=True))
     _wait_for_redis(settings)
     _say_if_standby(settings)
     argv = [sys.executable, "-m", "celery", "-A", "workers.beat:app", "beat", "-S", "redbeat.RedBeatScheduler",
@@ -217,7 +220,7 @@ def migrate() -> None:
     from gateway.status import masked
     from shared.migrate import MigrationBlocked, UnknownRevision, current, upgrade
 
-    settings = database_or_exit(settings_or_exit(), may_create=True)
+    settings = database_or_exit(settings_or_exit(misspelt=True), may_create=True)
     try:
         if upgrade(settings.database_url):
             typer.echo(f"created the database at {masked(settings.database_url)}")
@@ -235,7 +238,7 @@ def status() -> None:
     """Show the database, Redis, live workers and queue depths."""
     from gateway.status import report
 
-    ok = report(settings_or_exit(), typer.echo)
+    ok = report(settings_or_exit(misspelt=True), typer.echo)
     raise typer.Exit(0 if ok else 1)
 
 

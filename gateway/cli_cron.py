@@ -39,7 +39,7 @@ def _settings() -> Settings:
     """Settings whose database answers and is at this code's revision (else a one-line reason and exit 1)."""
     from gateway.cli import database_or_exit, migrated_or_exit, settings_or_exit  # the main CLI imports this one
 
-    return migrated_or_exit(database_or_exit(settings_or_exit()))
+    return migrated_or_exit(database_or_exit(settings_or_exit(misspelt=True)))
 
 
 def _in_flags(message: str) -> str:

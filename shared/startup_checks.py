@@ -141,6 +141,19 @@ def unknown_keys(table: Mapping[str, Any], *, annotation: Any = Settings, at: st
 
 def warn(settings: Settings, tool_names: Iterable[str]) -> None:
     """Log a WARNING for each likely mistake (the process starts anyway)."""
+    warn_misspelt()
+    known = sorted(set(tool_names))
+    if unknown := unknown_allowed(settings, known):
+        log.warning("NANOFLEET_TOOLS__ALLOWED: %s match no known tool, so nothing they name can run; known tools: %s",
+                    ", ".join(repr(e) for e in unknown), ", ".join(known))
+    for name, missing in half_configured(settings).items():
+        log.warning("%s is off: some of its settings are set, but not %s (its webhook answers 404 until they are)",
+                    name, ", ".join(missing))
+
+
+def warn_misspelt() -> None:
+    """A WARNING for each variable (or config file key) that looks like a setting but is none: the
+    processes that build no tool registry (beat, migrate, status, cron) call this alone."""
     # Settings read the environment; what they ignored is only found there (names are logged, never values).
     for var, meant in sorted(unknown_variables(os.environ).items()):
         hint = f"did you mean {meant}?" if meant else "see .env.example for every setting"
@@ -149,13 +162,6 @@ def warn(settings: Settings, tool_names: Iterable[str]) -> None:
         hint = f"did you mean {meant}?" if meant else "see .env.example for every setting (as TOML tables)"
         log.warning("%s: %s is not a nanofleet setting, so it is ignored: %s",
                     os.environ.get(CONFIG_FILE_ENV), key, hint)
-    known = sorted(set(tool_names))
-    if unknown := unknown_allowed(settings, known):
-        log.warning("NANOFLEET_TOOLS__ALLOWED: %s match no known tool, so nothing they name can run; known tools: %s",
-                    ", ".join(repr(e) for e in unknown), ", ".join(known))
-    for name, missing in half_configured(settings).items():
-        log.warning("%s is off: some of its settings are set, but not %s (its webhook answers 404 until they are)",
-                    name, ", ".join(missing))
 
 
 def _models(settings: Settings) -> list[tuple[str, str]]:

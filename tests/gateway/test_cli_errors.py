@@ -152,3 +152,14 @@ def test_migrate_says_when_it_created_the_database(tmp_path: Path) -> None:
     assert first.returncode == 0 and again.returncode == 0, (first.stderr, again.stderr)
     assert first.stdout.splitlines()[0] == f"created the database at {masked(url)}"
     assert "created" not in again.stdout and "database at revision" in again.stdout
+
+
+@pytest.mark.parametrize("args", [["migrate"], ["status"], ["cron", "list"]])
+def test_commands_without_a_tool_registry_name_a_misspelt_setting(args: list[str], database_url: str,
+                                                                   redis_server: str, tmp_path: Path) -> None:
+    """The gateway, workers and `agent` warned of NANOFLEET_LLM__MODLE; migrate, status, cron (and beat) did not."""
+    env = {**_env(tmp_path, database_url=database_url, redis_url=redis_server), "NANOFLEET_LLM__MODLE": "x/y"}
+    done = _run(env, *args)
+    assert "NANOFLEET_LLM__MODLE is not a nanofleet setting, so it is ignored: did you mean NANOFLEET_LLM__MODEL?" \
+        in done.stderr, (done.returncode, done.stderr)
+    assert "x/y" not in done.stderr  # names, never values
