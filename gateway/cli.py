@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from shared.migrate import MigrationBlocked, UnknownRevision
 
 POOLS = ("threads", "prefork", "solo")  # Celery pools the workers are built and tested for
+MAX_CONCURRENCY = 5000  # threads (or processes) a worker starts: more is a typo, not a deployment
 # A TCP port, 0 for any free one (the resolver took 99999 as 34463 and the gateway listened there, saying 99999)
 Port = Annotated[int, typer.Option(min=0, max=65535)]
 
@@ -133,7 +134,7 @@ def node_name(queues: list[str]) -> str:
 @app.command()
 def worker(
     queues: Annotated[str, typer.Option(help="comma-separated queues")] = ",".join(QUEUES),
-    concurrency: Annotated[int, typer.Option(min=1)] = 32,
+    concurrency: Annotated[int, typer.Option(min=1, max=MAX_CONCURRENCY)] = 32,
     pool: Annotated[str, typer.Option(help="threads, prefork or solo")] = "threads",
     hostname: Annotated[str | None, typer.Option(
         help="Celery node name, passed as given (default: nanofleet-<queues>-<pid>-<tag>@%h)")] = None,
@@ -246,7 +247,7 @@ def status() -> None:
 def up(
     host: str = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="(not 0: up says where the gateway is)")] = 8000,
-    concurrency: Annotated[int, typer.Option(min=1)] = 32,
+    concurrency: Annotated[int, typer.Option(min=1, max=MAX_CONCURRENCY)] = 32,
     embedded: Annotated[bool, typer.Option(help="use embedded Redis/PostgreSQL even if local ones answer")] = False,
 ) -> None:
     """Everything on one machine: migrations, gateway, a worker for all queues, beat.

@@ -134,8 +134,9 @@ def test_masked_hides_only_the_password() -> None:
 
 
 @pytest.mark.parametrize("args", [["gateway", "--port", "99999"], ["up", "--port", "65536"],
-                                  ["gateway", "--port", "-1"], ["worker", "--concurrency", "0"]],
-                         ids=["gateway", "up", "negative", "concurrency"])
+                                  ["gateway", "--port", "-1"], ["worker", "--concurrency", "0"],
+                                  ["worker", "--concurrency", "100000"]],
+                         ids=["gateway", "up", "negative", "concurrency", "concurrency-typo"])
 def test_a_port_or_count_out_of_range_is_refused_before_anything_starts(args: list[str], tmp_path: Path) -> None:
     """`--port 99999` was taken modulo 65536 by the resolver: the gateway listened on 34463 and said 99999."""
     done = _run(_env(tmp_path, database_url=_closed_url("postgresql+psycopg", "nanofleet"),
