@@ -160,11 +160,11 @@ def compose(request: pytest.FixtureRequest) -> dict[str, Any]:
 
 
 def _app_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The services that run the nanofleet image."""
+    """The services that run nanofleet itself (the image's other use, Flower, needs only Redis)."""
     return {
         n: s
         for n, s in compose["services"].items()
-        if s.get("image") == "nanofleet:latest"
+        if s.get("image") == "nanofleet:latest" and n != "flower"
     }
 
 
@@ -187,7 +187,8 @@ def _depends(service: dict[str, Any]) -> dict[str, str]:
 
 def test_every_service_is_defined(compose: dict[str, Any]) -> None:
     assert set(compose["services"]) >= SERVICES, SERVICES - set(compose["services"])
-    assert set(_app_services(compose)) == SERVICES - BACKING
+    assert set(_app_services(compose)) == SERVICES - BACKING - {"flower"}
+    assert compose["services"]["flower"]["image"] == "nanofleet:latest"
 
 
 def test_no_container_names_so_services_scale(compose: dict[str, Any]) -> None:
@@ -376,8 +377,18 @@ def test_app_services_reach_backends_by_service_name(compose: dict[str, Any]) ->
         ), name
         assert env["NANOFLEET_REDIS_URL"] == "redis://:redis-test-password@redis:6379/0", name
         assert "/data/workspace" in json.dumps(service["volumes"]), name
+
+
+
+def test_flower_gets_the_broker_and_nothing_else(compose: dict[str, Any]) -> None:
+    """Flower inherited the app's whole .env (model keys, platform tokens), the database's URL and
+    the workspace volume, though it only reads Redis."""
     flower = compose["services"]["flower"]
-    assert flower["environment"]["FLOWER_BASIC_AUTH"]
+    assert flower["environment"] == {"NANOFLEET_REDIS_URL": "redis://:redis-test-password@redis:6379/0",
+                                     "FLOWER_BASIC_AUTH": "admin:flower-test-password"}
+    assert not flower.get("env_file") and not flower.get("volumes")
+    assert _depends(flower) == {"redis": "service_healthy"} and flower.get("init") is True
+    assert flower.get("restart") == "unless-stopped"
 
 
 def test_required_variable_without_value_fails_rendering() -> None:
