@@ -210,7 +210,7 @@ def beat() -> None:
     settings = migrated_or_exit(settings_or_exit(misspelt=True))
     _wait_for_redis(settings)
     _say_if_standby(settings)
-    argv = [sys.executable, "-m", "celery", "-A", "workers.beat:app", "beat", "-S", "redbeat.RedBeatScheduler",
+    argv = [sys.executable, "-m", "celery", "-A", "workers.beat:app", "beat", "-S", "workers.beat:Scheduler",
             "--max-interval", "1"]
     os.execvp(argv[0], argv)
 

@@ -52,6 +52,7 @@ KEY_SENT = KEY_PREFIX + "sent:"  # + outbox id: sent, but the database could not
 REDBEAT_PREFIX = KEY_PREFIX + "redbeat:"
 BEAT_LOCK = REDBEAT_PREFIX + ":lock"  # redbeat's lock: held (and renewed) while a beat runs
 WORKER_ALIVE_FILE = "worker.alive"  # in the data dir: touched at each of a worker's heartbeats (workers/health.py)
+BEAT_ALIVE_FILE = "beat.alive"  # in the data dir: touched as beat's scheduler ticks (workers/beat.py)
 
 # Header that carries the request id from the gateway into Celery tasks and logs.
 REQUEST_ID_HEADER = "request_id"

@@ -76,7 +76,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # broker view); a "sent" event too would cost every enqueue another Redis publish (~0.8 ms).
         "task_send_sent_event": False,
         "worker_hijack_root_logger": False,
-        "beat_scheduler": "redbeat.RedBeatScheduler",
+        "beat_scheduler": "workers.beat:Scheduler",
         "redbeat_key_prefix": REDBEAT_PREFIX,
         # Its own (none): redbeat passes the broker's transport options to no client, and says each
         # time it reads them that it will stop reading them.

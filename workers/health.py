@@ -24,20 +24,25 @@ _warned: list[Path] = []  # the liveness file this process could not touch, once
 log = logging.getLogger(__name__)
 
 
-def alive_file() -> Path:
-    return get_settings().data_dir / ALIVE_FILE
+def alive_file(name: str = ALIVE_FILE) -> Path:
+    return get_settings().data_dir / name
 
 
-def _touch(**_: Any) -> None:
-    path = alive_file()
+def touch(name: str = ALIVE_FILE) -> None:
+    """Touch the liveness file `name` in the data dir (beat's is BEAT_ALIVE_FILE)."""
+    path = alive_file(name)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
-    except OSError as err:  # a read-only data dir: the healthcheck reports the worker, which goes on
-        if not _warned:  # once, not at every heartbeat (every 2 s)
+    except OSError as err:  # a read-only data dir: the healthcheck reports the process, which goes on
+        if path not in _warned:  # once, not at every heartbeat (every 2 s)
             _warned.append(path)
-            log.warning("cannot touch the liveness file %s (the compose healthcheck will call this worker "
+            log.warning("cannot touch the liveness file %s (the compose healthcheck will call this process "
                         "unhealthy): %s", path, err)
+
+
+def _touch(**_: Any) -> None:
+    touch()
 
 
 def connect() -> None:

@@ -244,6 +244,22 @@ def test_every_worker_is_healthy_while_its_heartbeat_touches_the_liveness_file(
         assert _seconds(check["start_period"]) >= 30 and int(check["retries"]) >= 2, name
 
 
+def test_beat_is_healthy_while_its_scheduler_touches_its_liveness_file(compose: dict[str, Any],
+                                                                       tmp_path: Path) -> None:
+    """Beat had no healthcheck: one stuck showed as running for good (workers/beat.py touches the file)."""
+    from shared.constants import BEAT_ALIVE_FILE
+
+    check = compose["services"]["beat"]["healthcheck"]
+    assert _run_healthcheck(check["test"], tmp_path) == 1
+    alive = tmp_path / BEAT_ALIVE_FILE
+    alive.touch()
+    assert _run_healthcheck(check["test"], tmp_path) == 0
+    old = time.time() - 120
+    os.utime(alive, (old, old))
+    assert _run_healthcheck(check["test"], tmp_path) == 1
+    assert _seconds(check["start_period"]) >= 30 and int(check["retries"]) >= 2
+
+
 def test_redis_is_durable_and_never_evicts(compose: dict[str, Any]) -> None:
     command = _cmd(compose["services"]["redis"])
     assert "--appendonly yes" in command
@@ -356,6 +372,7 @@ def test_only_the_tools_worker_runs_without_tini(compose: dict[str, Any]) -> Non
     inits = {name: service.get("init") for name, service in _app_services(compose).items()}
     assert inits.pop("worker-tools") is False
     assert all(inits.values()), inits
+    assert int(compose["services"]["worker-tools"]["pids_limit"]) == 512  # where commands run: bounded
 
 
 def test_env_file_is_optional(compose: dict[str, Any]) -> None:

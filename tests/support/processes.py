@@ -89,6 +89,6 @@ def start_worker(env: dict[str, str], settings: Settings, log_dir: Path, *, queu
 
 
 def start_beat(env: dict[str, str], log_dir: Path) -> Proc:
-    argv = [sys.executable, "-m", "celery", "-A", "workers.beat:app", "beat", "-S", "redbeat.RedBeatScheduler",
+    argv = [sys.executable, "-m", "celery", "-A", "workers.beat:app", "beat", "-S", "workers.beat:Scheduler",
             "--max-interval", "1", "-l", "INFO"]
     return Proc(argv, env, log_dir / f"beat-{uuid.uuid4().hex[:6]}.log")

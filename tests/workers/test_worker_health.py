@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from shared.constants import BEAT_ALIVE_FILE
 from tests.support.processes import ROOT, wait_until
 from tests.support.stack import Stack
 from workers.health import ALIVE_FILE
@@ -34,3 +35,14 @@ def test_a_running_worker_passes_the_compose_healthcheck(make_stack: Callable[..
     os.utime(data_dir / ALIVE_FILE, (old, old))
     assert _healthcheck(data_dir) == 1
     wait_until(lambda: _healthcheck(data_dir) == 0, timeout=30, message="the next heartbeat to touch the file")
+
+
+def test_a_running_beat_keeps_its_liveness_file_fresh(make_stack: Callable[..., Stack]) -> None:
+    """Compose's beat healthcheck reads it (tests/docker/test_compose.py runs the check itself)."""
+    s = make_stack()
+    alive = s.settings.data_dir / BEAT_ALIVE_FILE
+    s.beat()
+    wait_until(alive.exists, timeout=60, message="beat's first tick")
+    old = time.time() - 120
+    os.utime(alive, (old, old))
+    wait_until(lambda: time.time() - alive.stat().st_mtime < 30, timeout=30, message="beat to touch the file again")
