@@ -273,8 +273,13 @@ class Settings(BaseSettings):
     @field_validator("api_keys")
     @classmethod
     def _check_keys(cls, v: list[SecretStr]) -> list[SecretStr]:
+        """An empty key would let in a request that sends none; one with a space could never be sent."""
         for key in v:
             not_placeholder(key)
+            value = key.get_secret_value()
+            if not value or value != "".join(value.split()):
+                raise ValueError("an API key must not be empty or hold spaces (make one: python -c \"import "
+                                 "secrets;print(secrets.token_urlsafe(32))\")")
         return v
 
     @field_validator("workspace", "data_dir")

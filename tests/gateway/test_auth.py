@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.settings import load_settings
+from shared.settings import SettingsError, load_settings
 from tests.support.stack import API_KEY, api_client
 
 LATIN1 = st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0xFF, exclude_characters="\x7f"),
@@ -69,3 +69,14 @@ def test_with_no_keys_configured_the_api_is_closed(tmp_path: Path) -> None:
         assert answer.status_code == 401
         assert "NANOFLEET_API_KEYS" in answer.json()["detail"]
         assert client.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("keys", ['[""]', '["  "]', '["two words"]'])
+def test_an_empty_or_spaced_key_stops_the_start(monkeypatch: pytest.MonkeyPatch, keys: str) -> None:
+    """NANOFLEET_API_KEYS='[""]' started a gateway no key could open (an empty key matches nothing),
+    without a word of why; a key with a space cannot be sent in a header."""
+    monkeypatch.setenv("NANOFLEET_API_KEYS", keys)
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert "NANOFLEET_API_KEYS" in str(err.value) and "must not be empty or hold spaces" in str(err.value)
+
