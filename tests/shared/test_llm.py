@@ -125,6 +125,14 @@ def test_a_streamed_answer_is_the_same_answer(client: LLMClient, fake_llm: FakeL
     assert streamed.usage == plain.usage and streamed.usage.cost > 0
 
 
+def test_a_streamed_answer_of_many_equal_chunks_is_not_taken_for_a_loop(client: LLMClient, fake_llm: FakeLLM) -> None:
+    """litellm failed a streamed answer at its 100th identical chunk in a row (2,000 dashes); the
+    same answer unstreamed went through, so a page watching the conversation made it fail."""
+    fake_llm.handler = lambda body: Reply(text="-" * 3200)  # 200 chunks of 16 dashes
+    deltas: list[str] = []
+    assert client.complete(USER, on_delta=deltas.append).content == "-" * 3200 == "".join(deltas)
+
+
 def test_a_profile_prices_a_model_the_price_map_does_not_know(client: LLMClient, fake_llm: FakeLLM) -> None:
     """A self-hosted model costs nothing by litellm's map; its profile's prices count, streamed or not."""
     assert client.complete(USER).usage.cost == 0.0
