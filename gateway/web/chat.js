@@ -36,7 +36,7 @@ export class Client {
     const data = await res.json().catch(() => null);
     if (!res.ok && res.status !== 504) {  // (a proxy's refusal may not be JSON: its status text, then)
       const detail = data === null ? res.statusText || "no reason given"
-        : typeof data.detail === "string" ? data.detail : JSON.stringify(data.detail ?? data);
+        : typeof data.detail === "string" ? data.detail : readable(data.detail ?? data);
       throw new ApiError(res.status, detail);
     }
     return { status: res.status, data };
@@ -58,6 +58,14 @@ export class Client {
     return data;
   }
 
+  // Send `text` (and `images`, data URLs) and return at once: {runId, messageId, queued, reply}
+  // (`reply`: a command's answer; otherwise the answer comes on the event stream).
+  async post(conversationId, text, images = []) {
+    const { data } = await this.call("POST", `/api/v1/conversations/${conversationId}/messages`,
+      images.length ? { message: text, images } : { message: text });
+    return data;
+  }
+
   // The answer to `text` (and `images`, data URLs): {text, status, toolCalls}. A turn longer than
   // the gateway's wait (504) is followed through its run until it ends; a message still waiting
   // behind another turn then (no run yet) is answered later: {status: "queued"}.
@@ -74,21 +82,24 @@ export class Client {
 
   // The conversation's user and assistant messages with text, and what the agent sent with the
   // `message` tool (role "SENT": {content, files}, as a `message` event has them), oldest first (404
-  // if it is gone).
+  // if it is gone); then the user's messages still waiting behind a turn ({pending: true}).
   async history(conversationId) {
     const path = `/api/v1/conversations/${conversationId}/messages?limit=1000`;
     const shown = [];
+    const waiting = [];
     for (let after = null; ;) {
       const { data } = await this.call("GET", after === null ? path : `${path}&after=${after}`);
       for (const m of data) {
-        if (m.type === "NORMAL" && !m.pending && ["USER", "ASSISTANT"].includes(m.role) && (m.content.trim() || m.images)) {
-          shown.push({ role: m.role, content: withPhotos(m.content, m.images ?? 0) });
+        if (m.type === "NORMAL" && ["USER", "ASSISTANT"].includes(m.role) && (m.content.trim() || m.images)) {
+          const message = { role: m.role, content: withPhotos(m.content, m.images ?? 0) };
+          if (!m.pending) shown.push(message);
+          else if (m.role === "USER") waiting.push({ ...message, pending: true });
         } else if (m.role === "TOOL" && m.toolName === "message") {
           const sent = sentToCaller(m.content);
           if (sent) shown.push({ role: "SENT", ...sent });
         }
       }
-      if (data.length < 1000) return shown;
+      if (data.length < 1000) return [...shown, ...waiting];
       after = Math.max(...data.map((m) => m.seq));
     }
   }
@@ -130,6 +141,16 @@ export class Client {
   }
 }
 
+// An API error's detail as people read it: a 422's problems as "field: what is wrong" lines.
+export function readable(detail) {
+  if (!Array.isArray(detail)) return JSON.stringify(detail);
+  return detail.map((problem) => {
+    const where = (problem.loc ?? []).filter((part) => part !== "body").join(".");
+    const what = String(problem.msg ?? "not accepted").replace(/^Value error, /, "");
+    return where ? `${where}: ${what}` : what;
+  }).join("; ");
+}
+
 // One SSE block ("id: ...\nevent: ...\ndata: ..."); null for comments and pings.
 export function parseEvent(block) {
   const event = { id: "", event: "message", data: "" };
@@ -158,7 +179,7 @@ function page() {
   let client = null;
   let conversation = store.getItem("nanofleet.conversation");
   let watching = null;
-  let live = null;
+  const live = new Map();  // run id -> the answer bubble its streamed text goes to
 
   // The picker: this key's API conversations, newest first, the open one selected.
   async function listConversations() {
@@ -208,10 +229,34 @@ function page() {
 
   function render(history) {
     $("log").replaceChildren();
+    live.clear();
+    if (history.length > 50) bubble("tool", `${history.length - 50} earlier messages are not shown`);
     for (const m of history.slice(-50)) {
       if (m.role === "SENT") sent(m);
-      else bubble(m.role === "USER" ? "user" : "assistant", m.content);
+      else bubble(m.role === "USER" ? (m.pending ? "user pending" : "user") : "assistant", m.content);
     }
+  }
+
+  // The answer bubble of run `runId`, made at its first streamed text.
+  function answerOf(runId) {
+    if (!live.has(runId)) live.set(runId, bubble("assistant pending", ""));
+    return live.get(runId);
+  }
+
+  // A run of the conversation ended (this tab's, another tab's, or one a reload missed the start of):
+  // the transcript as stored, which holds its question and answer in their places; a failed or
+  // stopped run's reply, which is not stored, after it.
+  async function ended(data) {
+    const shown = conversation;
+    let history;
+    try {
+      history = await client.history(shown);
+    } catch {
+      return;  // (gone: the stream says so next)
+    }
+    if (conversation !== shown) return;
+    render(history);
+    if (data.status !== "succeeded") bubble("assistant error", data.text || (data.status === "cancelled" ? "Stopped." : "The turn failed."));
   }
 
   async function follow() {
@@ -223,10 +268,16 @@ function page() {
       try {
         for await (const { id, event, data } of client.events(conversation, signal, since)) {
           since = id;
-          if (event === "text.delta" && live) live.textContent += data.text;
+          if (event === "text.delta") answerOf(data.run_id).textContent += data.text;
           if (event === "tool.started") bubble("tool", `⚙ ${data.tool} …`);
           if (event === "tool.finished") bubble("tool", `⚙ ${data.tool}: ${data.status} (${Math.round(data.elapsed_ms)} ms)`);
           if (event === "message") sent(data);
+          if (event === "run.finished" || event === "run.failed") ended(data);
+          if (event === "conversation.deleted") {
+            $("status").textContent = "This conversation was deleted (in another tab, or through the API); here is a new one.";
+            open(null);
+            return;
+          }
         }
       } catch (err) {
         if (signal.aborted) return;
@@ -279,45 +330,43 @@ function page() {
       $("status").textContent = refused;
       return;
     }
-    $("send").disabled = true;
-    let images;
+    const shown = conversation;
+    $("send").disabled = true;  // while it is posted (a turn that runs does not hold the page: /stop can go)
+    const mine = bubble("user", withPhotos(text, files.length));  // before its answer starts to stream in
     try {
-      images = await Promise.all(files.map(dataUrl));
-    } catch (err) {
-      $("status").textContent = `could not read the photo: ${err}`;
-      $("send").disabled = false;
-      return;
-    }
-    $("text").value = "";
-    $("photos").value = "";
-    bubble("user", withPhotos(text, images.length));
-    live = bubble("assistant pending", "");
-    const picked = $("pick").selectedOptions[0];
-    if (picked && !picked.dataset.titled && !text.startsWith("/")) {  // name it after its first message
-      picked.dataset.titled = "naming";  // (not twice at once; a failed rename is tried with the next message)
-      client.rename(conversation, titleOf(text, images.length)).then(() => {
-        picked.dataset.titled = "yes";
-        return listConversations();
-      }, (err) => {
-        picked.dataset.titled = "";
-        $("status").textContent = `could not name the conversation: ${err.message ?? err}`;
+      const images = await Promise.all(files.map(dataUrl)).catch((err) => {
+        throw new Error(`could not read the photo: ${err}`);
       });
-    }
-    try {
-      const answer = await client.chat(conversation, text, images);
-      live.textContent = answer.status === "queued"
-        ? "No answer yet: this message waits behind a turn that is still running. Its answer will be in the conversation (reload the page to see it)."
-        : answer.text || (answer.status === "cancelled" ? "Stopped." : "");
-      live.classList.remove("pending");
-      if (/^\/retry\b/i.test(text)) render(await client.history(conversation));  // the old answer is gone
+      const posted = await client.post(shown, text, images);
+      $("text").value = "";  // only once the API took it: a refused message stays, to fix and send again
+      $("photos").value = "";
+      if (conversation !== shown) return;
+      if (posted.queued) mine.classList.add("pending");  // it waits behind a turn: it goes in with the next step
+      if (posted.reply) bubble("assistant", posted.reply);
+      $("status").textContent = `conversation ${conversation}`;
+      name(text, images.length);
     } catch (err) {
-      live.textContent = String(err);
-      live.className = "msg error";
+      mine.remove();
+      $("status").textContent = `not sent: ${err.message ?? err}`;
     } finally {
-      live = null;
       $("send").disabled = false;
       $("text").focus();
     }
+  }
+
+  // A conversation is named after its first message (not twice at once; a failed rename is tried
+  // with the next message).
+  function name(text, photos) {
+    const picked = $("pick").selectedOptions[0];
+    if (!picked || picked.dataset.titled || text.startsWith("/")) return;
+    picked.dataset.titled = "naming";
+    client.rename(conversation, titleOf(text, photos)).then(() => {
+      picked.dataset.titled = "yes";
+      return listConversations();
+    }, (err) => {
+      picked.dataset.titled = "";
+      $("status").textContent = `could not name the conversation: ${err.message ?? err}`;
+    });
   }
 
   function open(id) {
