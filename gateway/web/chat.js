@@ -120,11 +120,13 @@ export class Client {
   }
 
   // The conversation's events as they come: {id, event, data}, after the event `since` (an id seen
-  // before, or "0" for what the stream holds; none: from now); ends when `signal` aborts.
-  async *events(conversationId, signal, since = "") {
+  // before, or "0" for what the stream holds; none: from now); ends when `signal` aborts. `opened`
+  // is called once the stream answered.
+  async *events(conversationId, signal, since = "", opened = () => {}) {
     const headers = this.headers({ Accept: "text/event-stream", ...(since ? { "Last-Event-ID": since } : {}) });
     const res = await fetch(`${this.base}/api/v1/conversations/${conversationId}/events`, { headers, signal });
     if (!res.ok) throw new ApiError(res.status, await res.text());
+    opened();
     const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
     let buffer = "";
     for (;;) {
@@ -189,9 +191,9 @@ function page() {
       option.dataset.titled = c.title ? "yes" : "";
       return option;
     });
-    if (!options.some((o) => o.value === conversation)) options.unshift(new Option("new conversation", conversation));
+    if (!options.some((o) => o.value === (conversation ?? ""))) options.unshift(new Option("new conversation", conversation ?? ""));
     $("pick").replaceChildren(...options);
-    $("pick").value = conversation;
+    $("pick").value = conversation ?? "";
     $("pick").hidden = false;
   }
 
@@ -259,14 +261,20 @@ function page() {
     if (data.status !== "succeeded") bubble("assistant error", data.text || (data.status === "cancelled" ? "Stopped." : "The turn failed."));
   }
 
-  async function follow() {
+  // Follow the conversation's events; `fresh`: one just made, whose stream is read from its start
+  // (the first message's run may publish before the stream is open).
+  async function follow(fresh = false) {
     watching?.abort();
     watching = new AbortController();
     const signal = watching.signal;
-    let since = "";
+    let since = fresh ? "0" : "";
+    // Once the stream is open, the transcript again: a run that ended before (the first message of a
+    // new conversation, one that ended while the page loaded) is in it. Later reconnections resume
+    // from the last event seen instead.
+    const opened = () => since || ended({ status: "succeeded" });
     while (!signal.aborted) {
       try {
-        for await (const { id, event, data } of client.events(conversation, signal, since)) {
+        for await (const { id, event, data } of client.events(conversation, signal, since, opened)) {
           since = id;
           if (event === "text.delta") answerOf(data.run_id).textContent += data.text;
           if (event === "tool.started") bubble("tool", `⚙ ${data.tool} …`);
@@ -294,10 +302,9 @@ function page() {
     event.preventDefault();
     const key = $("key").value.trim();
     if (!key) return;
-    if ($("remember").checked) store.setItem("nanofleet.key", key);
-    else store.removeItem("nanofleet.key");
     client = new Client(window.location.origin, key);
     $("send").disabled = true;
+    watching?.abort();
     try {
       let earlier = [];
       if (conversation) {
@@ -305,16 +312,18 @@ function page() {
           earlier = await client.history(conversation);
         } catch (err) {
           if (err.status !== 404) throw err;
-          conversation = null;  // gone (a reset database): start a new one
+          conversation = null;  // gone (a reset database): a new one starts with the next message
+          store.removeItem("nanofleet.conversation");
         }
       }
-      conversation ||= await client.newConversation();
-      store.setItem("nanofleet.conversation", conversation);
+      await listConversations();  // (the key works: a 401 otherwise)
+      if ($("remember").checked) store.setItem("nanofleet.key", key);  // a mistyped key replaces no good one
+      else store.removeItem("nanofleet.key");
       render(earlier);
-      $("status").textContent = `conversation ${conversation}`;
+      $("status").textContent = conversation ? `conversation ${conversation}`
+        : "a new conversation: it starts with your first message";
       $("send").disabled = false;
-      follow();
-      await listConversations();
+      if (conversation) follow();
     } catch (err) {
       $("status").textContent = err.status === 401 ? "that API key is not accepted" : String(err);
     }
@@ -330,13 +339,19 @@ function page() {
       $("status").textContent = refused;
       return;
     }
-    const shown = conversation;
     $("send").disabled = true;  // while it is posted (a turn that runs does not hold the page: /stop can go)
     const mine = bubble("user", withPhotos(text, files.length));  // before its answer starts to stream in
+    let shown = conversation;
     try {
       const images = await Promise.all(files.map(dataUrl)).catch((err) => {
         throw new Error(`could not read the photo: ${err}`);
       });
+      if (!shown) {  // a conversation is made with its first message: "New" alone leaves none behind
+        shown = conversation = await client.newConversation();
+        store.setItem("nanofleet.conversation", conversation);
+        $("pick").selectedOptions[0].value = conversation;
+        follow(true);
+      }
       const posted = await client.post(shown, text, images);
       $("text").value = "";  // only once the API took it: a refused message stays, to fix and send again
       $("photos").value = "";
