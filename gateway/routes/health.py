@@ -15,8 +15,9 @@ NOT_READY = {"description": "a dependency is down, or the database is not migrat
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
-    """The process is alive."""
+async def healthz() -> dict[str, str]:
+    """The process is alive. On the event loop, not in the thread pool: readiness checks waiting on a
+    database that does not answer can hold every thread of the pool, and this must still answer."""
     return {"status": "ok"}
 
 

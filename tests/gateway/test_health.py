@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -153,3 +156,36 @@ def test_the_api_docs_load_nothing_from_outside(make_stack: Callable[..., Stack]
                 got = client.get(asset)
                 assert got.status_code == 200 and got.content, (page, asset, got.status_code)
         assert client.get("/docs/oauth2-redirect").status_code == 200
+
+
+def test_healthz_answers_while_readiness_checks_wait_on_a_database_that_never_answers(
+        make_stack: Callable[..., Stack]) -> None:
+    """/healthz ran in the same thread pool as /readyz: a database that takes connections and never
+    answers held every thread for its connect timeout, and the liveness check waited behind them
+    (an orchestrator would then restart a gateway that was only waiting)."""
+    s = make_stack()
+    held: list[socket.socket] = []
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(200)
+        silent.settimeout(0.2)
+
+        def take() -> None:  # accept, and never say a word
+            while silent.fileno() != -1:
+                with contextlib.suppress(OSError):
+                    held.append(silent.accept()[0])
+
+        taker = threading.Thread(target=take, daemon=True)
+        taker.start()
+        s.env["NANOFLEET_DATABASE_URL"] = f"postgresql+psycopg://nanofleet:pw@127.0.0.1:{silent.getsockname()[1]}/x"
+        with gateway_process(s) as (_, hanging), ThreadPoolExecutor(60) as pool:
+            count = len(held)
+            waiting = [pool.submit(httpx.get, f"{hanging.base_url}/readyz", timeout=30) for _ in range(60)]
+            wait_until(lambda: len(held) >= count + 40, timeout=20,
+                       message="the readiness checks to fill the gateway's thread pool")
+            started = time.monotonic()
+            assert hanging.get("/healthz", timeout=5).json() == {"status": "ok"}
+            assert time.monotonic() - started < 2
+            assert {f.result().status_code for f in waiting} == {503}
+    for conn in held:
+        conn.close()
