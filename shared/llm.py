@@ -44,7 +44,7 @@ def _litellm() -> Any:  # the litellm module
     # litellm hands every streamed chunk to its logging callbacks (which nanofleet does not use) in a
     # thread that starts an event loop per chunk: most of the cost of a streamed call.
     litellm.disable_streaming_logging = True
-    litellm.REPEATED_STREAMING_CHUNK_LIMIT = 10_000  # 100 equal chunks (a line of dashes) failed a stream
+    litellm.REPEATED_STREAMING_CHUNK_LIMIT = 10_000  # type: ignore[misc]  # 100 equal chunks failed a stream
     return litellm
 
 

@@ -78,7 +78,12 @@ class Bucket:
 
 
 class Rejected(Exception):
-    """The platform refused the message for good (a 4xx other than 429): retrying cannot help."""
+    """The platform refused the message for good (a 4xx other than 429): retrying cannot help.
+    `status`: the HTTP status, when the refusal was one."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class RateLimited(Exception):

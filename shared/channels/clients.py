@@ -73,7 +73,7 @@ def check(response: httpx.Response, *, what: str, wait: float | None = None) -> 
     if status == 429:
         raise RateLimited(wait if wait is not None else retry_after(response))
     if status < 500 and status not in RETRYABLE_4XX:
-        raise Rejected(f"{what}: HTTP {status}: {response.text[:300]}")
+        raise Rejected(f"{what}: HTTP {status}: {response.text[:300]}", status)
     raise PlatformError(f"{what}: HTTP {status}: {response.text[:300]}")
 
 

@@ -37,6 +37,7 @@ from shared.settings import Settings
 PING, APPLICATION_COMMAND, COMPONENT, AUTOCOMPLETE, MODAL_SUBMIT = 1, 2, 3, 4, 5  # interaction types
 PONG, CHANNEL_MESSAGE, DEFERRED, DEFERRED_UPDATE, AUTOCOMPLETE_RESULT = 1, 4, 5, 6, 8  # response types
 STRING, ATTACHMENT = 3, 11  # command option types
+EXPIRED = (401, 404)  # what Discord answers for an interaction token that expired (or an unknown one)
 CDN_HOSTS = ("cdn.discordapp.com", "media.discordapp.net")  # where attachments are served from
 # The slash command nanofleet answers (`nanofleet channels discord register` creates or updates it).
 ASK = {"name": "ask", "description": "Ask the agent", "options": [
@@ -161,9 +162,9 @@ class DiscordChannel(BaseChannel):
             return self._channel_message(chat_id, message, meta, file)
         try:
             return self._interaction_reply(str(token), message, meta, file)
-        except Rejected:
-            if not self.secret("bot_token"):  # an interaction token lives 15 minutes
-                raise
+        except Rejected as err:  # an interaction token lives 15 minutes: then Discord says 401 or 404
+            if err.status not in EXPIRED or not self.secret("bot_token"):
+                raise  # (a reply refused for itself would be refused in the channel too, or posted twice)
             return self._channel_message(chat_id, message, meta, file)
 
     def _interaction_reply(self, token: str, message: dict[str, Any], meta: dict[str, Any],

@@ -93,6 +93,18 @@ def test_a_file_for_an_expired_interaction_goes_to_the_channel(channel: DiscordC
     assert fake.received_files(CHAT) == [(PDF.name, PDF.data)]
 
 
+def test_a_reply_the_interaction_refuses_for_itself_is_not_posted_in_the_channel(channel: DiscordChannel,
+                                                                                  fake: FakeDiscord) -> None:
+    """Any 4xx on the interaction's webhook sent the reply again as a bot message: one Discord refused
+    for what it held would be refused there too, or, had the first taken it after all, shown twice.
+    Only an expired token (401, 404) goes to the channel."""
+    reply = interaction(fake)
+    fake.script("edit_original", 400, {"message": "Invalid Form Body", "code": 50035})
+    with pytest.raises(Rejected, match="400"):
+        channel.send(CHAT, "the answer", row(0, 1, **reply))
+    assert [(c.op, c.status) for c in fake.calls] == [("edit_original", 400)]
+
+
 def test_a_file_up_to_the_limit_is_sent_and_a_larger_one_is_rejected(channel: DiscordChannel,
                                                                      fake: FakeDiscord) -> None:
     assert channel.max_file_bytes == 10 * 1024 * 1024
