@@ -50,7 +50,7 @@ def one_turn(settings: Settings, *, message: str, session: str, model: str | Non
     with rt.session() as s:
         out = submit(rt, s, conv.id, message, origin={"channel": "api", "chat_id": session}, model=model)
     after_commit(rt, out)
-    drain(rt, out.nexts)  # for a command too: /new's summary, the turn that /stop let start
+    drain(rt, out.nexts)  # for a command too: /new's summary
     if out.reply is not None:
         return Answer(out.reply)
     if out.run_id is None and out.message_id is not None:

@@ -49,6 +49,11 @@ def finish(
     run.phase, run.finished_at = Phase.DONE, utcnow()
     run.lease_owner, run.lease_until = None, None
     s.add(run)
+    if status == RunStatus.CANCELLED and conv.active_run_id == run.id:
+        # What waited for the turn is stopped with it, as it would have joined it: the message of a
+        # turn stopped before its first step (still waiting), one sent just before the /stop. It
+        # stays in the transcript, unanswered; left waiting, it would start the next turn at once.
+        conversations.fold_mailbox(s, conv.id, run.id)
     hook = rt.finish_hooks.get(run.kind.value)
     nexts = hook(rt, s, run) if hook else deliver(rt, s, run)
     nexts += release_turn(rt, s, conv, run)

@@ -1,5 +1,6 @@
 """A step that raises is tried again; one that keeps raising fails its run with a reply and frees
-the conversation for the next message. Errors of the database or the broker never count against it."""
+the conversation for the next message. Errors of the database or the broker never count against it.
+A turn stopped before its first step takes its waiting message with it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from sqlalchemy import exc, text
 from sqlmodel import col, select
 
-from shared.agent import conversations, prompt, recovery, steps
+from shared.agent import conversations, prompt, recovery, service, steps
 from shared.agent.local import drain
 from shared.agent.runtime import Next, Runtime
 from shared.constants import T_AGENT_STEP
@@ -129,3 +130,25 @@ def test_database_and_broker_errors_never_count_against_a_step(rt: Runtime, faul
     run = run_of(rt, run_id)
     assert run.status == RunStatus.SUCCEEDED and run.recoveries == 0
     assert answers(rt, cid) == ["echo: hello"]
+
+
+def test_a_message_stopped_before_its_turn_took_it_in_is_not_answered(rt: Runtime, fake_llm: FakeLLM) -> None:
+    """A burst (debounced) submitted just before a /stop: the turn was cancelled before its first step,
+    its message still waited in the mailbox, and the released turn lock started a new turn for it,
+    which answered after "Stopped 1 running task(s)." (a QA pass, 3 times out of 3)."""
+    cid = new_conversation(rt)
+    run_id = post(rt, cid, "please do the thing")
+    assert run_id is not None
+    with rt.session() as s:
+        out = service.submit(rt, s, cid, "/stop", origin={})
+    assert out.reply == "Stopped 1 running task(s)." and out.nexts == []
+    with rt.session() as s:
+        assert conversations.pending_messages(s, cid) == []
+        [message] = s.exec(select(Message).where(Message.conversation_id == cid)).all()
+        assert (message.content, message.run_id) == ("please do the thing", run_id)  # kept, in the stopped turn
+        assert s.get_one(Conversation, cid).active_run_id is None
+    drain(rt, [Next(T_AGENT_STEP, (run_id, 0))])  # the stopped turn's step, if its task still comes
+    assert fake_llm.calls() == 0 and answers(rt, cid) == []
+    next_run = post(rt, cid, "and now this")  # the chat goes on
+    assert next_run is not None and work(rt, next_run, cid) == 1
+    assert answers(rt, cid)[-1] == "echo: and now this"
