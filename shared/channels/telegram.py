@@ -236,14 +236,19 @@ def _mention(username: str) -> re.Pattern[str]:
 
 
 def _strip_mention(text: str, username: str) -> str:
-    if not username:
-        return text
-    text = re.sub(rf"^(/\w+)@{re.escape(username)}\b", r"\1", text, flags=re.IGNORECASE)  # /new@bot: /new
-    return _mention(username).sub("", text).strip() or text
+    """The text without the bot's mentions; a command addressed to it (`/new@bot`) as the command. In
+    a private chat (`username` not asked for) any `@name` after a command is the bot's: no other
+    bot is there."""
+    name = re.escape(username) if username else r"\w+"
+    text = re.sub(rf"^(/\w+)@{name}\b", r"\1", text, flags=re.IGNORECASE)  # /new@bot: /new
+    return _mention(username).sub("", text).strip() or text if username else text
 
 
 def _with_quote(msg: dict[str, Any], text: str) -> str:
-    """A reply carries the message it answers, quoted, so the agent knows what "this" is."""
+    """A reply carries the message it answers, quoted, so the agent knows what "this" is; a command
+    sent as a reply is the command alone (quoted, it was no command and went to the model)."""
+    if text.startswith("/"):
+        return text
     quoted = msg.get("reply_to_message") or {}
     original = quoted.get("text") or quoted.get("caption") if isinstance(quoted, dict) else None
     if not isinstance(original, str) or not original:

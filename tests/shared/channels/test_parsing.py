@@ -39,6 +39,19 @@ def malformed(parse: object, payload: object) -> int:
     return err.value.status_code
 
 
+def test_a_telegram_command_is_a_command_as_a_reply_and_addressed_in_a_private_chat() -> None:
+    """`/stop` sent as a reply to the bot went to the model quoted ("> echo: hi\n\n/stop"), and the
+    turn ran on; `/stop@bot` in a private chat went to the model while the bot's username was not
+    known yet (none configured, no group message seen)."""
+    tg, ch = FakeTelegram("1:t", "s"), TelegramChannel(S)
+    reply = tg.update(chat=5, sender=1, text="/stop", reply_to_message={"text": "echo: hi"})
+    assert ch.parse({}, body(reply)).messages[0].content == "/stop"
+    unnamed = TelegramChannel(Settings(channels={"telegram": {"allow_from": ["1"]}}))
+    for text, seen in (("/stop@nanofleet_bot", "/stop"), ("/model@nanofleet_bot fast", "/model fast"),
+                       ("mail me@example.com", "mail me@example.com")):
+        assert unnamed.parse({}, body(tg.update(chat=5, sender=1, text=text))).messages[0].content == seen
+
+
 def test_telegram_text_captions_replies_groups_and_topics() -> None:
     tg, ch = FakeTelegram("1:t", "s"), TelegramChannel(S)
     [msg] = ch.parse({}, body(tg.update(chat=5, sender=1, text="hi", update_id=42))).messages
