@@ -46,6 +46,7 @@ UNBOUNDED = 1_000_000  # Celery's retry count never ends a delivery; the row's a
 EARLY = 2.0  # a retry this much ahead of its row's next_attempt_at re-arms itself (clock skew)
 TYPING_FOR = 180.0  # seconds of "typing..." at most in one turn
 BATCH = 200
+AHEAD_WAIT = 0.3  # seconds before a row that waits for an earlier reply to its chat looks again
 SENT_TTL = 7 * 24 * 3600  # a "sent" marker outlives any retry or redelivery of its row
 CLAIM_MARGIN = 2.0  # stop retrying the mark this long before the claim lapses
 THROTTLES_PER_ATTEMPT = 10  # a platform may throttle a row ten times as often as it may fail it
@@ -130,7 +131,10 @@ def _send(rt: Runtime, ch: Channel, row: Outbox) -> SendResult:
 def _due(rt: Runtime, outbox_id: str) -> Outbox | None:
     """The row, if it is pending and its turn has come: chunk i goes out only after chunk i-1 was
     delivered (whose delivery enqueues i). After a failed chunk i-1, sending i would show the reply
-    out of order, so i is dead-lettered too; a retry restarts the reply from its first failed chunk."""
+    out of order, so i is dead-lettered too; a retry restarts the reply from its first failed chunk.
+    A row of a chat waits for the rows made before it for that chat that are going out (being sent,
+    or waiting out a rate limit; not those failing, which could take an hour): the chunks of a long
+    reply then arrive together, with no later reply between them, and replies in the order made."""
     with rt.session() as s:
         row = s.get(Outbox, outbox_id)
         if row is None or row.status != OutboxStatus.PENDING:
@@ -138,9 +142,17 @@ def _due(rt: Runtime, outbox_id: str) -> Outbox | None:
         previous = None
         if int(row.meta.get("chunk", 0)):
             previous = s.exec(select(Outbox.status).where(Outbox.key == chunk_key(row, -1))).first()
+        ahead = s.exec(select(Outbox.id).where(
+            Outbox.channel == row.channel, Outbox.chat_id == row.chat_id, Outbox.status == OutboxStatus.PENDING,
+            Outbox.attempts == 0, col(Outbox.created_at) < row.created_at).limit(1)).first()
     if previous == OutboxStatus.FAILED:
         _dead(rt, row, EARLIER_FAILED, unless_claimed=True)
-    return row if previous in (None, OutboxStatus.DELIVERED) else None
+    if previous not in (None, OutboxStatus.DELIVERED):
+        return None
+    if ahead is not None:
+        raise Retryable(f"{row.channel} {row.chat_id}: an earlier reply is still going out", delay=AHEAD_WAIT,
+                        max_retries=UNBOUNDED)
+    return row
 
 
 def _claim(rt: Runtime, outbox_id: str) -> bool:

@@ -129,6 +129,25 @@ def test_a_chunk_whose_previous_chunk_failed_is_not_sent(channels: ChannelStack)
     assert channels.scalar("select status from outbox where id = :i", i=first) == "delivered"
 
 
+def test_a_later_reply_waits_for_an_earlier_one_still_going_out_to_its_chat(channels: ChannelStack) -> None:
+    """A long reply's first chunk waited out the platform's rate limit while a later, short reply to
+    the same chat went out: the short one arrived first, or between the long one's chunks (a QA pass
+    on Telegram, in a private chat and in a group)."""
+    chat, prefix = f"room-{uuid.uuid4().hex[:8]}", f"test:{uuid.uuid4().hex}"
+    channels.fakes["webhook"].script("callback", 429, {"error": "slow down"}, headers={"Retry-After": "1"})
+    first = insert_row(channels, channel="webhook", chat=chat, content="long one", key=f"{prefix}:0",
+                       meta={"chunks": 2})
+    insert_row(channels, channel="webhook", chat=chat, content="long two", key=f"{prefix}:1",
+               meta={"chunk": 1, "chunks": 2})
+    later = insert_row(channels, channel="webhook", chat=chat, content="short")
+    producer = Producer(make_celery(channels.stack.settings))
+    producer.send(T_OUTBOUND_DELIVER, first)
+    wait_until(lambda: channels.fakes["webhook"].arrived(chat), timeout=30, message="the first send (throttled)")
+    producer.send(T_OUTBOUND_DELIVER, later)
+    channels.settled(chat, rows=3)
+    assert channels.driver("webhook").replies(chat) == ["long one", "long two", "short"]
+
+
 def test_retrying_a_row_that_is_being_sent_is_refused(channels: ChannelStack) -> None:
     slack = channels.fakes["slack"]
     slack.delay = 1.0
