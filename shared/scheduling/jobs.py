@@ -332,5 +332,13 @@ def view(job: CronJob, now: datetime | None = None) -> dict[str, Any]:
         "everySeconds": job.every_seconds, "cronExpr": job.cron_expr, "tz": job.tz, "at": _iso(job.at),
         "enabled": job.enabled, "missedPolicy": job.missed_policy, "channel": job.channel, "chatId": job.chat_id,
         "system": job.system, "lastFiredAt": _iso(job.fired_at),
-        "nextRunAt": _iso(upcoming(job, now or utcnow())), "createdAt": _iso(job.created_at),
+        "nextRunAt": _iso(_next_run(job, now or utcnow())), "createdAt": _iso(job.created_at),
     }
+
+
+def _next_run(job: CronJob, now: datetime) -> datetime | None:
+    """When the job runs next: a one-shot job its `at`, even past (it runs however late: no worker was
+    up, its session was busy), until it has fired; another its next fire time from now."""
+    if job.kind == "at" and job.enabled:
+        return schedules.next_after(spec_of(job), cursor(job))
+    return upcoming(job, now)

@@ -202,3 +202,19 @@ def test_missed_policies() -> None:
     more = [*times, utc(2024, 1, 10, 10)]
     assert pick("catch_up", more, now) == more[-10:]
     assert pick("skip", [], now) == []
+
+
+def test_a_one_shot_job_that_is_late_shows_when_it_was_due_until_it_has_fired() -> None:
+    """`nextRunAt` was null for an `at` job whose time passed with no worker up, though it still runs
+    (run_once): null reads as "never"."""
+    from shared.models import CronJob
+    from shared.scheduling.jobs import view
+
+    made, at = datetime(2026, 11, 29, 21, 41, 0, tzinfo=UTC), datetime(2026, 11, 29, 21, 41, 30, tzinfo=UTC)
+    job = CronJob(name="x", message="m", kind="at", at=at, created_at=made, missed_policy="run_once")
+    assert view(job, now=at + timedelta(seconds=8))["nextRunAt"] == at.isoformat()
+    assert view(job, now=at - timedelta(seconds=8))["nextRunAt"] == at.isoformat()
+    job.last_fired_at = at  # fired (the job is removed then; a disabled one shows none either)
+    assert view(job, now=at + timedelta(seconds=8))["nextRunAt"] is None
+    job.last_fired_at, job.enabled = None, False
+    assert view(job, now=at + timedelta(seconds=8))["nextRunAt"] is None
