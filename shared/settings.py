@@ -273,7 +273,8 @@ class Settings(BaseSettings):
     @field_validator("api_keys")
     @classmethod
     def _check_keys(cls, v: list[SecretStr]) -> list[SecretStr]:
-        """An empty key would let in a request that sends none; one with a space could never be sent."""
+        """An empty key matches nothing (no key could open the API, and nothing said why); one with a
+        space could never be sent in a header."""
         for key in v:
             not_placeholder(key)
             value = key.get_secret_value()

@@ -268,9 +268,9 @@ function page() {
     watching = new AbortController();
     const signal = watching.signal;
     let since = fresh ? "0" : "";
-    // Once the stream is open, the transcript again: a run that ended before (the first message of a
-    // new conversation, one that ended while the page loaded) is in it. Later reconnections resume
-    // from the last event seen instead.
+    // Once the stream is open (from now), the transcript again: a run that ended while the page
+    // loaded is in it. A fresh conversation's stream is read from its start instead, and later
+    // reconnections resume from the last event seen.
     const opened = () => since || ended({ status: "succeeded" });
     while (!signal.aborted) {
       try {
@@ -282,8 +282,9 @@ function page() {
           if (event === "message") sent(data);
           if (event === "run.finished" || event === "run.failed") ended(data);
           if (event === "conversation.deleted") {
-            $("status").textContent = "This conversation was deleted (in another tab, or through the API); here is a new one.";
-            open(null);
+            await open(null);
+            $("status").textContent = "That conversation was deleted (in another tab, or through the API): "
+              + "this is a new one.";
             return;
           }
         }
@@ -389,7 +390,7 @@ function page() {
     else store.removeItem("nanofleet.conversation");
     conversation = id;
     $("log").replaceChildren();
-    if (client) connect(new Event("submit"));
+    return client ? connect(new Event("submit")) : Promise.resolve();
   }
 
   $("key").value = store.getItem("nanofleet.key") ?? "";
