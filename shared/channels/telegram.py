@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import re
 from typing import Any, ClassVar
 
@@ -30,6 +31,7 @@ from shared.channels.signing import same
 from shared.contracts import InboundMessage
 from shared.settings import Settings
 
+log = logging.getLogger(__name__)
 GETME_TIMEOUT = 3.0  # seconds
 GETME_PAUSE = 10.0  # seconds after a failed getMe before the next
 SECRET_HEADER = "x-telegram-bot-api-secret-token"
@@ -202,7 +204,13 @@ class TelegramChannel(BaseChannel):
             fields = {k: json.dumps(v) if isinstance(v, dict | list) else str(v) for k, v in payload.items()}
             response = client.post(url, data=fields, files={field: (file.name, file.data, file.mime)})
         data = body(response)
-        wait = (data.get("parameters") or {}).get("retry_after")
+        parameters = data.get("parameters") or {}
+        moved = parameters.get("migrate_to_chat_id")
+        if response.status_code == 400 and isinstance(moved, int) and str(moved) != str(payload.get("chat_id", moved)):
+            # The group became a supergroup (a new chat id): what was on its way goes there.
+            log.info("telegram: chat %s is now supergroup %s; sending there", payload["chat_id"], moved)
+            return self.call(method, {**payload, "chat_id": moved}, timeout, upload)
+        wait = parameters.get("retry_after")
         check(response, what=f"telegram {method}", wait=float(wait) if isinstance(wait, int | float) else None)
         if data.get("ok") is not True:
             raise PlatformError(f"telegram {method}: {data.get('description', 'not ok')}")

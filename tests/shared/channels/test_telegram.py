@@ -166,3 +166,16 @@ def test_a_file_s_first_row_quotes_the_message_and_a_photo_telegram_refuses_goes
     quoted = json.dumps({"message_id": 9, "allow_sending_without_reply": True})  # JSON, as the Bot API reads it
     assert sent == [("sendPhoto", 400, quoted, "3"), ("sendDocument", 200, quoted, "3"), ("sendPhoto", 200, None, "3")]
     assert fake.received_files(chat) == [("chart.png", photo.data)] * 2
+
+
+def test_a_reply_to_a_group_that_became_a_supergroup_goes_to_the_supergroup(fake: FakeTelegram) -> None:
+    """Telegram refuses a message to the old group with a 400 naming the supergroup's id: the reply
+    in flight was dead-lettered (a QA pass)."""
+    ch, old, new = without_username(fake), "-4001", -1004001
+    fake.script("sendMessage", 400, {"ok": False, "error_code": 400, "parameters": {"migrate_to_chat_id": new},
+                                     "description": "Bad Request: group chat was upgraded to a supergroup chat"})
+    ch.send(old, "the codeword is tea", {"reply_to_message_id": 5, "chunk": 0, "outbox_id": "o-m"})
+    with fake.lock:
+        sent = [(str(c.body.get("chat_id")), c.status) for c in fake.calls if c.op == "sendMessage"][-2:]
+    assert sent == [(old, 400), (str(new), 200)]
+    assert [fake.text_of(c) for c in fake.sent(str(new))][-1] == "the codeword is tea"
