@@ -17,7 +17,7 @@ import psutil
 import redis
 from sqlalchemy import text
 
-from bench import plots
+from bench import host, plots
 from bench.context import Ctx
 from bench.fakes import telegram_update
 from bench.report import Figure, ms, pct
@@ -174,6 +174,7 @@ def run(ctx: Ctx) -> None:
     stack, cfg = ctx.stack, ctx.cfg
     stack.reset_data()
     ctx.llm.reset()
+    speed = host.probe(stack.settings.redis_url, stack.engine)
     workers = stack.workers(1, concurrency=16)
     try:
         _rest_turns(ctx, 20)  # warm-up: imports, connection pools, litellm's first call
@@ -188,11 +189,11 @@ def run(ctx: Ctx) -> None:
             ctx.report.skipped.append(("2", "webhook -> platform variant: POST /webhooks/telegram not available"))
     finally:
         stack.stop_procs(workers)
-    _report(ctx, rest, tg)
+    _report(ctx, rest, tg, speed)
     stack.reset_data()
 
 
-def _report(ctx: Ctx, rest: Series, tg: Series | None) -> None:
+def _report(ctx: Ctx, rest: Series, tg: Series | None, speed: dict[str, str]) -> None:
     cmd = ctx.cfg.command("overhead")
     for s, end in ((rest, "answer stored"), (tg, "fake Telegram got the reply")):
         if s is None:
@@ -231,6 +232,10 @@ def _report(ctx: Ctx, rest: Series, tg: Series | None) -> None:
         cells = " | ".join(ms(sum(s.cpu.values()) if role == "total" else s.cpu.get(role, 0.0))
                            for s in (rest, tg) if s)
         lines.append(f"| {role} | {cells} |")
+    lines += ["", "This host, measured just before the turns against the same servers (medians; a turn "
+              "makes about 50 Postgres round trips and 20 to Redis, and hands work between threads and "
+              "processes a dozen times, so these move the figures above far more than CPU speed):", "",
+              "| what | took |", "|---|---|", *(f"| {what} | {took} |" for what, took in speed.items())]
     ctx.report.sections.append(("Item 2: per-hop breakdown of a one-tool turn", "\n".join(lines)))
     name = "turn_hops.png"
     plots.stacked_hops(ctx.plot(name), {h: (pct(rest.hops[h], 50), pct(rest.hops[h], 99)) for h in HOPS},
