@@ -15,7 +15,7 @@ from shared.aio import background_loop, run_sync
 from shared.settings import Settings
 from shared.tools.base import Tool
 from shared.tools.mcp.connection import MCPConnection, State
-from shared.tools.mcp.tool import MCPTool, make_tool, tool_name
+from shared.tools.mcp.tool import MCPTool, make_tool, schema_problem, tool_name
 from shared.tools.registry import ToolRegistry
 
 __all__ = ["MCPConnection", "MCPTool", "State", "attach", "connections", "shutdown"]
@@ -87,7 +87,8 @@ def _adder(registry: ToolRegistry, servers: list[str]) -> Callable[[MCPConnectio
     """A listener that adds a connection's tools to `registry` while the registry is alive. Two tools
     whose names map to the same `mcp_<server>_<tool>` (server `a_b` tool `c` and server `a` tool
     `b_c`; `read.file` and `read_file`) cannot both be offered: the first is kept and the other
-    skipped, with a warning naming both."""
+    skipped, with a warning naming both. A tool whose input schema the model's API would refuse is
+    skipped, with a warning saying why."""
     ref = weakref.ref(registry)
     order = {name: i for i, name in enumerate(servers)}
     warned: set[tuple[str, str]] = set()
@@ -104,6 +105,8 @@ def _adder(registry: ToolRegistry, servers: list[str]) -> Callable[[MCPConnectio
         for spec in listed.values():
             tool = make_tool(connection, spec)
             held = target.get(tool.name)
+            if _refused(target, tool, held, warned):
+                continue
             if held is None or _origin(held) == _origin(tool):  # new, or listed again (its schema may have changed)
                 target.add(tool)
             else:
@@ -116,6 +119,19 @@ def _adder(registry: ToolRegistry, servers: list[str]) -> Callable[[MCPConnectio
                                 _origin(held), _origin(tool), tool.name, *key, _hint(held, tool))
 
     return add
+
+
+def _refused(registry: ToolRegistry, tool: MCPTool, held: Tool | None, warned: set[tuple[str, str]]) -> bool:
+    """Whether `tool`'s input schema is one the model's API would refuse (then it is not offered, nor
+    an earlier listing of it, and a warning says why once)."""
+    if (problem := schema_problem(tool.Args.input_schema)) is None:
+        return False
+    if held is not None and _origin(held) == _origin(tool):
+        registry.remove(tool.name)
+    if (key := (_origin(tool), problem)) not in warned:
+        warned.add(key)
+        log.warning("MCP %s is not offered to the model: %s", _origin(tool), problem)
+    return True
 
 
 async def _start(conns: list[MCPConnection], registry: ToolRegistry) -> None:

@@ -1,5 +1,6 @@
 """An MCP server's tool as a nanofleet Tool: `mcp_<server>_<tool>`, group `mcp`, with the server's
-input schema passed through as the JSON schema the model sees (the server validates arguments)."""
+input schema passed through as the JSON schema the model sees (the server validates arguments),
+once it is checked: one the model's API would refuse would fail every request that offered it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 from typing import Any, ClassVar
 
 import mcp_types
+from jsonschema import Draft202012Validator, SchemaError, validators
 from pydantic import BaseModel, ConfigDict, create_model
 
 from shared.tools.base import Tool, ToolContext, ToolResult
@@ -61,6 +63,19 @@ def input_schema(spec: mcp_types.Tool) -> dict[str, Any]:
     schema.setdefault("type", "object")
     schema.setdefault("properties", {})
     return schema
+
+
+def schema_problem(schema: dict[str, Any]) -> str | None:
+    """Why the model's API would refuse `schema` as a tool's parameters (function calling takes an
+    object schema, valid JSON Schema), or None."""
+    if schema.get("type") != "object":
+        return f"its input schema's type is {schema.get('type')!r}, not 'object'"
+    try:
+        validators.validator_for(schema, default=Draft202012Validator).check_schema(schema)
+    except SchemaError as err:
+        where = "/".join(str(part) for part in err.absolute_path) or "the top"
+        return f"its input schema is not valid JSON Schema ({err.message[:200]}, at {where})"
+    return None
 
 
 def make_tool(connection: MCPConnection, spec: mcp_types.Tool) -> MCPTool:
