@@ -92,8 +92,7 @@ class LLMResponse:
 
 
 class LLMError(Exception):
-    """The model refused the call, or could not be reached within the retries (the message says how
-    many tries); `user_message` is safe to show."""
+    """The model refused the call, or stayed unreachable through the retries; `user_message` is safe to show."""
 
     def __init__(self, message: str, *, user_message: str) -> None:
         super().__init__(message)
@@ -101,9 +100,8 @@ class LLMError(Exception):
 
 
 def missing_key(settings: LLMSettings) -> list[str]:
-    """The provider's key variables (any one will do) when the default model wants a key and has
-    none: not in the settings, nor an endpoint of one's own (a local server may need none), nor
-    the provider's own variable, which litellm reads. Empty when it cannot tell."""
+    """The provider's key variables (any will do) when the default model has no key: not in the settings,
+    nor an endpoint of its own (a local one may need none), nor the provider's variable. [] when unsure."""
     if settings.api_key or settings.api_base:
         return []
     try:
@@ -161,20 +159,20 @@ class LLMClient:
         self._sees: dict[str | None, bool] = {}
 
     def profile(self, model: str | None = None) -> LLMProfile:
-        """A named profile, a raw litellm model string on the default endpoint, or the default. A
-        profile whose model names the default model's provider ("openai/..." beside "openai/...")
-        and no endpoint or key of its own uses the default's; any other keeps to its own (or its
-        provider's environment variable), or it would send one provider's key to another."""
+        """A named profile, a raw litellm model string (a request's, any provider's), or the default.
+        One naming the default model's provider ("openai/..." beside "openai/...") uses the default's
+        endpoint and key (a profile: unless it sets its own); any other keeps to its own, or its
+        provider's environment variable: one provider's key must never go to another."""
         if model and model in self.settings.profiles:
             named = self.settings.profiles[model]
-            provider = _provider(named.model)
-            if not provider or provider != _provider(self.settings.model):
+            if not _same_provider(named.model, self.settings.model):
                 return named
             unset = [f for f in ("api_base", "api_key") if f not in named.model_fields_set]
             return named.model_copy(update={f: getattr(self.settings, f) for f in unset})
-        if model:  # the default endpoint and limits; its prices are the default model's, not this one's
+        if model:  # the default's limits; its prices are the default model's, not this one's
+            endpoint = {} if _same_provider(model, self.settings.model) else {"api_base": None, "api_key": None}
             return self.settings.model_copy(update={"model": model, "input_cost_per_token": None,
-                                                    "output_cost_per_token": None, "vision": None})
+                                                    "output_cost_per_token": None, "vision": None, **endpoint})
         return self.settings
 
     def longest(self) -> float:
@@ -293,10 +291,9 @@ class LLMClient:
         return answer
 
     def warm(self) -> None:
-        """Import litellm and pay its lazy imports before the first real call (a call with tools pulls
-        in the MCP SDK: about 0.5 s) with a mock answer from litellm itself, no network; load the
-        tokenizer every real call and prompt fit uses (about 0.15 s); and set up the connection pool
-        while one thread runs, not the first calls' many."""
+        """Import litellm and pay its lazy imports before the first real call (with tools it pulls in the
+        MCP SDK: about 0.5 s) with litellm's own mock answer; load the tokenizer prompt fitting uses
+        (about 0.15 s); set up the connection pool while one thread runs, not the first calls' many."""
         _pool(self.settings.max_connections)
         tool = {"type": "function", "function": {"name": "warm_up", "parameters": {"type": "object"}}}
         messages = [{"role": "user", "content": "warm-up"}]
@@ -386,8 +383,7 @@ def _streamed(stream: Any, on_delta: Callable[[str], None], model: str) -> LLMRe
 def _storable(text: str) -> str:
     """A model's text as Postgres can store it: a NUL or a lone surrogate (which a model may well
     write) failed the step that wrote it, five times, each after a paid call."""
-    cleaned: str = without_nul(text, lone_surrogates=True)
-    return cleaned
+    return str(without_nul(text, lone_surrogates=True))
 
 
 def _user_message(err: Exception, wait: float | None = None) -> str:
@@ -398,3 +394,7 @@ def _provider(model: str) -> str:
     """The litellm provider a model string names ("openai" in "openai/gpt-4.1-mini"; "" without one)."""
     provider, slash, _ = model.partition("/")
     return provider if slash else ""
+
+
+def _same_provider(model: str, default: str) -> bool:  # (two names naming none may be two providers')
+    return _provider(model) != "" and _provider(model) == _provider(default)

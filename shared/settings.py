@@ -86,10 +86,10 @@ class LLMSettings(LLMProfile):
 
     profiles: dict[str, LLMProfile] = Field(default_factory=dict)
     # Tried in order when a call to the model fails for good (its retries spent, or refused): profile
-    # names, or litellm model strings on the default endpoint.
+    # names, or litellm model strings (on the default endpoint when of the default model's provider).
     fallbacks: list[str] = Field(default_factory=list)
-    # The model that turns voice messages into text (a profile name, or a litellm model string on the
-    # default endpoint: openai/whisper-1, groq/whisper-large-v3...); empty: voice messages get a notice.
+    # The model that turns voice messages into text (a profile name, or a litellm model string, on the
+    # default endpoint when of the default model's provider: openai/whisper-1); empty: a notice instead.
     transcription_model: str = ""
     timeout: float = Field(default=120.0, gt=0)
     max_retries: int = Field(default=3, ge=0)

@@ -165,6 +165,18 @@ def test_a_profile_of_the_default_provider_uses_the_default_endpoint_and_key(fak
     assert unnamed.profile("bare").api_key is None  # two models naming no provider may be two providers
 
 
+def test_a_model_string_of_another_provider_never_gets_the_default_key() -> None:
+    """A request's `model` may name any provider: the default's key and endpoint go only with models
+    of the default's provider (sent to Anthropic, an OpenAI key leaked to it)."""
+    client = LLMClient(LLMSettings(model="openai/gpt-4.1-mini", api_base="http://127.0.0.1:9/v1", api_key="sk-openai"))
+    mine = client.profile("openai/gpt-4.1")
+    assert mine.api_base == "http://127.0.0.1:9/v1" and mine.api_key and mine.api_key.get_secret_value() == "sk-openai"
+    for model in ("anthropic/claude-3-5-sonnet-20240620", "mistral/mistral-small-latest", "gpt-4o"):
+        other = client.profile(model)
+        assert (other.model, other.api_base, other.api_key) == (model, None, None), model
+        assert other.timeout == client.settings.timeout  # the default's limits still hold
+
+
 def _with_fallbacks(client: LLMClient) -> LLMClient:
     profiles = {"backup": LLMProfile(model="openai/backup-model", input_cost_per_token=1e-6,
                                      output_cost_per_token=1e-6)}
