@@ -41,11 +41,13 @@ from gateway.waiting import last_event_id, wait_for_run
 from shared.agent import conversations, views
 from shared.agent.events import DELETED, RedisEvents, watch
 from shared.agent.events import read as read_events
+from shared.agent.finish import CUT_OFF
 from shared.agent.service import Submitted, after_commit, answer_again, command_of, submit
 from shared.contracts import NO_NUL
 from shared.db import get_engine
-from shared.models import Conversation, RunStatus, new_id
+from shared.models import Conversation, RunStatus, ToolStatus, new_id
 from shared.scheduling import jobs
+from shared.tools.base import ErrorCode
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1/conversations", tags=["conversations"], dependencies=[Depends(require_key)],
@@ -160,10 +162,28 @@ async def chat(conversation_id: Id, body: ChatIn, state: StateDep) -> ChatOut:
         return ChatOut(conversation_id=conversation_id, assistant_message=out.reply or "")
     run = await wait_for_run(state, conversation_id=conversation_id, message_id=out.message_id,
                              run_id=out.run_id, since=since, timeout=state.settings.agent.chat_timeout)
-    calls = await run_in_threadpool(_tool_calls, state, run.id)
+    calls = await _settled_tool_calls(state, run.id)
     text = run.final_text or ("Stopped." if run.status == RunStatus.CANCELLED else "")
     return ChatOut(conversation_id=conversation_id, assistant_message=text, tool_calls=calls,
                    run_id=run.id, status=run.status.value)
+
+
+SETTLE_WAIT = 5.0  # seconds /chat waits for the outcome of a tool call its cancelled run left running
+
+
+async def _settled_tool_calls(state: AppState, run_id: str) -> list[ToolCallOut]:
+    """The ended run's tool calls with their outcomes. A call still running when its run was cancelled
+    is stopped within about a second and records how it ended: that is waited for (SETTLE_WAIT at
+    most; one still running after it is reported as failed, cut off)."""
+    deadline = anyio.current_time() + SETTLE_WAIT
+    while True:
+        calls = await run_in_threadpool(_tool_calls, state, run_id)
+        running = [c for c in calls if c.status == ToolStatus.RUNNING]
+        if not running or anyio.current_time() >= deadline:
+            break
+        await anyio.sleep(0.1)
+    return [c.model_copy(update={"status": ToolStatus.FAILED.value, "result": CUT_OFF, "error_code": ErrorCode.FAILED})
+            if c.status == ToolStatus.RUNNING else c for c in calls]
 
 
 def _tool_calls(state: AppState, run_id: str) -> list[ToolCallOut]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, or_
+from sqlalchemy import ColumnElement, or_, update
 from sqlmodel import Session, col, select
 
 from shared.agent import conversations, events, memory
@@ -181,6 +181,15 @@ def _answer_tool_calls(s: Session, run: Run) -> None:
         else:
             result = recorded(call)
         conversations.add_messages(s, tool_message(run, call, result))
+
+
+def settle(s: Session, run: Run, call: ToolCall, result: ToolResult) -> None:
+    """A call still running when its run ended was answered in the transcript as cut off; once it
+    records how it ended, the transcript says that instead (what the model reads next turn)."""
+    cut_off = ToolResult.fail(ErrorCode.FAILED, CUT_OFF).for_model()
+    s.execute(update(Message).where(col(Message.run_id) == run.id, col(Message.tool_call_id) == call.call_id,
+                                    col(Message.role) == Role.TOOL, col(Message.content) == cut_off)
+              .values(content=result.for_model()))
 
 
 def recorded(call: ToolCall) -> ToolResult:

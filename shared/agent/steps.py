@@ -16,7 +16,7 @@ from sqlmodel import Session, col, select
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from shared.agent import conversations, events, lease, memory, prompt
-from shared.agent.finish import NOT_RUN, finish, publish_final, recorded, tool_message
+from shared.agent.finish import NOT_RUN, finish, publish_final, recorded, settle, tool_message
 from shared.agent.runtime import Next, Runtime
 from shared.aio import run_sync
 from shared.constants import T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EXECUTE
@@ -340,6 +340,8 @@ def _write_result(rt: Runtime, call: ToolCall, result: ToolResult) -> list[Next]
         output = without_nul(result.model_dump(mode="json"), lone_surrogates=True)  # a command may print a NUL
         s.execute(WRITE_RESULT, {"call": call.id, "outcome": result.status, "output": output,
                                  "elapsed": result.elapsed_ms})
+        if locked.status not in ACTIVE:  # cancelled while it ran
+            settle(s, locked, call, ToolResult.model_validate(output))
         return _advance(rt, s, locked, call.step_seq)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from shared.agent import conversations, memory
-from shared.agent.finish import cancel
+from shared.agent.finish import CUT_OFF, cancel
 from shared.agent.runtime import Runtime
 from shared.constants import T_TOOL_EXECUTE
 from shared.db import get_engine
@@ -82,6 +82,33 @@ def test_stop_cancels_the_running_turn(stack: Stack, api: Any, fake_llm: FakeLLM
     # the conversation is free again
     assert api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "again"}).json()[
         "assistantMessage"] == "echo: again"
+
+
+def test_a_chat_cancelled_during_a_tool_reports_how_the_call_ended(stack: Stack, api: Any) -> None:
+    """The waiting /chat answers with the call's outcome (it was still RUNNING when the run ended:
+    the cancel stops it within about a second), and the transcript the model reads next says the
+    same, not that the outcome is unknown."""
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    answer: dict[str, Any] = {}
+
+    def chat() -> None:
+        answer.update(api.post(f"/api/v1/conversations/{cid}/chat",
+                               json={"message": 'call:record {"tag": "t", "seconds": 20}'}).json())
+
+    waiting = threading.Thread(target=chat)
+    waiting.start()
+    wait_until(lambda: _a_tool_running(stack), timeout=30, message="the tool to start")
+    run_id = api.get(f"/api/v1/conversations/{cid}").json()["activeRunId"]
+    assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
+    waiting.join(30)
+    assert answer["status"] == "cancelled"
+    [call] = answer["toolCalls"]
+    assert (call["status"], call["errorCode"]) == ("FAILED", "FAILED")
+    assert call["result"] == "stopped: the run was cancelled while this call ran; it was cancelled"
+    tool_messages = [m["content"] for m in api.get(f"/api/v1/conversations/{cid}/messages").json()
+                     if m["role"] == "TOOL"]
+    assert len(tool_messages) == 1 and "stopped: the run was cancelled while this call ran" in tool_messages[0]
+    assert CUT_OFF not in tool_messages[0]
 
 
 def test_mailbox_under_concurrent_posts(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
