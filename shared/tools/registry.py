@@ -60,7 +60,7 @@ def _parse_args(raw: dict[str, Any] | str) -> dict[str, Any]:
 
 
 def _size(obj: Any) -> int:
-    return len(obj.encode() if isinstance(obj, str) else json.dumps(obj, default=str).encode())
+    return len(obj.encode() if isinstance(obj, str) else json.dumps(obj, default=str, ensure_ascii=False).encode())
 
 
 class ToolRegistry:

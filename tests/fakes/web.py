@@ -9,7 +9,14 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Route
 
 from tests.fakes.server import ThreadServer
@@ -42,6 +49,11 @@ async def redirect(request: Request) -> Response:
     return RedirectResponse(request.query_params["to"], status_code=int(request.query_params.get("code", 302)))
 
 
+async def repeat(request: Request) -> Response:
+    """`c` (a character) `n` times, as UTF-8 text."""
+    return PlainTextResponse(request.query_params["c"] * int(request.query_params["n"]))
+
+
 async def loop(request: Request) -> Response:
     return RedirectResponse("/loop", status_code=302)
 
@@ -66,7 +78,7 @@ class FakeWeb:
         self.stopping = False
         self.server = ThreadServer(Starlette(routes=[
             Route("/page", page), Route("/json", data), Route("/host", host), Route("/redirect", redirect),
-            Route("/loop", loop), Route("/big", big), Route("/slow", self._slow),
+            Route("/loop", loop), Route("/repeat", repeat), Route("/big", big), Route("/slow", self._slow),
             Route("/brave/web/search", self._brave), Route("/callback", self._callback, methods=["POST"]),
         ]))
 

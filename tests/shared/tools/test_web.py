@@ -49,6 +49,16 @@ def test_http_get_returns_status_headers_and_body(reg: Callable[..., ToolRegistr
     assert missing.ok and missing.output["status"] == 404
 
 
+def test_non_latin_text_reaches_the_model_as_it_is(reg: Callable[..., ToolRegistry], web: FakeWeb) -> None:
+    """Escaped (\\u4e2d), each character of a Chinese page cost six against the output cap and the
+    model's tokens: 45,000 of them, under http_get's 50,000-character cap, failed as TOO_LARGE."""
+    result = call(reg(), "http_get", {"url": f"{web.url}/repeat?c=中&n=45000"})
+    assert result.ok and result.output["body"] == "中" * 45_000
+    assert "中" * 45_000 in result.for_model() and "\\u4e2d" not in result.for_model()
+    page = call(reg(), "web_fetch", {"url": f"{web.url}/repeat?c=é&n=5000"})
+    assert page.ok and "é" * 5_000 in page.for_model()
+
+
 def test_brave_search(reg: Callable[..., ToolRegistry], web: FakeWeb) -> None:
     brave = reg(search_backend="brave", brave_api_key="brave-test-key", brave_api_base=f"{web.url}/brave")
     result = call(brave, "web_search", {"query": "sea otters", "count": 3})
