@@ -11,6 +11,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlmodel import Session, col, select
 
 from shared.agent import lease
+from shared.constants import REPORT
 from shared.db import Inserting, table_of
 from shared.errors import Conflict, NotFound
 from shared.models import (
@@ -171,18 +172,22 @@ def pending_messages(s: Session, conversation_id: str) -> list[Message]:
 
 
 # Waiting messages join the transcript at its end, in arrival order: a fresh seq each, drawn in id order.
-FOLD = text("""
+FOLD = """
 update messages m set pending = false, run_id = :run_id, seq = drawn.seq
 from (select id, nextval('message_seq') as seq
-      from (select id from messages where conversation_id = :cid and pending order by id for update) waiting
+      from (select id from messages where conversation_id = :cid and pending {only} order by id for update) waiting
      ) drawn
 where m.id = drawn.id
-""")
+"""
+FOLD_ALL = text(FOLD.format(only=""))
+FOLD_USERS = text(FOLD.format(only=f"and coalesce(meta->>'kind', '') <> '{REPORT}'"))
 
 
-def fold_mailbox(s: Session, conversation_id: str, run_id: str) -> int:
-    """Move waiting messages into the transcript, at its end, as part of this run (one statement)."""
-    return int(s.execute(FOLD, {"cid": conversation_id, "run_id": run_id}).rowcount)  # type: ignore[attr-defined]
+def fold_mailbox(s: Session, conversation_id: str, run_id: str, *, reports: bool = True) -> int:
+    """Move waiting messages into the transcript, at its end, as part of this run (one statement);
+    without `reports`, the users' only (subagents' reports wait for the next turn)."""
+    fold = FOLD_ALL if reports else FOLD_USERS
+    return int(s.execute(fold, {"cid": conversation_id, "run_id": run_id}).rowcount)  # type: ignore[attr-defined]
 
 
 class Busy(Conflict):

@@ -50,10 +50,11 @@ def finish(
     run.lease_owner, run.lease_until = None, None
     s.add(run)
     if status == RunStatus.CANCELLED and conv.active_run_id == run.id:
-        # What waited for the turn is stopped with it, as it would have joined it: the message of a
-        # turn stopped before its first step (still waiting), one sent just before the /stop. It
+        # What the user sent for the turn is stopped with it, as it would have joined it: the message
+        # of a turn stopped before its first step (still waiting), one sent just before the /stop. It
         # stays in the transcript, unanswered; left waiting, it would start the next turn at once.
-        conversations.fold_mailbox(s, conv.id, run.id)
+        # A subagent's report waiting for the turn is not the user's to stop: a next turn tells it.
+        conversations.fold_mailbox(s, conv.id, run.id, reports=False)
     hook = rt.finish_hooks.get(run.kind.value)
     nexts = hook(rt, s, run) if hook else deliver(rt, s, run)
     nexts += release_turn(rt, s, conv, run)

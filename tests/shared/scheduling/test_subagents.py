@@ -17,6 +17,7 @@ from tests.support.scheduling import (
     reported,
     reports,
     runs,
+    settled,
     spawn,
     subagents,
 )
@@ -54,3 +55,21 @@ def test_concurrency_limit_and_stop(sched: Stack, fake_llm: FakeLLM) -> None:
     wait_until(lambda: fake_llm.in_flight == 0, message="the cancelled subagents' LLM calls to return")
     assert reports(stack, cid) == []  # a stopped subagent sends no report
     assert {c.status for c in subagents(stack)} == {RunStatus.CANCELLED}
+
+
+def test_a_report_waiting_for_a_stopped_turn_is_told_by_the_next(sched: Stack) -> None:
+    """The subagent finished while its parent's turn ran; its report waited for that turn, which the
+    user then stopped. /stop stops the turn, not the news: a next turn tells the report."""
+    stack = sched
+    with client(stack) as api:
+        cid = new_conversation(api)
+        api.post(f"/api/v1/conversations/{cid}/messages",
+                 json={"message": call("spawn", task="quick", label="q") + "\nsleep:4"})  # each parent call: 4 s
+        wait_until(lambda: any(m.pending for m in reports(stack, cid)), timeout=60,
+                   message="the report to wait for the parent's turn")
+        assert api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "/stop"}).json()[
+            "assistantMessage"] == "Stopped 1 running task(s)."
+        wait_until(lambda: settled(stack, cid), timeout=60, message="a turn to tell the report")
+        [report] = reports(stack, cid)
+        told = next(r for r in runs(stack, conversation_id=cid) if r.id == report.run_id)
+        assert told.status == RunStatus.SUCCEEDED and "[subagent report" in (told.final_text or "")
