@@ -6,16 +6,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from datetime import timedelta
 from typing import Any
 
 import redis
 from kombu.exceptions import OperationalError as BrokerError
-from sqlalchemy import bindparam, func, insert, update
+from sqlalchemy import bindparam, func, update
 from sqlmodel import Session, col, select
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from shared.agent import conversations, events, lease, memory, prompt
+from shared.agent import conversations, events, lease, memory, prompt, usage
 from shared.agent.finish import NOT_RUN, finish, publish_final, recorded, settle, tool_message
 from shared.agent.runtime import Next, Runtime
 from shared.aio import run_sync
@@ -26,7 +25,6 @@ from shared.errors import Retryable
 from shared.llm import LLMError, LLMResponse
 from shared.models import (
     ACTIVE,
-    Conversation,
     Message,
     Phase,
     Role,
@@ -36,7 +34,6 @@ from shared.models import (
     RunStep,
     ToolCall,
     ToolStatus,
-    utcnow,
 )
 from shared.outbox import typing_loop
 from shared.tools.base import ErrorCode, ToolContext, ToolResult
@@ -207,12 +204,17 @@ def _finish_if_current(rt: Runtime, run_id: str, seq: int, **kw: Any) -> list[Ne
 
 def _record(rt: Runtime, run_id: str, seq: int, response: LLMResponse, elapsed_ms: float) -> list[Next]:
     """Write the model's answer and move the run on; a duplicate of this step writes nothing, nor does
-    one whose run was stopped meanwhile, or deleted with its conversation while the model answered."""
+    one whose run was deleted with its conversation while the model answered. One whose run was
+    stopped meanwhile records what the call cost, and nothing else."""
     with rt.session() as s:
         run = s.get(Run, run_id, with_for_update=True)
-        if run is None or run.step_seq != seq or run.phase != Phase.LLM or run.status not in ACTIVE:
+        if run is None or run.step_seq != seq:
             return []
-        _add_usage(s, run, response, seq, elapsed_ms)
+        if run.phase != Phase.LLM or run.status not in ACTIVE:
+            if run.phase == Phase.DONE:  # it ended during the call
+                usage.add(s, run, response, seq, elapsed_ms, late=True)
+            return []
+        usage.add(s, run, response, seq, elapsed_ms)
         if not response.tool_calls:
             silent = not response.content.strip() and run.kind == RunKind.TURN and not run.suppress_reply
             nexts = finish(rt, s, run, status=RunStatus.SUCCEEDED, text=EMPTY_ANSWER if silent else response.content)
@@ -223,30 +225,6 @@ def _record(rt: Runtime, run_id: str, seq: int, response: LLMResponse, elapsed_m
     if final:
         publish_final(rt, run)
     return nexts
-
-
-_STEPS, _CONVERSATIONS = table_of(RunStep), table_of(Conversation)
-# Every LLM step writes these: Core statements built once (no ORM bulk machinery, no statement building)
-ADD_STEP = insert(_STEPS).values(
-    run_id=bindparam("rid"), seq=bindparam("seq"), kind=Phase.LLM, model=bindparam("model"),
-    prompt_tokens=bindparam("prompt"), completion_tokens=bindparam("completion"), cost=bindparam("cost"),
-    elapsed_ms=bindparam("elapsed"), started_at=bindparam("started"), finished_at=bindparam("now"))
-ADD_USAGE = update(_CONVERSATIONS).where(_CONVERSATIONS.c.id == bindparam("cid")).values(
-    prompt_tokens=_CONVERSATIONS.c.prompt_tokens + bindparam("prompt"),
-    completion_tokens=_CONVERSATIONS.c.completion_tokens + bindparam("completion"),
-    cost=_CONVERSATIONS.c.cost + bindparam("cost"), last_active_at=func.now())
-
-
-def _add_usage(s: Session, run: Run, response: LLMResponse, seq: int, elapsed_ms: float) -> None:
-    u, now = response.usage, utcnow()
-    usage = {"prompt": u.prompt_tokens, "completion": u.completion_tokens, "cost": u.cost}
-    s.execute(ADD_STEP, {"rid": run.id, "seq": seq, "model": response.model, "elapsed": elapsed_ms,
-                         "started": now - timedelta(milliseconds=elapsed_ms), "now": now, **usage})
-    s.execute(ADD_USAGE, {"cid": run.conversation_id, **usage})
-    # The run's row is written once, with the rest of what this step changes in it.
-    run.prompt_tokens += u.prompt_tokens
-    run.completion_tokens += u.completion_tokens
-    run.cost += u.cost
 
 
 def _parse_arguments(raw: str) -> dict[str, Any]:

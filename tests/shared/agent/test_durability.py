@@ -79,6 +79,11 @@ def test_stop_cancels_the_running_turn(stack: Stack, api: Any, fake_llm: FakeLLM
     wait_until(lambda: fake_llm.in_flight == 0, timeout=20, message="the slow call to return")
     roles = [m["role"] for m in api.get(f"/api/v1/conversations/{cid}/messages").json()]
     assert roles == ["USER"]  # the late answer of a cancelled run is dropped
+    # ... but what it cost is counted, once: the call was made and is paid for
+    wait_until(lambda: api.get(f"/api/v1/runs/{run_id}").json()["steps"], timeout=20, message="the call's usage")
+    run = api.get(f"/api/v1/runs/{run_id}").json()
+    assert run["usage"]["promptTokens"] > 0 and [s["seq"] for s in run["steps"]] == [0]
+    assert api.get(f"/api/v1/conversations/{cid}").json()["usage"]["promptTokens"] == run["usage"]["promptTokens"]
     # the conversation is free again
     assert api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "again"}).json()[
         "assistantMessage"] == "echo: again"
