@@ -223,7 +223,7 @@ async def regenerate(conversation_id: Id, state: StateDep, body: RegenerateIn | 
 
 
 @router.get("/{conversation_id}/messages", response_model=list[MessageOut],
-            responses=NOT_FOUND)
+            responses=NOT_FOUND, dependencies=[Depends(only_params("limit", "offset", "after"))])
 def list_messages(
     conversation_id: Id, s: SessionDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200, offset: Annotated[int, Query(ge=0, le=BIGINT_MAX)] = 0,

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from pydantic import ConfigDict
 from sqlmodel import col, select
 
-from gateway.deps import SessionDep, StateDep, require_key
+from gateway.deps import SessionDep, StateDep, only_params, require_key
 from gateway.schemas import UNAUTHORIZED, CamelModel, Id
 from shared.channels import delivery
 from shared.models import Outbox, OutboxStatus
@@ -38,7 +38,7 @@ class OutboxOut(CamelModel):
     delivered_at: datetime | None = None
 
 
-@router.get("", response_model=list[OutboxOut])
+@router.get("", response_model=list[OutboxOut], dependencies=[Depends(only_params("status", "limit"))])
 def list_outbox(
     s: SessionDep,
     status: Literal["pending", "delivered", "failed"] | None = None,

@@ -74,6 +74,11 @@ def test_bad_requests_are_refused_with_what_is_wrong(api: Any) -> None:
     refused = api.get("/api/v1/conversations", params={"chanel": "telegram"})  # a misspelt filter lists nothing
     assert refused.status_code == 422 and "chanel" in refused.text
     assert api.get("/api/v1/conversations", params={"limit": 0}).status_code == 422
+    for path, params in ((f"/api/v1/conversations/{cid}/messages", "lmit=1"),
+                         (f"/api/v1/conversations/{cid}/messages", "limit=1&limit=2"),
+                         ("/api/v1/outbox", "statuss=failed")):
+        refused = api.get(f"{path}?{params}")
+        assert refused.status_code == 422 and "unknown or repeated query parameter" in refused.text, params
     misspelt = (("/api/v1/conversations", {"titel": "x"}), (f"/api/v1/conversations/{cid}", {"title": "x", "x": 1}),
                 (f"/api/v1/conversations/{cid}/messages", {"message": "hi", "modle": "openai/gpt-4.1"}))
     for path, body in misspelt:
