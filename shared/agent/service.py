@@ -165,7 +165,17 @@ def usage(s: Session, conversation_id: str) -> str:
                func.sum(Conversation.cost)).where(col(Conversation.id).in_(ids))).one()
     subagents = f" (with {len(ids) - 1} subagent session(s))" if len(ids) > 1 else ""
     return (f"This chat so far{subagents}: {prompt_tokens or 0:,} prompt and {completion_tokens or 0:,} completion "
-            f"tokens, ${cost or 0:.4f}.")
+            f"tokens, {dollars(cost or 0.0)}.")
+
+
+def dollars(cost: float) -> str:
+    """A cost as people read it, down to a millionth of a dollar (a cheap model's whole chat may cost
+    $0.000016, which four decimals showed as nothing)."""
+    if cost == 0 or cost >= 1:
+        return f"${cost:,.2f}"
+    if cost < 1e-6:
+        return "under $0.000001"
+    return f"${cost:.4f}" if cost >= 1e-4 else f"${cost:.6f}"
 
 
 def after_commit(rt: Runtime, submitted: Submitted) -> None:

@@ -6,8 +6,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from sqlalchemy import text as sql
 
+from shared.agent.service import dollars
 from shared.agent.steps import EMPTY_ANSWER
 from shared.db import get_engine
 from tests.fakes.llm import FakeLLM, Reply, default_handler
@@ -217,7 +219,13 @@ def test_usage_in_chat_is_what_the_runs_recorded(stack: Stack, api: Any) -> None
     assert prompt > 0 and completion > 0
     reply = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "/usage"}).json()["assistantMessage"]
     assert reply == (f"This chat so far: {prompt:,} prompt and {completion:,} completion tokens, "
-                     f"${sum(u['cost'] for u in used):.4f}.")
+                     f"{dollars(sum(u['cost'] for u in used))}.")
+
+
+@pytest.mark.parametrize(("cost", "shown"), [(0.0, "$0.00"), (1.554e-05, "$0.000016"), (0.0123, "$0.0123"),
+                                             (1234.5, "$1,234.50"), (4e-8, "under $0.000001")])
+def test_usage_shows_what_a_cheap_model_costs(cost: float, shown: str) -> None:
+    assert dollars(cost) == shown  # four decimals showed a cheap model's chat as $0.0000
 
 
 def test_a_nul_from_the_model_or_a_tool_is_dropped_without_failing_the_turn(stack: Stack, api: Any,
