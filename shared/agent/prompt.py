@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from base64 import b64encode
 from collections.abc import Callable
@@ -47,6 +48,7 @@ _skipped: dict[Path, str] = {}
 # change within the file system's timestamp granularity could keep every field of that identity.
 _read: dict[Path, tuple[tuple[int, ...], str]] = {}
 SETTLE_NS = 2_000_000_000
+NOT_IN_NAMES = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\[\]()]+")  # line breaks, controls, brackets
 
 
 def _workspace_files(workspace: Path) -> list[str]:
@@ -219,9 +221,15 @@ def said(msg: Message) -> str:
 
 
 def sender(origin: dict[str, Any]) -> str:
-    """Who wrote a message from a chat: name and platform id, or the id."""
-    name, sender_id = origin.get("sender_name"), origin.get("sender_id", "")
-    return f"{name} ({sender_id})" if name else str(sender_id)
+    """Who wrote a message from a chat: name and platform id, or the id. A name is the sender's to
+    choose: on one line, without brackets, so it cannot write a line of the runtime context or
+    pass for someone else's `[name (id)]:`."""
+    name, sender_id = _plain(str(origin.get("sender_name") or ""), 64), _plain(str(origin.get("sender_id", "")), 128)
+    return f"{name} ({sender_id})" if name else sender_id
+
+
+def _plain(text: str, limit: int) -> str:
+    return " ".join(NOT_IN_NAMES.sub(" ", text).split())[:limit]
 
 
 def build(s: Session, settings: Settings, run: Run, *, sees_images: bool = False) -> list[dict[str, Any]]:
