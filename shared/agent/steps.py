@@ -41,6 +41,9 @@ from shared.tools.base import ErrorCode, ToolContext, ToolResult
 log = logging.getLogger(__name__)
 RESULT_WRITE_BUDGET = 25.0  # seconds; the tool task's time limit leaves 30 after the longest tool timeout
 SUBAGENT_EXCLUDED = ("message", "spawn", "cron")
+UNTAKEABLE = "_untakeable"  # marks stored arguments that lost what JSONB cannot hold
+NO_NUL_ARGS = ("the arguments hold a NUL character (\\u0000) or a lone surrogate, which no tool takes; "
+               "call it again without them")
 DONE = (ToolStatus.SUCCESS, ToolStatus.REJECTED, ToolStatus.FAILED)
 # A chat turn whose model answered nothing (and sent nothing with the message tool) still gets a reply
 EMPTY_ANSWER = "I've completed processing but have no response to give."
@@ -228,12 +231,17 @@ def _record(rt: Runtime, run_id: str, seq: int, response: LLMResponse, elapsed_m
 
 
 def _parse_arguments(raw: str) -> dict[str, Any]:
-    """The call's arguments as stored (JSON may spell a NUL, \\u0000, which JSONB cannot hold)."""
+    """The call's arguments as stored. JSON may spell a NUL (\\u0000) or a lone surrogate, which JSONB
+    cannot hold: stored without them, and marked so that the call is refused, not run on other
+    arguments than the model's (a path, a command, a file's content)."""
     try:
         value = json.loads(raw or "{}")
     except json.JSONDecodeError:
         return {"_invalid_json": raw}
-    return without_nul(value, lone_surrogates=True) if isinstance(value, dict) else {"_invalid_json": raw}
+    if not isinstance(value, dict):
+        return {"_invalid_json": raw}
+    stored: dict[str, Any] = without_nul(value, lone_surrogates=True)
+    return stored if stored == value else {**stored, UNTAKEABLE: NO_NUL_ARGS}
 
 
 def _start_tools(s: Session, run: Run, response: LLMResponse, lease_seconds: float) -> list[Next]:
@@ -340,6 +348,8 @@ def _execute(rt: Runtime, run: Run, call: ToolCall, ctx: ToolContext) -> ToolRes
     args: dict[str, Any] | str = call.arguments
     if "_invalid_json" in call.arguments:
         args = str(call.arguments["_invalid_json"])
+    if UNTAKEABLE in call.arguments:
+        return ToolResult.fail(ErrorCode.INVALID_ARGS, NO_NUL_ARGS)
     if run.kind == RunKind.SUBAGENT and call.name in SUBAGENT_EXCLUDED:
         return ToolResult.fail(ErrorCode.NOT_ALLOWED, f"subagents cannot use '{call.name}'")
     return run_sync(rt.tools.execute(call.name, args, ctx))

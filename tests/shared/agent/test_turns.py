@@ -231,7 +231,8 @@ def test_usage_shows_what_a_cheap_model_costs(cost: float, shown: str) -> None:
 def test_a_nul_from_the_model_or_a_tool_is_dropped_without_failing_the_turn(stack: Stack, api: Any,
                                                                            fake_llm: FakeLLM) -> None:
     """Postgres holds no NUL: a model's answer, its tool call's arguments or a tool's output with one
-    failed the step five times, each after a paid call."""
+    failed the step five times, each after a paid call. A NUL in the arguments refuses the call (run
+    without it, the tool would act on another path or command than the model's)."""
     def handler(body: dict[str, Any]) -> Reply:
         if any(m.get("role") == "tool" for m in body["messages"]):
             return Reply(text="before\x00after")
@@ -241,6 +242,8 @@ def test_a_nul_from_the_model_or_a_tool_is_dropped_without_failing_the_turn(stac
     cid = new_conversation(api)
     body = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "go"}).json()
     assert body["status"] == "succeeded" and body["assistantMessage"] == "beforeafter"
-    assert body["toolCalls"][0]["status"] == "SUCCESS" and "recorded nulhere" in body["toolCalls"][0]["result"]
+    [refused] = body["toolCalls"]
+    assert (refused["status"], refused["errorCode"]) == ("FAILED", "INVALID_ARGS")
+    assert "NUL character" in refused["result"] and refused["arguments"]["tag"] == "nulhere"
     assert fake_llm.calls() == 2  # none again
-    assert [line.split()[-1] for line in stack.executions()] == ["nulhere"]
+    assert stack.executions() == []  # not run on "nulhere"

@@ -109,6 +109,8 @@ def test_shell_tool(chat: Any, tool_stack: Stack) -> None:
     assert [line for p in progress for line in p["lines"]][:2] == ["first", "second"]
     if os.geteuid() == 0:
         assert only_call(chat('call:exec {"command": "id -un"}'))["result"].startswith("nobody")
+    printed = only_call(chat('call:exec {"command": "printf \'a\\\\0b\'"}'))  # a NUL in the output: dropped
+    assert printed["result"].startswith("ab")
     denied = only_call(chat('call:exec {"command": "touch x && rm -rf /"}'), "REJECTED")
     assert "refused" in denied["result"] and not (tool_stack.workspace / "x").exists()
 
