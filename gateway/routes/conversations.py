@@ -62,7 +62,7 @@ def _origin(conversation_id: str) -> dict[str, str]:
 def create_conversation(s: SessionDep, body: ConversationIn | None = None) -> ConversationOut:
     """A new API conversation."""
     cid = new_id()
-    conv = conversations.get_or_create(s, session_key=f"api:{cid}", channel="api", chat_id=cid,
+    conv = conversations.get_or_create(s, session_key=f"api:{cid}", channel="api", chat_id=cid, conversation_id=cid,
                                        meta={"title": body.title} if body and body.title else {})
     s.commit()
     return ConversationOut(conversation_id=conv.id)

@@ -82,13 +82,14 @@ def find(s: Session, session_key: str, *, keep: bool) -> str | None:
 
 
 def get_or_create(
-    s: Session, *, session_key: str, channel: str = "api", chat_id: str = "", meta: dict[str, Any] | None = None
+    s: Session, *, session_key: str, channel: str = "api", chat_id: str = "", meta: dict[str, Any] | None = None,
+    conversation_id: str | None = None,
 ) -> Conversation:
     now = utcnow()
     s.execute(
         insert(Conversation)
         .values(
-            id=new_id(), session_key=session_key, channel=channel, chat_id=chat_id, meta=meta or {},
+            id=conversation_id or new_id(), session_key=session_key, channel=channel, chat_id=chat_id, meta=meta or {},
             active_run_id=None, prompt_tokens=0, completion_tokens=0, cost=0.0,
             created_at=now, last_active_at=now,
         )

@@ -55,6 +55,7 @@ def test_a_conversation_shows_its_usage_and_can_be_renamed(stack: Stack, api: An
     api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "call:time {}"})
     shown = api.get(f"/api/v1/conversations/{cid}").json()
     assert shown["title"] == "draft" and shown["channel"] == "api" and shown["activeRunId"] is None
+    assert shown["chatId"] == cid  # what a cron job or the message tool names it by
     assert shown["usage"]["promptTokens"] > 0 and shown["usage"]["completionTokens"] > 0  # two model calls
 
     renamed = api.patch(f"/api/v1/conversations/{cid}", json={"title": "Weekly plan"})

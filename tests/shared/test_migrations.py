@@ -68,6 +68,23 @@ def test_inbound_ledger_is_unique_per_channel_and_event(empty_db: str) -> None:
     engine.dispose()
 
 
+def test_api_conversations_made_before_0014_get_their_own_id_as_chat_id(empty_db: str) -> None:
+    upgrade(empty_db)
+    command.downgrade(alembic_config(empty_db), "0013")
+    engine = create_engine(empty_db)
+    add = text("insert into conversations (id, session_key, channel, chat_id, meta, prompt_tokens, "
+               "completion_tokens, cost, created_at, last_active_at) "
+               "values (:id, :key, :channel, :chat, '{}', 0, 0, 0, now(), now())")
+    with engine.begin() as conn:
+        conn.execute(add, {"id": "c1", "key": "api:x1", "channel": "api", "chat": "x1"})  # made by the old gateway
+        conn.execute(add, {"id": "c2", "key": "telegram:42", "channel": "telegram", "chat": "42"})
+    upgrade(empty_db)
+    with engine.connect() as conn:
+        rows = conn.execute(text("select id, session_key, chat_id from conversations order by id")).all()
+    assert [tuple(r) for r in rows] == [("c1", "api:c1", "c1"), ("c2", "telegram:42", "42")]
+    engine.dispose()
+
+
 def test_the_migrations_build_exactly_what_the_models_declare(empty_db: str) -> None:
     import shared.models  # noqa: F401  (registers every table on SQLModel.metadata)
 
