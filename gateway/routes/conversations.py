@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -39,7 +40,7 @@ from gateway.schemas import (
 from gateway.state import AppState
 from gateway.waiting import last_event_id, wait_for_run
 from shared.agent import conversations, views
-from shared.agent.events import DELETED, RedisEvents, watch
+from shared.agent.events import DELETED, FINAL, TEXT_DELTA, RedisEvents, watch
 from shared.agent.events import read as read_events
 from shared.agent.finish import CUT_OFF
 from shared.agent.service import Submitted, after_commit, answer_again, command_of, submit
@@ -286,15 +287,42 @@ async def events(
 
     async def stream() -> AsyncIterator[dict[str, str]]:
         nonlocal since
+        ended = Ended()
         while True:
             await watch(state.aredis, conversation_id)
             for entry_id, fields in await read_events(state.aredis, conversation_id, since, READ_BLOCK_MS):
                 since = entry_id
-                yield {"id": entry_id, "event": fields.get("event", "message"), "data": fields.get("data", "{}")}
-                if fields.get("event") == DELETED:
+                event, data = fields.get("event", "message"), fields.get("data", "{}")
+                if not ended.stale(event, data):
+                    yield {"id": entry_id, "event": event, "data": data}
+                if event == DELETED:
                     return
 
     return CountedStream(state, stream())
+
+
+class Ended:
+    """The runs a stream told the end of. Text a run's model call streamed after its run was stopped
+    (the call is not cut short) is dropped: a client would add it to a turn it was told had ended."""
+
+    KEEP = 100  # the latest runs remembered
+
+    def __init__(self) -> None:
+        self.runs: dict[str, None] = {}
+
+    def stale(self, event: str, data: str) -> bool:
+        if event != TEXT_DELTA and event not in FINAL:
+            return False
+        try:
+            run_id = json.loads(data).get("run_id")
+        except (ValueError, AttributeError):
+            return False
+        if event == TEXT_DELTA:
+            return run_id in self.runs
+        self.runs[run_id] = None
+        if len(self.runs) > self.KEEP:
+            del self.runs[next(iter(self.runs))]
+        return False
 
 
 class CountedStream(EventSourceResponse):

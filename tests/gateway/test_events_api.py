@@ -22,8 +22,8 @@ from fastapi.testclient import TestClient
 from gateway.app import create_app
 from gateway.embedded import start_redis
 from gateway.state import async_redis
+from shared.agent.events import RUN_FAILED, TEXT_DELTA, RedisEvents, stream_key, watch_key
 from shared.agent.events import read as read_events
-from shared.agent.events import stream_key, watch_key
 from tests.support.processes import wait_until
 from tests.support.stack import API_KEY, Stack, gateway_process
 
@@ -162,3 +162,24 @@ def test_a_stream_whose_redis_goes_away_is_an_error_in_the_log(make_stack, tmp_p
             assert proc.alive(), proc.log()
     finally:
         own_redis.stop()
+
+
+def test_text_a_stopped_run_streams_after_its_end_is_not_sent(stack: Stack, api: Any) -> None:
+    """The model call of a stopped run is not cut short: its text deltas went on after run.failed,
+    and a client added them to a turn it had been told was over. Another run's text goes through."""
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    sink = RedisEvents(redis.Redis.from_url(stack.settings.redis_url, decode_responses=True))
+    for event, data in ((TEXT_DELTA, {"run_id": "r1", "text": "before"}), (RUN_FAILED, {"run_id": "r1"}),
+                        (TEXT_DELTA, {"run_id": "r1", "text": "late"}), (TEXT_DELTA, {"run_id": "r2", "text": "next"})):
+        sink.publish(cid, event, data)
+    seen: list[tuple[str, str]] = []
+    with api.stream("GET", f"/api/v1/conversations/{cid}/events", headers={"Last-Event-ID": "0"}) as answer:
+        event = ""
+        for line in answer.iter_lines():
+            if line.startswith("event: "):
+                event = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                seen.append((event, json.loads(line.removeprefix("data: ")).get("text", "")))
+                if seen[-1] == (TEXT_DELTA, "next"):
+                    break
+    assert seen == [(TEXT_DELTA, "before"), (RUN_FAILED, ""), (TEXT_DELTA, "next")]
