@@ -13,10 +13,12 @@ from typing import Any
 import redis
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi_offline import FastAPIOffline
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.deps import bearer_token, database_unavailable, key_refusal, redis_unavailable
@@ -62,6 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestIds)  # added last, so outermost: every answer has an id and a log line
     app.add_exception_handler(NanofleetError, _nanofleet_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(redis.ConnectionError, _redis_unavailable)  # type: ignore[arg-type]
     for unreachable in db.UNAVAILABLE:
         app.add_exception_handler(unreachable, _database_unavailable)
@@ -198,6 +201,26 @@ class AsciiJSONResponse(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+UNREADABLE = "There was an error parsing the body"  # FastAPI's 400 for a body json.loads raised on
+
+
+async def _http_error(request: Request, err: StarletteHTTPException) -> Response:
+    """FastAPI's answer, with what was wrong when it could not read a JSON body at all."""
+    if err.status_code == 400 and err.detail == UNREADABLE and err.__cause__ is not None:
+        err = StarletteHTTPException(400, _unreadable(err.__cause__))
+    return await http_exception_handler(request, err)
+
+
+def _unreadable(cause: BaseException) -> str:
+    if isinstance(cause, RecursionError):
+        return "the JSON body nests arrays or objects too deep to read"
+    if isinstance(cause, UnicodeDecodeError):
+        return "the body is not UTF-8: send JSON in UTF-8"
+    if isinstance(cause, ValueError) and "digits" in str(cause):
+        return "a number in the JSON body has too many digits to read (at most 4,300)"
+    return f"the JSON body could not be read ({type(cause).__name__})"
 
 
 async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:

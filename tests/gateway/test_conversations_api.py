@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import redis
 from sqlmodel import col, func, select
 
@@ -175,3 +176,16 @@ def test_a_body_sent_as_a_form_is_told_to_be_json(api: Any) -> None:
         assert "Content-Type: application/json" in error["msg"] and headers["Content-Type"] in error["msg"]
     wrong = api.post(f"/api/v1/conversations/{cid}/messages", json={"text": "hi"})  # JSON, a wrong field: as before
     assert wrong.status_code == 422 and "Content-Type" not in wrong.text
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    (b"[" * 100_000, "nests arrays or objects too deep"),
+    (b'{"message": "x", "model": ' + b"1" * 5000 + b"}", "too many digits"),
+    (b'{"message": "caf\xe9"}', "not UTF-8"),
+])
+def test_a_body_json_cannot_read_is_told_what_is_wrong(api: Any, body: bytes, said: str) -> None:
+    """FastAPI's 400 said only "There was an error parsing the body"."""
+    cid = _new(api)
+    refused = api.post(f"/api/v1/conversations/{cid}/messages", content=body,
+                       headers={"Content-Type": "application/json"})
+    assert refused.status_code == 400 and said in refused.json()["detail"]
