@@ -5,16 +5,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import or_
-from sqlmodel import col, select
+from sqlalchemy import func, or_
+from sqlmodel import Session, col, select
 
 from shared.agent import conversations, lease
 from shared.agent.local import drain
 from shared.agent.recovery import sweep
 from shared.agent.runtime import Runtime
 from shared.agent.service import after_commit, submit
+from shared.constants import REPORT
 from shared.migrate import upgrade
-from shared.models import ACTIVE, TERMINAL, Message, Run, RunKind, RunStatus
+from shared.models import ACTIVE, TERMINAL, Message, Role, Run, RunKind, RunStatus
 from shared.scheduling import hooks
 from shared.settings import Settings
 from shared.startup_checks import warn_model_key
@@ -61,8 +62,20 @@ def one_turn(settings: Settings, *, message: str, session: str, model: str | Non
             Run.conversation_id == conv.id, Run.kind == RunKind.TURN,
             or_(col(Run.created_at) >= first.created_at, col(Run.finished_at) >= since),
         ).order_by(col(Run.created_at))))
+        others = _answering_others(s, [r.id for r in turns if r.id != first.id and r.created_at > first.created_at])
+    turns = [r for r in turns if r.id not in others]
     return Answer("\n\n".join(run.final_text or "" for run in turns),
                   ok=all(run.status == RunStatus.SUCCEEDED for run in turns))
+
+
+def _answering_others(s: Session, run_ids: list[str]) -> set[str]:
+    """Of the turns after this call's own, those that answer another call's message (it waited behind
+    this call's turn, and that call prints its answer), not a subagent's report of this call's turn."""
+    if not run_ids:
+        return set()
+    return set(s.exec(select(Message.run_id).where(
+        col(Message.run_id).in_(run_ids), Message.role == Role.USER,
+        func.coalesce(col(Message.meta)["kind"].astext, "") != REPORT)).all())  # type: ignore[arg-type]
 
 
 def _queued(rt: Runtime, conversation_id: str, message_id: int) -> Answer:

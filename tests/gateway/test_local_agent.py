@@ -173,3 +173,18 @@ def pending(rt: Runtime, conversation_id: str) -> list[str]:
     with rt.session() as s:
         return list(s.exec(select(Message.content).where(Message.conversation_id == conversation_id,
                                                          col(Message.pending))).all())
+
+
+def test_two_calls_on_one_session_each_print_their_own_answer(database_url: str, fake_llm: FakeLLM,
+                                                              tmp_path: Path) -> None:
+    """The first call ran the turn of the second's message (it waited behind the first's turn) and
+    printed that answer too, and took its exit status."""
+    clean_db(database_url)
+    fake_llm.reset()
+    settings = _settings(database_url, fake_llm, tmp_path)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(one_turn, settings, message="sleep:2 one", session="cli:two")
+        wait_until(lambda: fake_llm.in_flight > 0, timeout=30, message="the first call's turn")
+        second = pool.submit(one_turn, settings, message="two", session="cli:two")
+        assert first.result(timeout=60) == Answer("echo: sleep:2 one")
+        assert second.result(timeout=60) == Answer("echo: two")
