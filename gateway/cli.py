@@ -198,6 +198,8 @@ def _wait_for_redis(settings: Settings, *, pause: float = 1.0, longest: float = 
             time.sleep(pause)
             pause = min(pause * 2, longest)
             continue
+        except redis.RedisError as err:  # no Redis at that port, or no such database number: no outage either
+            refuse(f"Redis at {masked(settings.redis_url)} refused beat: {err} (check NANOFLEET_REDIS_URL)")
         if told:
             typer.echo("nanofleet: Redis answers; beat starts", err=True)
         return

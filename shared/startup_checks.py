@@ -32,6 +32,7 @@ NOT_SETTINGS = frozenset({
     "NANOFLEET_TEST_DATABASE_URL", "NANOFLEET_TEST_REDIS_URL",  # where the tests find their servers
     "NANOFLEET_FUZZ_EXAMPLES", "NANOFLEET_HYPOTHESIS_PROFILE",  # test knobs (Makefile)
 })
+warned_at_start = False  # set by a worker that warned before its first task (see warn)
 CLOSE = 0.7  # difflib's similarity from which a setting's name is offered as the one meant
 
 
@@ -139,8 +140,13 @@ def unknown_keys(table: Mapping[str, Any], *, annotation: Any = Settings, at: st
     return found
 
 
-def warn(settings: Settings, tool_names: Iterable[str]) -> None:
-    """Log a WARNING for each likely mistake (the process starts anyway)."""
+def warn(settings: Settings, tool_names: Iterable[str], *, at_start: bool = False) -> None:
+    """Log a WARNING for each likely mistake (the process starts anyway). A worker warns `at_start`,
+    before any task builds its tool registry, which then says nothing again."""
+    global warned_at_start
+    if warned_at_start:
+        return
+    warned_at_start = at_start
     warn_misspelt()
     known = sorted(set(tool_names))
     if unknown := unknown_allowed(settings, known):

@@ -12,7 +12,7 @@ from sqlalchemy import text
 
 from shared.constants import MODEL_QUEUES, REQUEST_ID_HEADER
 from shared.logs import configure_logging, request_id_var
-from shared.settings import get_settings
+from shared.settings import Settings, get_settings
 from workers import health
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ def _warm(instance: WorkController, **_: Any) -> None:
     from shared.startup_checks import warn_model_key
 
     settings = get_settings()
+    _warn(settings)
     if set(instance.app.amqp.queues.consume_from) & set(MODEL_QUEUES):
         warn_model_key(settings)
         LLMClient(settings.llm).warm()
@@ -72,6 +73,16 @@ def _warm(instance: WorkController, **_: Any) -> None:
     except Exception as err:  # the first task reports a database that is down, and is retried
         log.warning("database warm-up failed: %s", err)
     engine.dispose()
+
+
+def _warn(settings: Settings) -> None:
+    """The settings that look like mistakes, at start (as every process says them), not at the first
+    task, which builds the tool registry: an idle worker never said them."""
+    from shared import startup_checks
+    from shared.tools import builtin_tools, plugin_tools
+
+    names = [t.name for t in (*builtin_tools(settings), *plugin_tools(settings))]  # MCP tools come later
+    startup_checks.warn(settings, names, at_start=True)
 
 
 def connect() -> None:

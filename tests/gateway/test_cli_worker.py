@@ -64,6 +64,18 @@ def test_at_this_codes_revision_the_processes_start(command: list[str], migrated
     assert len(migrated) == 1 and result.output == ""
 
 
+def test_beat_on_a_redis_database_that_does_not_exist_says_so_in_a_line(migrated: list[list[str]], redis_server: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Redis error other than a refused password or no answer (no such database number, no Redis at
+    that port) escaped as a traceback."""
+    monkeypatch.setenv("NANOFLEET_REDIS_URL", f"{redis_server}/99")
+    get_settings.cache_clear()
+    result = CliRunner().invoke(app, ["beat"])
+    assert result.exit_code == 1 and not migrated
+    assert "refused beat: DB index is out of range (check NANOFLEET_REDIS_URL)" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
 def test_worker_takes_queue_names_with_spaces(migrated: list[list[str]]) -> None:
     result = CliRunner().invoke(app, ["worker", "--queues", "agent, tools"])
     assert result.exit_code == 0, result.output
