@@ -24,7 +24,8 @@ JobId = Annotated[str, typer.Argument(metavar="JOB_ID", help="the job's id (see 
 
 
 # The core names the schedule's fields; the CLI names its own flags.
-_FLAGS = {"every_seconds": "--every", "cron_expr": "--cron", "chat_id": "--chat-id", "missed_policy": "--missed-policy"}
+_FLAGS = {"every_seconds": "--every", "cron_expr": "--cron", "chat_id": "--chat-id", "missed_policy": "--missed-policy",
+          "tz": "--tz"}
 # What --at takes: what pydantic reads as a datetime (the REST API's `at`), where the pieces in [] may be left out.
 _AT_FORMS = ("must be an ISO-8601 time ({error}): 2027-01-01T10:00[:SS[.ffffff]][Z|+-HH:MM], with a space or T, "
             "or a date alone; without an offset it is read in --tz")

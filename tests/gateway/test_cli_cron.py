@@ -67,7 +67,7 @@ def test_cron_add_refuses_what_cannot_run_or_reach_anyone(cli: CliRunner) -> Non
         (["--every", "60", "--channel", "slack", "--chat-id", "C1"], "'slack' is not configured"),
         (["--every", "60", "--channel", "telegram"], "needs a --chat-id"),
         (["--name", "no schedule"], "give exactly one of --every, --cron or --at"),
-        (["--every", "60", "--tz", "Europe/Paris"], "tz applies only to cron expressions"),
+        (["--every", "60", "--tz", "Europe/Paris"], "--tz applies only to cron expressions"),
     ]
     for args, reason in cases:
         out = cli.invoke(app, ["cron", "add", "-m", "x", *args])
