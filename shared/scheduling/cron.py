@@ -5,16 +5,18 @@ and for each writes a receipt unique per (job, fire time) before anything else: 
 (two beats after a lock loss, a replayed task, reconciliation racing beat) finds the receipt and
 does nothing. Each firing becomes a run of kind `cron` in the session `cron:<job id>`; its result
 goes to the job's target chat (the finish hook): through the outbox to a platform, or, for `api`,
-into the API conversation the chat id names. A job never runs twice at once: while its run is
-going, due times wait and the finish hook checks again. Reconciliation makes the redbeat mirror
-match Postgres (at beat start-up and periodically), fires what was missed, posts results that
-waited for a busy conversation, and re-sends a daily summary whose firing was lost after its receipt.
+into the API conversation the chat id names; either way the chat's conversation keeps it. A job
+never runs twice at once: while its run is going, due times wait and the finish hook checks again.
+Reconciliation makes the redbeat mirror match Postgres (at beat start-up and periodically), fires
+what was missed, posts results that waited for a busy conversation, and re-sends a daily summary
+whose firing was lost after its receipt.
 """
 
 from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert
@@ -244,19 +246,20 @@ def on_finish(rt: Runtime, s: Session, run: Run) -> list[Next]:
 
 
 def post_result(s: Session, run: Run) -> list[Next]:
-    """An `api` job's result goes into the API conversation its chat id names, once (run.announced,
+    """A job's result goes into the conversation of the chat it was sent to, once (run.announced,
     set in the same transaction): what the run sent that chat with the `message` tool, then its
-    answer. As plain assistant messages: a reminder should read as the assistant's own words and
-    cost no second LLM call. A conversation in the middle of a turn gets them later
-    (reconciliation), so they never land between a tool call and its result."""
+    answer. An `api` job's chat reads it there; a platform chat got it through the outbox, and its
+    conversation keeps it, so that a reply to a reminder is read with the reminder. As plain
+    assistant messages: a reminder should read as the assistant's own words and cost no second LLM
+    call. A conversation in the middle of a turn gets them later (reconciliation), so they never
+    land between a tool call and its result."""
     origin = run.origin or {}
     if run.announced:
         return []
-    chat_id = str(origin.get("chat_id") or "") if origin.get("channel", API) == API else ""  # else: the outbox
-    conv = s.get(Conversation, chat_id, with_for_update=True) if chat_id else None
-    if conv is not None and conv.channel == API and conv.id != run.conversation_id:
+    conv = _target(s, origin)
+    if conv is not None and conv.id != run.conversation_id:
         answer = "" if run.suppress_reply else run.final_text or ""
-        texts = [*_sent(s, run, conv.id), *([answer] if answer else [])]
+        texts = [*_sent(s, run, origin), *([answer] if answer else [])]
         if texts and conv.active_run_id is not None:
             return [Next(T_CRON_RECONCILE, countdown=POST_RETRY)]
         for text in texts:
@@ -267,17 +270,36 @@ def post_result(s: Session, run: Run) -> list[Next]:
     return []
 
 
-def _sent(s: Session, run: Run, conversation_id: str) -> list[str]:
-    """The texts the run's `message` calls sent to the API conversation, in the order of the calls;
-    a file as its name and where the API serves it."""
-    results = s.exec(select(ToolCall.result).where(ToolCall.run_id == run.id, ToolCall.name == "message",
-                                                   ToolCall.status == ToolStatus.SUCCESS)
-                     .order_by(col(ToolCall.step_seq), col(ToolCall.position))).all()
+def _target(s: Session, origin: dict[str, Any]) -> Conversation | None:
+    """The conversation of the chat a job's results go to (locked), if it has one: an API
+    conversation by its id; a platform chat's by its chat, or its thread or topic where it has one."""
+    channel, chat_id = origin.get("channel", API), str(origin.get("chat_id") or "")
+    if not chat_id or channel == INTERNAL:
+        return None
+    if channel == API:
+        conv = s.get(Conversation, chat_id, with_for_update=True)
+        return conv if conv is not None and conv.channel == API else None
+    meta = origin.get("reply_meta") or {}
+    thread = meta.get("message_thread_id") or meta.get("thread_ts")  # a Telegram topic, a Slack thread
+    found = conversations.find(s, f"{channel}:{chat_id}" + (f":{thread}" if thread else ""), keep=False)
+    return s.get(Conversation, found, with_for_update=True) if found else None
+
+
+def _sent(s: Session, run: Run, origin: dict[str, Any]) -> list[str]:
+    """The texts the run's `message` calls sent to the job's chat, in the order of the calls; a file
+    as its name (and where the API serves it)."""
+    channel, chat_id = origin.get("channel", API), str(origin.get("chat_id") or "")
+    calls = s.exec(select(ToolCall.arguments, ToolCall.result).where(
+        ToolCall.run_id == run.id, ToolCall.name == "message", ToolCall.status == ToolStatus.SUCCESS)
+        .order_by(col(ToolCall.step_seq), col(ToolCall.position))).all()
     texts = []
-    for result in results:
+    for args, result in calls:
         out = (result or {}).get("output")
-        if isinstance(out, dict) and out.get("channel") == API and out.get("chat_id") == conversation_id:
-            files = [f"{f['name']}: {f['url']}" for f in out.get("files", [])]
+        if not isinstance(out, dict):  # sent to a platform: as the model asked (its chat by default)
+            out = {"channel": args.get("channel") or channel, "chat_id": args.get("chat_id") or chat_id,
+                   "content": args.get("content") or "", "files": [{"name": f} for f in args.get("files") or []]}
+        if out.get("channel") == channel and str(out.get("chat_id")) == chat_id:
+            files = [": ".join(filter(None, (f.get("name"), f.get("url")))) for f in out.get("files", [])]
             texts.append("\n".join([out.get("content", ""), *files]).strip())
     return [t for t in texts if t]
 
@@ -285,7 +307,7 @@ def _sent(s: Session, run: Run, conversation_id: str) -> list[str]:
 def _waiting() -> SelectOfScalar[str]:
     return select(Run.id).where(
         Run.kind == RunKind.CRON, col(Run.announced).is_(False), col(Run.status).in_(TERMINAL),
-        col(Run.origin)["channel"].astext == API, col(Run.origin)["chat_id"].astext != "",
+        col(Run.origin)["chat_id"].astext != "",
     )
 
 

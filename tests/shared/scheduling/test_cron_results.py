@@ -26,7 +26,7 @@ from shared.scheduling.schedules import whole_second
 from shared.tools.base import ErrorCode, ToolContext
 from shared.tools.cron import CronArgs, CronTool
 from tests.support.processes import wait_until
-from tests.support.scheduling import call, db, parent_call, runs
+from tests.support.scheduling import TELEGRAM, call, db, parent_call, runs
 from tests.support.stack import Stack
 
 Core = Callable[..., tuple[Stack, Runtime, BeatMirror]]
@@ -72,6 +72,31 @@ def test_an_api_chat_gets_its_cron_result_once(core: Core) -> None:
     drain(rt, [Next(T_AGENT_STEP, (turn, 0))])
     [*_, last] = runs(stack, conversation_id=ctx.conversation_id)
     assert last.status == RunStatus.SUCCEEDED and last.final_text == "echo: thanks"
+
+
+def test_a_platform_chat_keeps_its_reminder_in_its_conversation(core: Core) -> None:
+    """The reminder went to Telegram through the outbox, and the chat's conversation never had it: a
+    reply to it ("done, thanks") reached the model without the reminder. Now the conversation keeps
+    what the run sent there with the `message` tool, then its answer, once."""
+    stack, rt, mirror = core(**TELEGRAM, TOOLS__ALLOWED=json.dumps(["cron", "message"]))
+    with db(stack) as s:
+        conv = conversations.get_or_create(s, session_key="telegram:4242", channel="telegram", chat_id="4242")
+        origin = {"channel": "telegram", "chat_id": "4242", "reply_meta": {}}
+        run_id = conversations.try_start_turn(s, conv.id, origin=origin, lease_seconds=2)
+        s.add(ToolCall(run_id=run_id, step_seq=1, call_id="call_1", name="cron"))
+    ctx = ToolContext(settings=stack.settings, run_id=run_id, conversation_id=conv.id, channel="telegram",
+                      chat_id="4242", call_id="call_1", extra={"origin": origin})
+    set_turn(stack, conv.id, None)
+    add_and_fire(stack, rt, mirror, ctx, call("message", content="Time to stretch!") + "\nand say so")
+    [run] = runs(stack, kind=RunKind.CRON)
+    assert run.status == RunStatus.SUCCEEDED and run.announced
+    assert [m.content for m in posted(stack, conv.id)] == ["Time to stretch!", run.final_text]
+    drain(rt, cron.reconcile(rt, mirror))
+    assert len(posted(stack, conv.id)) == 2  # once
+    with db(stack) as s:
+        elsewhere = s.exec(select(Message).where(col(Message.meta)["kind"].astext == "cron_result",
+                                                 Message.conversation_id != conv.id)).all()
+    assert elsewhere == []
 
 
 def test_a_result_waits_while_the_chat_is_in_a_turn(core: Core) -> None:
