@@ -48,7 +48,7 @@ def add_reply(
 
 
 def typing_loop(settings: Settings, origin: dict[str, Any], run_id: str) -> list[Next]:
-    """The "typing..." loop (shared.channels.delivery.typing) for a turn whose first step starts
+    """The "typing..." loop (shared.channels.typing_indicator) for a turn whose first step starts
     now, in a chat whose platform shows one, from TYPING_AFTER on while the turn lasts; the turn came
     from a webhook or from the mailbox."""
     ch = get_channel(str(origin.get("channel")), settings)

@@ -1,5 +1,5 @@
 """Outbound delivery of outbox rows: claim, shared rate limits, send, mark delivered; retries with
-backoff, dead letters, in-order chunks, redelivery of rows whose task was lost, typing indicators.
+backoff, dead letters, in-order chunks, redelivery of rows whose task was lost.
 
 A row is claimed by a conditional UPDATE that pushes its next_attempt_at past the send (no other
 worker may take it until then), sent, and marked delivered with its platform message id in one
@@ -20,8 +20,9 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from redis import RedisError
 from sqlalchemy import func, text, type_coerce, update
@@ -34,17 +35,17 @@ from shared.channels import REGISTRY
 from shared.channels.base import Channel, OutFile, RateLimited, Rejected, SendResult
 from shared.channels.clients import redis_client
 from shared.channels.ratelimit import Limiter
-from shared.constants import KEY_SENT, KEY_UNDELIVERED, T_OUTBOUND_DELIVER, T_OUTBOUND_TYPING
+from shared.constants import KEY_SENT, KEY_UNDELIVERED, T_OUTBOUND_DELIVER
 from shared.db import unavailable
 from shared.errors import Retryable
-from shared.models import TERMINAL, Outbox, OutboxStatus, Run, SentFile
+from shared.models import Outbox, OutboxStatus, SentFile
 from shared.outbox import FILE
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 UNBOUNDED = 1_000_000  # Celery's retry count never ends a delivery; the row's attempts do
 EARLY = 2.0  # a retry this much ahead of its row's next_attempt_at re-arms itself (clock skew)
-TYPING_FOR = 180.0  # seconds of "typing..." at most in one turn
 BATCH = 200
 AHEAD_WAIT = 0.3  # seconds before a row that waits for an earlier reply to its chat looks again
 SENT_TTL = 7 * 24 * 3600  # a "sent" marker outlives any retry or redelivery of its row
@@ -88,7 +89,7 @@ def deliver(rt: Runtime, outbox_id: str) -> list[Next]:
     if not _claim(rt, outbox_id):
         return _not_claimed(rt, outbox_id)
     # Only a row someone claimed before can have gone out with its mark lost: a first send skips the look-up.
-    if claimed_before and (earlier := _sent_marker(rt, outbox_id)) is not None:
+    if claimed_before and (earlier := _before_send(rt, row, lambda: _sent_marker(rt, outbox_id))) is not None:
         _delivered(rt, row, earlier, claimed_at)
         return _next_chunk(rt, row)
     ch = channel_for(rt.settings, row.channel)
@@ -96,7 +97,7 @@ def deliver(rt: Runtime, outbox_id: str) -> list[Next]:
         _dead(rt, row, f"channel {row.channel!r} is not configured")
         return []
     buckets = ch.rate_limits(row.chat_id)
-    wait = limiter(rt.settings).acquire(buckets)
+    wait = _before_send(rt, row, lambda: limiter(rt.settings).acquire(buckets))
     if wait > 0:
         _schedule(rt, row, wait)
         raise Retryable(f"{row.channel} {row.chat_id}: rate limited", delay=wait, max_retries=UNBOUNDED)
@@ -113,6 +114,20 @@ def deliver(rt: Runtime, outbox_id: str) -> list[Next]:
         return _failed(rt, row, f"{type(err).__name__}: {err}", delay=None)
     _delivered(rt, row, result, claimed_at)
     return _next_chunk(rt, row)
+
+
+def _before_send(rt: Runtime, row: Outbox, look: Callable[[], T]) -> T:
+    """`look` (a Redis look-up before the send). Redis failing there, nothing was sent: the row is
+    claimed again after a short delay, not held for its whole claim (with the chat's later replies
+    waiting behind it)."""
+    try:
+        return look()
+    except RedisError as err:
+        delay = rt.settings.channels.delivery.retry_base_delay
+        log.warning("outbox %s (%s %s): Redis failed before the send, nothing was sent; again in %.0f s: %s",
+                    row.id, row.channel, row.chat_id, delay, err)
+        _schedule(rt, row, delay)
+        raise Retryable(f"Redis before the send: {err}", delay=delay, max_retries=UNBOUNDED) from err
 
 
 def _send(rt: Runtime, ch: Channel, row: Outbox) -> SendResult:
@@ -374,23 +389,3 @@ def redeliver(rt: Runtime) -> list[Next]:
     if ids:
         log.info("outbox: re-enqueueing %d row(s) whose delivery task was lost", len(ids))
     return [Next(T_OUTBOUND_DELIVER, (i,)) for i in ids]
-
-
-# --------------------------------------------------------------------------- typing
-
-
-def typing(rt: Runtime, channel: str, chat_id: str, run_id: str, meta: dict[str, Any], rounds: int) -> list[Next]:
-    """Best effort "typing..." while the run is going, renewed until it ends."""
-    with rt.session() as s:
-        run = s.get(Run, run_id)
-    ch = channel_for(rt.settings, channel)
-    if run is None or run.status in TERMINAL or ch is None or not ch.enabled():
-        return []
-    if rounds * ch.typing_every >= TYPING_FOR:
-        return []
-    try:
-        if not ch.typing(chat_id, meta):
-            return []
-    except Exception as err:  # a missed typing indicator is not worth a retry
-        log.debug("typing in %s %s failed: %s", channel, chat_id, err)
-    return [Next(T_OUTBOUND_TYPING, (channel, chat_id, run_id, meta, rounds + 1), countdown=ch.typing_every)]

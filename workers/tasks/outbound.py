@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import shared_task
 
-from shared.channels import delivery
+from shared.channels import delivery, typing_indicator
 from shared.constants import T_OUTBOUND_DELIVER, T_OUTBOUND_TYPING
 from workers.base import NanofleetTask
 from workers.runtime import dispatch, runtime
@@ -19,4 +19,4 @@ def deliver(outbox_id: str) -> None:
 
 @shared_task(name=T_OUTBOUND_TYPING, base=NanofleetTask)
 def typing(channel: str, chat_id: str, run_id: str, meta: dict[str, Any], rounds: int = 0) -> None:
-    dispatch(delivery.typing(runtime(), channel, chat_id, run_id, meta, rounds))
+    dispatch(typing_indicator.typing(runtime(), channel, chat_id, run_id, meta, rounds))

@@ -16,9 +16,10 @@ from sqlmodel import Session
 
 from shared.agent.runtime import Runtime
 from shared.channels import delivery
-from shared.channels.base import SendResult
+from shared.channels.base import Bucket, SendResult
 from shared.constants import KEY_SENT
 from shared.db import get_engine
+from shared.errors import Retryable
 from shared.models import Outbox, OutboxStatus
 from shared.settings import load_settings
 from tests.support.stack import clean_db
@@ -116,3 +117,30 @@ def test_a_sent_marker_counts_once(rt: Runtime) -> None:
         s.commit()  # (a claim of the resend that lapsed: the next attempt looks for a marker)
     delivery.deliver(rt, row_id)
     assert platform(rt).sent == ["hello"] and status(rt, row_id) == (OutboxStatus.DELIVERED, "wamid.1")
+
+
+class Limited(Recording):
+    """A platform with a rate limit: the send asks Redis first."""
+
+    def rate_limits(self, chat_id: str) -> list[Bucket]:
+        return [Bucket(f"whatsapp:to:{chat_id}", 6.0, 20)]
+
+
+def test_redis_failing_before_the_send_frees_the_row_soon(rt: Runtime) -> None:
+    """Redis down at the rate limit's look-up: nothing was sent, and the row (with the chat's later
+    replies behind it) stayed claimed for the whole claim, 60 s, before anyone tried it again."""
+    [row_id] = reply(rt, "hello")
+    down = load_settings(database_url=rt.settings.database_url, redis_url="redis://127.0.0.1:1/0",
+                         llm={"api_key": "sk-unused"})
+    delivery._channels[("whatsapp", id(down))] = Limited()  # type: ignore[assignment]
+    try:
+        with pytest.raises(Retryable) as raised:
+            delivery.deliver(Runtime.build(down), row_id)
+    finally:
+        del delivery._channels[("whatsapp", id(down))]
+    assert raised.value.delay == down.channels.delivery.retry_base_delay
+    with Session(get_engine(rt.settings.database_url)) as s:
+        row = s.get_one(Outbox, row_id)
+        free_in = s.execute(text("select extract(epoch from next_attempt_at - now()) from outbox where id = :i"),
+                            {"i": row_id}).scalar_one()
+    assert row.status == OutboxStatus.PENDING and row.attempts == 0 and free_in <= raised.value.delay
