@@ -112,8 +112,9 @@ def _lines(text: str, convert: Convert, keep: Convert) -> str:
 
 _HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
 _BULLET = re.compile(r"^([ \t]*)[-*+][ \t]+", re.M)
-_STRONG_EM = re.compile(r"\*\*\*(?=\S)([^<>\n]+?)(?<=\S)\*\*\*|___(?=\S)([^<>\n]+?)(?<=\S)___")  # bold italic
-_BOLD = re.compile(r"\*\*(?=\S)([^<>\n]+?)(?<=\S)\*\*|__(?=\S)([^<>\n]+?)(?<=\S)__")
+# (underscores open and close emphasis only at a word's edge, as in CommonMark: MY__SETTING__NAME stays whole)
+_STRONG_EM = re.compile(r"\*\*\*(?=\S)([^<>\n]+?)(?<=\S)\*\*\*|(?<!\w)___(?=\S)([^<>\n]+?)(?<=\S)___(?!\w)")
+_BOLD = re.compile(r"\*\*(?=\S)([^<>\n]+?)(?<=\S)\*\*|(?<!\w)__(?=\S)([^<>\n]+?)(?<=\S)__(?!\w)")
 _ITALIC = re.compile(
     r"(?<![\w*])\*(?=[^\s*])([^*<>\n]+?)(?<=\S)\*(?![\w*])"  # *italic*, not **bold** nor 2*3*4
     r"|(?<![\w_])_(?=\S)([^_<>\n]+?)(?<=\S)_(?!\w)"  # _italic_, not snake_case

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from shared.channels.markdown import plain_text, slack_mrkdwn, telegram_html, whatsapp_text
@@ -37,3 +39,13 @@ def test_slack_bold_inside_a_word_is_set_apart_by_a_zero_width_space() -> None:
     assert slack_mrkdwn("**bold**text**more**") == f"*bold*{ZWSP}text{ZWSP}*more*"
     assert slack_mrkdwn("un**believ**able, **ok**.") == f"un{ZWSP}*believ*{ZWSP}able, *ok*."
     assert ZWSP not in slack_mrkdwn("**bold** text (**more**)")
+
+
+@pytest.mark.parametrize("convert", [telegram_html, slack_mrkdwn, whatsapp_text, plain_text])
+def test_double_underscores_inside_a_word_stay(convert: Callable[[str], str]) -> None:
+    """NANOFLEET_TOOLS__EXEC__RUN_AS_USER came out as NANOFLEET_TOOLS<b>EXEC</b>RUN_AS_USER (nanofleet's own
+    error message telling the user which setting to change, too): underscores inside a word are no
+    emphasis in CommonMark."""
+    for text in ("set NANOFLEET_TOOLS__EXEC__RUN_AS_USER now", "my__var__name and ___x___y"):
+        assert convert(text) == text, convert
+    assert "bold" in convert("__bold__") and "__" not in convert("__bold__")  # at a word's edge: still bold
