@@ -178,3 +178,34 @@ def test_a_beat_started_while_redis_is_down_waits_for_it(make_stack, tmp_path: P
         if server is not None:
             server.kill()
             server.wait()
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+def test_a_beat_outlives_a_redis_restart_and_takes_its_lock_again(make_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Beat exited on the first tick Redis did not answer, and when Redis came back empty it had lost
+    its lock: until something restarted it, stuck runs stayed stuck and cron did not fire."""
+    s: Stack = make_stack()
+    port = free_port()
+
+    def redis_server() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    server = redis_server()
+    client = redis.Redis(port=port)
+    beat = Proc([sys.executable, "-m", "gateway.cli", "beat"], {**s.env, "NANOFLEET_REDIS_URL": f"redis://127.0.0.1:{port}/0"},
+                tmp_path / "beat.log")
+    try:
+        wait_until(lambda: client.exists(f"{REDBEAT_PREFIX}:lock"), timeout=60, message="beat to take its lock")
+        server.kill()
+        server.wait()
+        wait_until(lambda: "Redis does not answer" in beat.log(), timeout=30, message="beat to notice")
+        assert beat.alive(), beat.log()
+        server = redis_server()  # back, empty: the lock and the schedule are gone
+        wait_until(lambda: client.exists(f"{REDBEAT_PREFIX}:lock", f"{REDBEAT_PREFIX}nanofleet-sweep") == 2,
+                   timeout=60, message="beat to take its lock again and write its schedule")
+        assert beat.alive() and "taken again" in beat.log(), beat.log()
+    finally:
+        beat.kill()
+        server.kill()
+        server.wait()
