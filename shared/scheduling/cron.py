@@ -264,7 +264,7 @@ def post_result(s: Session, run: Run) -> list[Next]:
             return [Next(T_CRON_RECONCILE, countdown=POST_RETRY)]
         for text in texts:
             s.add(Message(conversation_id=conv.id, role=Role.ASSISTANT, content=text, meta={
-                "kind": "cron_result", "cron_job_id": origin.get("cron_job_id"), "cron_run_id": run.id}))
+                "kind": f"{run.kind.value}_result", "cron_job_id": origin.get("cron_job_id"), "cron_run_id": run.id}))
     run.announced = True  # posted, or nothing to post here (which also keeps it out of ix_runs_cron_unannounced)
     s.add(run)
     return []

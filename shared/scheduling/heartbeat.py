@@ -29,7 +29,7 @@ from shared.constants import INTERNAL, T_AGENT_STEP
 from shared.errors import Retryable
 from shared.llm import LLMError
 from shared.models import Conversation, CronReceipt, Message, Role, Run, RunKind, utcnow
-from shared.scheduling.cron import receipt
+from shared.scheduling.cron import post_result, receipt
 from shared.tools.workspace import OutsideWorkspace, read_text_start
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,13 @@ def _start(rt: Runtime, s: Session, conversation_id: str, todo: str, now: dateti
 
 
 def on_finish(rt: Runtime, s: Session, run: Run) -> list[Next]:
-    """Deliver the heartbeat's result, unless it had nothing to say."""
+    """Deliver the heartbeat's result, unless it had nothing to say, and keep it in the chat's
+    conversation, as a cron job's, so that a reply to it is read with it: unless a turn is going
+    there (heartbeats are not waited for, as cron results are)."""
     if (run.final_text or "").strip().upper().startswith(QUIET):
         return []
+    if post_result(s, run):  # [the reconciliation that would post it later]: the chat is busy
+        log.info("heartbeat %s: a turn is going in its chat; its result is not kept in that conversation", run.id)
+        run.announced = True
+        s.add(run)
     return deliver(rt, s, run)

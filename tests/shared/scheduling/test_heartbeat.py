@@ -61,7 +61,7 @@ def test_a_due_task_runs_and_reaches_the_latest_chat(core: Core, fake_llm: FakeL
     (stack.workspace / "HEARTBEAT.md").write_text("# Tasks\n- check the deploy\n" + call("record", tag="hb") + "\n")
     with db(stack) as s:
         for chat in ("11", "77"):  # 77 spoke last
-            conversations.get_or_create(s, session_key=f"telegram:{chat}", channel="telegram", chat_id=chat)
+            latest = conversations.get_or_create(s, session_key=f"telegram:{chat}", channel="telegram", chat_id=chat)
             s.flush()
     fake_llm.handler = decide_with("RUN")
     now = utcnow()
@@ -73,6 +73,9 @@ def test_a_due_task_runs_and_reaches_the_latest_chat(core: Core, fake_llm: FakeL
     with db(stack) as s:
         [sent] = s.exec(select(Outbox)).all()
     assert (sent.channel, sent.chat_id, sent.content) == ("telegram", "77", "done: recorded hb")
+    with db(stack) as s:  # and the chat's conversation keeps it: a reply to it is read with it
+        kept = s.exec(select(Message.content, Message.meta).where(Message.conversation_id == latest.id)).all()
+    assert [(content, meta["kind"]) for content, meta in kept] == [("done: recorded hb", "heartbeat_result")]
     calls = fake_llm.calls()
     assert heartbeat.beat(rt, now, delivery="beat-1") == [] and fake_llm.calls() == calls  # a replay does nothing
     # The same heartbeat sent again by a beat that lost its lock (a new message id): no second
