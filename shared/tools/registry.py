@@ -60,7 +60,8 @@ def _parse_args(raw: dict[str, Any] | str) -> dict[str, Any]:
 
 
 def _size(obj: Any) -> int:
-    return len(obj.encode() if isinstance(obj, str) else json.dumps(obj, default=str, ensure_ascii=False).encode())
+    text = obj if isinstance(obj, str) else json.dumps(obj, default=str, ensure_ascii=False)
+    return len(text.encode(errors="surrogatepass"))  # a page may hold a lone surrogate (cleaned when stored)
 
 
 class ToolRegistry:
@@ -161,7 +162,7 @@ class ToolRegistry:
     def _cap(tool: Tool, result: ToolResult) -> ToolResult:
         if result.ok and _size(result.output) > tool.max_output_bytes:
             if isinstance(result.output, str):
-                keep = result.output.encode()[: tool.max_output_bytes].decode(errors="ignore")
+                keep = result.output.encode(errors="surrogatepass")[: tool.max_output_bytes].decode(errors="ignore")
                 result.output = keep + f"\n[output truncated at {tool.max_output_bytes} bytes]"
             else:
                 return ToolResult.fail(ErrorCode.TOO_LARGE, f"output exceeds {tool.max_output_bytes} bytes")

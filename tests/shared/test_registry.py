@@ -178,3 +178,26 @@ def test_an_idempotent_tool_runs_again_when_the_database_did_not_answer() -> Non
     assert again.runs == 2
     failed = execute(ToolRegistry(settings(["flaky"]), [once]), "flaky", {})  # may have taken effect: said so
     assert failed.error == ErrorCode.FAILED and once.runs == 1  # type: ignore[attr-defined]
+
+
+class Surrogate(Tool):
+    """Answers what a page in UTF-7 (+2D0-) or a search result's JSON (\\ud83d) can decode to: a lone surrogate."""
+
+    name = "surrogate"
+    description = "Answers a lone surrogate (test tool)."
+    Args = NoArgs
+    max_output_bytes = 100
+
+    def __init__(self, output: object) -> None:
+        self.output = output
+
+    async def run(self, args: NoArgs, ctx: ToolContext) -> ToolResult:
+        return ToolResult.success(self.output)
+
+
+@pytest.mark.parametrize("output", [{"text": "\ud83d"}, {"text": "\ud83d" * 100}, "\ud83d", "x\ud83d" * 100])
+def test_a_lone_surrogate_in_an_output_is_measured_not_raised(output: object) -> None:
+    """Measuring the output (its size against the cap) raised UnicodeEncodeError out of the registry:
+    the call stayed RUNNING until the sweeper took it for dead."""
+    result = execute(ToolRegistry(settings(["surrogate"]), [Surrogate(output)]), "surrogate", {})
+    assert result.ok or result.error == ErrorCode.TOO_LARGE  # type: ignore[attr-defined]

@@ -218,7 +218,10 @@ class MCPConnection:
         changed, self.tools = listed != self.tools, listed
         if changed:
             for listener in self._listeners:
-                listener(self)
+                try:
+                    listener(self)
+                except Exception:  # the connection is fine: a failing listener must not mark it down
+                    log.exception("MCP server %s: taking its tool list failed", self.name)
 
     # ----------------------------------------------------------------- calls (background loop)
 

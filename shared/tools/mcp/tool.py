@@ -75,6 +75,8 @@ def schema_problem(schema: dict[str, Any]) -> str | None:
     except SchemaError as err:
         where = "/".join(str(part) for part in err.absolute_path) or "the top"
         return f"its input schema is not valid JSON Schema ({err.message[:200]}, at {where})"
+    except Exception as err:  # what the checker itself cannot take ($schema not a string...)
+        return f"its input schema cannot be checked ({type(err).__name__}: {str(err)[:200]})"
     return None
 
 
