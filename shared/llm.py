@@ -12,7 +12,6 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
@@ -20,6 +19,7 @@ import httpx
 from shared.contracts import without_nul
 from shared.llm_faults import retry_after, user_message
 from shared.llm_images import without_images
+from shared.llm_types import LLMError, LLMResponse, LLMToolCall, Usage
 from shared.settings import LLMProfile, LLMSettings
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the cost map at import
@@ -69,39 +69,10 @@ def retryable(err: Exception) -> bool:
     return isinstance(err, _retryable_errors()) or (getattr(err, "status_code", None) or 0) >= 500
 
 
-@dataclass
-class LLMToolCall:
-    id: str
-    name: str
-    arguments: str  # raw JSON text, validated by the registry
-
-
-@dataclass
-class Usage:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost: float = 0.0
-
-
-@dataclass
-class LLMResponse:
-    content: str
-    tool_calls: list[LLMToolCall] = field(default_factory=list)
-    usage: Usage = field(default_factory=Usage)
-    model: str = ""
-
-
-class LLMError(Exception):
-    """The model refused the call, or stayed unreachable through the retries; `user_message` is safe to show."""
-
-    def __init__(self, message: str, *, user_message: str) -> None:
-        super().__init__(message)
-        self.user_message = user_message
-
-
 def missing_key(settings: LLMSettings) -> list[str]:
-    """The provider's key variables (any will do) when the default model has no key: not in the settings,
-    nor an endpoint of its own (a local one may need none), nor the provider's variable. [] when unsure."""
+    """The provider's key variables (any one will do) when the default model wants a key and has
+    none: not in the settings, nor an endpoint of one's own (a local server may need none), nor
+    the provider's own variable, which litellm reads. Empty when it cannot tell."""
     if settings.api_key or settings.api_base:
         return []
     try:
@@ -160,7 +131,8 @@ class LLMClient:
 
     def profile(self, model: str | None = None) -> LLMProfile:
         """A named profile, a raw litellm model string (a request's, any provider's), or the default.
-        One naming the default model's provider ("openai/..." beside "openai/...") uses the default's
+        One of the default model's provider, as litellm places them ("openai/..." or "gpt-4o" beside
+        "openai/..."), uses the default's
         endpoint and key (a profile: unless it sets its own); any other keeps to its own, or its
         provider's environment variable: one provider's key must never go to another."""
         if model and model in self.settings.profiles:
@@ -169,7 +141,7 @@ class LLMClient:
                 return named
             unset = [f for f in ("api_base", "api_key") if f not in named.model_fields_set]
             return named.model_copy(update={f: getattr(self.settings, f) for f in unset})
-        if model:  # the default's limits; its prices are the default model's, not this one's
+        if model and model != self.settings.model:  # the default's limits; not its prices (another model's)
             endpoint = {} if _same_provider(model, self.settings.model) else {"api_base": None, "api_key": None}
             return self.settings.model_copy(update={"model": model, "input_cost_per_token": None,
                                                     "output_cost_per_token": None, "vision": None, **endpoint})
@@ -291,9 +263,10 @@ class LLMClient:
         return answer
 
     def warm(self) -> None:
-        """Import litellm and pay its lazy imports before the first real call (with tools it pulls in the
-        MCP SDK: about 0.5 s) with litellm's own mock answer; load the tokenizer prompt fitting uses
-        (about 0.15 s); set up the connection pool while one thread runs, not the first calls' many."""
+        """Import litellm and pay its lazy imports before the first real call (a call with tools pulls
+        in the MCP SDK: about 0.5 s) with a mock answer from litellm itself, no network; load the
+        tokenizer every real call and prompt fit uses (about 0.15 s); and set up the connection pool
+        while one thread runs, not the first calls' many."""
         _pool(self.settings.max_connections)
         tool = {"type": "function", "function": {"name": "warm_up", "parameters": {"type": "object"}}}
         messages = [{"role": "user", "content": "warm-up"}]
@@ -396,5 +369,16 @@ def _provider(model: str) -> str:
     return provider if slash else ""
 
 
-def _same_provider(model: str, default: str) -> bool:  # (two names naming none may be two providers')
-    return _provider(model) != "" and _provider(model) == _provider(default)
+@functools.lru_cache(maxsize=512)
+def _placed(model: str) -> str:
+    """The provider litellm sends `model` to ("openai" for "gpt-4o" too; "" where it places none)."""
+    try:
+        return str(_litellm().get_llm_provider(model)[1])
+    except Exception:
+        return ""
+
+
+def _same_provider(model: str, default: str) -> bool:
+    """Whether `model` goes where the default model goes, as litellm places them (one it cannot place
+    may be anyone's)."""
+    return model == default or (_placed(model) != "" and _placed(model) == _placed(default))

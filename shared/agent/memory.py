@@ -12,7 +12,7 @@ from sqlmodel import Session, col, select
 
 from shared.agent import conversations, lease, prompt
 from shared.errors import Retryable
-from shared.llm import LLMError
+from shared.llm_types import LLMError
 from shared.models import IMAGES, Conversation, Message, MessageType, Role
 from shared.settings import MemorySettings
 

@@ -22,7 +22,7 @@ from shared.constants import T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EX
 from shared.contracts import without_nul
 from shared.db import Inserting, returning_row, table_of, unavailable, updated_row
 from shared.errors import Retryable
-from shared.llm import LLMError, LLMResponse
+from shared.llm_types import LLMError, LLMResponse
 from shared.models import (
     ACTIVE,
     Message,

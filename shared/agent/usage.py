@@ -9,7 +9,7 @@ from sqlalchemy.dialects.postgresql import insert as upsert
 from sqlmodel import Session
 
 from shared.db import table_of
-from shared.llm import LLMResponse
+from shared.llm_types import LLMResponse
 from shared.models import Conversation, Phase, Run, RunStep, utcnow
 
 _STEPS, _CONVERSATIONS = table_of(RunStep), table_of(Conversation)

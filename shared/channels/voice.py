@@ -10,7 +10,7 @@ import logging
 
 from shared.agent.runtime import Runtime
 from shared.contracts import InboundMessage
-from shared.llm import LLMError
+from shared.llm_types import LLMError
 
 log = logging.getLogger(__name__)
 MAX_AUDIO = 20 * 1024 * 1024  # bytes: what Telegram's Bot API hands out, under the Whisper APIs' 25 MB

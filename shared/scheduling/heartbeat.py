@@ -27,7 +27,7 @@ from shared.agent.finish import deliver
 from shared.agent.runtime import Next, Runtime
 from shared.constants import INTERNAL, T_AGENT_STEP
 from shared.errors import Retryable
-from shared.llm import LLMError
+from shared.llm_types import LLMError
 from shared.models import Conversation, CronReceipt, Message, Role, Run, RunKind, utcnow
 from shared.scheduling.cron import post_result, receipt
 from shared.tools.workspace import OutsideWorkspace, read_text_start

@@ -19,7 +19,7 @@ from sqlmodel import Session, col, select
 from shared.agent.runtime import Next, Runtime
 from shared.constants import INTERNAL, T_DAILY_SUMMARY
 from shared.errors import Retryable
-from shared.llm import LLMError
+from shared.llm_types import LLMError
 from shared.models import Conversation, Message, MessageType, Role
 from shared.scheduling.cron import PLANNED_ID, receipt
 

@@ -169,12 +169,17 @@ def test_a_model_string_of_another_provider_never_gets_the_default_key() -> None
     """A request's `model` may name any provider: the default's key and endpoint go only with models
     of the default's provider (sent to Anthropic, an OpenAI key leaked to it)."""
     client = LLMClient(LLMSettings(model="openai/gpt-4.1-mini", api_base="http://127.0.0.1:9/v1", api_key="sk-openai"))
-    mine = client.profile("openai/gpt-4.1")
-    assert mine.api_base == "http://127.0.0.1:9/v1" and mine.api_key and mine.api_key.get_secret_value() == "sk-openai"
-    for model in ("anthropic/claude-3-5-sonnet-20240620", "mistral/mistral-small-latest", "gpt-4o"):
+    for model in ("openai/gpt-4.1", "gpt-4o"):  # OpenAI's, as litellm places them
+        mine = client.profile(model)
+        assert mine.api_base == "http://127.0.0.1:9/v1"
+        assert mine.api_key and mine.api_key.get_secret_value() == "sk-openai"
+    for model in ("anthropic/claude-3-5-sonnet-20240620", "mistral/mistral-small-latest", "claude-3-5-sonnet-latest",
+                  "no-such-model"):
         other = client.profile(model)
         assert (other.model, other.api_base, other.api_key) == (model, None, None), model
         assert other.timeout == client.settings.timeout  # the default's limits still hold
+    bare = LLMClient(LLMSettings(model="gpt-4o", api_base="http://127.0.0.1:9/v1", api_key="sk-openai"))
+    assert bare.profile("gpt-4o") is bare.settings  # the default itself, named by a request: its key, its prices
 
 
 def _with_fallbacks(client: LLMClient) -> LLMClient:

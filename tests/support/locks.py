@@ -15,7 +15,7 @@ from shared.agent import conversations, lease, steps
 from shared.agent.finish import cancel_conversation
 from shared.agent.runtime import Runtime
 from shared.db import get_engine
-from shared.llm import LLMResponse, LLMToolCall
+from shared.llm_types import LLMResponse, LLMToolCall
 from shared.models import Phase, ToolCall
 from shared.tools.base import ToolResult
 from tests.support.processes import wait_until

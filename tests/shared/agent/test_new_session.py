@@ -15,7 +15,7 @@ from sqlmodel import Session
 from shared.agent import conversations, memory, prompt, service, views
 from shared.agent.runtime import Runtime
 from shared.db import get_engine
-from shared.llm import LLMError, LLMResponse
+from shared.llm_types import LLMError, LLMResponse
 from shared.models import IMAGES, Message, Role, utcnow
 from tests.fakes.llm import FakeLLM
 from tests.support.stack import Stack

@@ -15,7 +15,7 @@ from sqlalchemy import exc, text
 
 from shared.agent import conversations, lease, recovery, steps
 from shared.agent.runtime import Runtime
-from shared.llm import LLMResponse, LLMToolCall
+from shared.llm_types import LLMResponse, LLMToolCall
 from shared.models import Phase, Run, ToolCall, ToolStatus
 from tests.support.processes import wait_until
 from tests.support.stack import Stack
