@@ -24,7 +24,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from redis import ConnectionError as RedisConnectionError
 from redis import RedisError
+from redis import TimeoutError as RedisTimeoutError
 from sqlalchemy import func, text, type_coerce, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Session, col, select
@@ -122,7 +124,7 @@ def _before_send(rt: Runtime, row: Outbox, look: Callable[[], T]) -> T:
     waiting behind it)."""
     try:
         return look()
-    except RedisError as err:
+    except (RedisConnectionError, RedisTimeoutError) as err:  # (an error Redis answers is no outage: it raises)
         delay = rt.settings.channels.delivery.retry_base_delay
         log.warning("outbox %s (%s %s): Redis failed before the send, nothing was sent; again in %.0f s: %s",
                     row.id, row.channel, row.chat_id, delay, err)

@@ -296,8 +296,9 @@ def _sent(s: Session, run: Run, origin: dict[str, Any]) -> list[str]:
     for args, result in calls:
         out = (result or {}).get("output")
         if not isinstance(out, dict):  # sent to a platform: as the model asked (its chat by default)
-            out = {"channel": args.get("channel") or channel, "chat_id": args.get("chat_id") or chat_id,
-                   "content": args.get("content") or "", "files": [{"name": f} for f in args.get("files") or []]}
+            out = {"channel": (args.get("channel") or channel).strip().lower(),  # as the tool reads it
+                   "chat_id": args.get("chat_id") or chat_id, "content": args.get("content") or "",
+                   "files": [{"name": f} for f in args.get("files") or []]}
         if out.get("channel") == channel and str(out.get("chat_id")) == chat_id:
             files = [": ".join(filter(None, (f.get("name"), f.get("url")))) for f in out.get("files", [])]
             texts.append("\n".join([out.get("content", ""), *files]).strip())

@@ -87,7 +87,8 @@ def test_a_platform_chat_keeps_its_reminder_in_its_conversation(core: Core) -> N
     ctx = ToolContext(settings=stack.settings, run_id=run_id, conversation_id=conv.id, channel="telegram",
                       chat_id="4242", call_id="call_1", extra={"origin": origin})
     set_turn(stack, conv.id, None)
-    add_and_fire(stack, rt, mirror, ctx, call("message", content="Time to stretch!") + "\nand say so")
+    sent = call("message", content="Time to stretch!", channel="Telegram")  # (the tool reads it in lower case)
+    add_and_fire(stack, rt, mirror, ctx, sent + "\nand say so")
     [run] = runs(stack, kind=RunKind.CRON)
     assert run.status == RunStatus.SUCCEEDED and run.announced
     assert [m.content for m in posted(stack, conv.id)] == ["Time to stretch!", run.final_text]
