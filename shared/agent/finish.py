@@ -53,8 +53,11 @@ def finish(
         # What the user sent for the turn is stopped with it, as it would have joined it: the message
         # of a turn stopped before its first step (still waiting), one sent just before the /stop. It
         # stays in the transcript, unanswered; left waiting, it would start the next turn at once.
-        # A subagent's report waiting for the turn is not the user's to stop: a next turn tells it.
-        conversations.fold_mailbox(s, conv.id, run.id, reports=False)
+        # A subagent's report waiting for the turn is not the user's to stop: a next turn tells it;
+        # unless it is what started the turn, stopped before taking anything in (it would start
+        # another at once, and /stop could never stop it).
+        took = s.exec(select(Message.id).where(Message.run_id == run.id, Message.role == Role.USER).limit(1)).first()
+        conversations.fold_mailbox(s, conv.id, run.id, reports=took is None)
     hook = rt.finish_hooks.get(run.kind.value)
     nexts = hook(rt, s, run) if hook else deliver(rt, s, run)
     nexts += release_turn(rt, s, conv, run)

@@ -4,8 +4,14 @@ restarts: test_restarts.py)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
-from shared.models import RunStatus
+from shared.agent import conversations
+from shared.agent.runtime import Runtime
+from shared.agent.service import submit
+from shared.constants import REPORT
+from shared.models import Message, Role, RunStatus
 from tests.fakes.llm import FakeLLM
 from tests.support.processes import wait_until
 from tests.support.scheduling import (
@@ -13,6 +19,7 @@ from tests.support.scheduling import (
     call,
     child_of,
     client,
+    db,
     new_conversation,
     reported,
     reports,
@@ -73,3 +80,22 @@ def test_a_report_waiting_for_a_stopped_turn_is_told_by_the_next(sched: Stack) -
         [report] = reports(stack, cid)
         told = next(r for r in runs(stack, conversation_id=cid) if r.id == report.run_id)
         assert told.status == RunStatus.SUCCEEDED and "[subagent report" in (told.final_text or "")
+
+
+def test_stop_stops_a_turn_a_report_started(core: Callable[..., tuple[Stack, Runtime, Any]]) -> None:
+    """A report that arrives in an idle chat starts a turn; stopped before its first step, the report
+    stayed waiting, and the freed chat started another turn for it at once: /stop could not stop it."""
+    stack, rt, _ = core()
+    with db(stack) as s:
+        conv = conversations.get_or_create(s, session_key="api:r", chat_id="r")
+        s.add(Message(conversation_id=conv.id, role=Role.USER, content="[subagent report] done", pending=True,
+                      meta={"kind": REPORT}))
+        s.flush()
+        run_id = conversations.try_start_turn(s, conv.id, origin={"channel": "api", "chat_id": conv.id},
+                                              lease_seconds=2)
+    with db(stack) as s:
+        stopped = submit(rt, s, conv.id, "/stop", origin={"channel": "api", "chat_id": conv.id})
+    assert stopped.reply == "Stopped 1 running task(s)." and stopped.nexts == []  # no next turn
+    [run] = runs(stack, conversation_id=conv.id)
+    [report] = reports(stack, conv.id)
+    assert run.id == run_id and run.status == RunStatus.CANCELLED and (report.pending, report.run_id) == (False, run_id)
