@@ -142,17 +142,18 @@ def unknown_keys(table: Mapping[str, Any], *, annotation: Any = Settings, at: st
 
 def warn(settings: Settings, tool_names: Iterable[str], *, at_start: bool = False) -> None:
     """Log a WARNING for each likely mistake (the process starts anyway). A worker warns `at_start`,
-    before any task builds its tool registry, which then says nothing again."""
+    before any task builds its tool registry; that build then says only what it alone can (the
+    `mcp_` entries of NANOFLEET_TOOLS__ALLOWED: MCP tools are listed once their servers answer)."""
     global warned_at_start
-    if warned_at_start:
-        return
-    warned_at_start = at_start
-    warn_misspelt()
+    again, warned_at_start = warned_at_start, warned_at_start or at_start
+    if not again:
+        warn_misspelt()
     known = sorted(set(tool_names))
-    if unknown := unknown_allowed(settings, known):
+    unknown = [e for e in unknown_allowed(settings, known) if not again or e.startswith(MCP_PREFIX)]
+    if unknown:
         log.warning("NANOFLEET_TOOLS__ALLOWED: %s match no known tool, so nothing they name can run; known tools: %s",
                     ", ".join(repr(e) for e in unknown), ", ".join(known))
-    for name, missing in half_configured(settings).items():
+    for name, missing in [] if again else half_configured(settings).items():
         log.warning("%s is off: some of its settings are set, but not %s (its webhook answers 404 until they are)",
                     name, ", ".join(missing))
 
