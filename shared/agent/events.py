@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import redis
@@ -34,6 +35,7 @@ FINAL = (RUN_FINISHED, RUN_FAILED)
 DELETED = "conversation.deleted"  # the stream's last event: SSE readers end their stream
 DELETED_LINGER = 60  # seconds a deleted conversation's stream stays, for readers between two reads
 DELTA_EVERY = 0.05  # seconds
+ENDED_EVERY = 1.0  # seconds between looks at whether a streaming run was stopped
 WATCH_SECONDS = 45  # outlives one blocking read of the SSE loop (15 s) with room to spare
 
 
@@ -116,12 +118,16 @@ class RedisEvents:
 
 class Deltas:
     """A run's streamed text, published as it comes but at most every DELTA_EVERY seconds (the
-    first piece at once); `flush` sends what is left when the call ends."""
+    first piece at once); `flush` sends what is left when the call ends. With `ended` (whether the
+    run has ended, asked at most every ENDED_EVERY seconds), a run stopped meanwhile streams no
+    more: the model call goes on, and its text would follow the run's end."""
 
-    def __init__(self, sink: EventSink, conversation_id: str, run_id: str) -> None:
+    def __init__(self, sink: EventSink, conversation_id: str, run_id: str,
+                 ended: Callable[[], bool] | None = None) -> None:
         self.sink, self.conversation_id, self.run_id = sink, conversation_id, run_id
         self.pending: list[str] = []
         self.sent_at = 0.0
+        self.ended, self.asked_at, self.stopped = ended, time.monotonic(), False
 
     def __call__(self, text: str) -> None:
         self.pending.append(text)
@@ -129,7 +135,16 @@ class Deltas:
             self.flush()
 
     def flush(self) -> None:
-        if self.pending:
+        if self.pending and not self._run_ended():
             self.sink.publish(self.conversation_id, TEXT_DELTA, {"run_id": self.run_id, "text": "".join(self.pending)})
-            self.pending.clear()
             self.sent_at = time.monotonic()
+        self.pending.clear()
+
+    def _run_ended(self) -> bool:
+        if self.ended is not None and not self.stopped and time.monotonic() - self.asked_at >= ENDED_EVERY:
+            self.asked_at = time.monotonic()
+            try:
+                self.stopped = self.ended()
+            except Exception as err:  # the text goes on: only the look-up failed
+                log.debug("run %s: cannot look up whether it ended: %s", self.run_id, err)
+        return self.stopped

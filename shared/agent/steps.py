@@ -37,6 +37,7 @@ from shared.models import (
 )
 from shared.outbox import typing_loop
 from shared.tools.base import ErrorCode, ToolContext, ToolResult
+from shared.tools.run_watch import run_status
 
 log = logging.getLogger(__name__)
 RESULT_WRITE_BUDGET = 25.0  # seconds; the tool task's time limit leaves 30 after the longest tool timeout
@@ -178,7 +179,10 @@ def _call(rt: Runtime, run: Run, seq: int, messages: list[dict[str, Any]], tools
     opening.append((events.STEP_STARTED, {"run_id": run.id, "seq": seq, "kind": "llm"}))
     watched = rt.events.publish_watched(run.conversation_id, opening)
     started = time.perf_counter()
-    deltas = events.Deltas(rt.events, run.conversation_id, run.id) if watched else None
+    def ended() -> bool:  # (stopped while its text streams)
+        return run_status(rt.settings.database_url, run.id) not in ACTIVE
+
+    deltas = events.Deltas(rt.events, run.conversation_id, run.id, ended) if watched else None
     try:
         response = rt.llm.complete(messages, tools=tools or None, model=run.model, on_delta=deltas)
     except LLMError as err:

@@ -10,9 +10,11 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import redis
 from sqlmodel import Session, col, select
 
 from shared.agent import conversations, memory
+from shared.agent.events import stream_key, watch_key
 from shared.agent.finish import CUT_OFF, cancel
 from shared.agent.runtime import Runtime
 from shared.constants import T_TOOL_EXECUTE
@@ -87,6 +89,22 @@ def test_stop_cancels_the_running_turn(stack: Stack, api: Any, fake_llm: FakeLLM
     # the conversation is free again
     assert api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "again"}).json()[
         "assistantMessage"] == "echo: again"
+
+
+def test_a_stopped_run_streams_no_text_after_its_end(stack: Stack, api: Any, fake_llm: FakeLLM) -> None:
+    """The model call of a stopped run goes on (it is not cut short); with a client watching, its text
+    was published after the run's run.failed, to every reader of the stream."""
+    cid = api.post("/api/v1/conversations").json()["conversationId"]
+    client = redis.Redis.from_url(stack.settings.redis_url, decode_responses=True)
+    client.set(watch_key(cid), "1", ex=60)  # an SSE reader is there: the call streams
+    posted = api.post(f"/api/v1/conversations/{cid}/messages", json={"message": "sleep:2 a long answer"})
+    run_id = posted.json()["runId"]
+    wait_until(lambda: fake_llm.in_flight > 0, timeout=20, message="the LLM call to start")
+    assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
+    wait_until(lambda: api.get(f"/api/v1/runs/{run_id}").json()["steps"], timeout=30,
+               message="the step to end (its call's usage recorded)")
+    names = [f["event"] for _, f in client.xrange(stream_key(cid)) if run_id in f.get("data", "")]
+    assert "run.failed" in names and "text.delta" not in names[names.index("run.failed"):], names
 
 
 def test_a_chat_cancelled_during_a_tool_reports_how_the_call_ended(stack: Stack, api: Any) -> None:
