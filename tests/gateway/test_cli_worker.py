@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from gateway import cli
 from gateway.cli import app
-from shared.constants import REDBEAT_PREFIX
+from shared.constants import BEAT_ALIVE_FILE, REDBEAT_PREFIX
 from shared.queueing import make_celery
 from shared.settings import get_settings
 from tests.fakes.server import free_port
@@ -196,10 +196,14 @@ def test_a_beat_outlives_a_redis_restart_and_takes_its_lock_again(make_stack, tm
     beat = Proc([sys.executable, "-m", "gateway.cli", "beat"], {**s.env, "NANOFLEET_REDIS_URL": f"redis://127.0.0.1:{port}/0"},
                 tmp_path / "beat.log")
     try:
-        wait_until(lambda: client.exists(f"{REDBEAT_PREFIX}:lock"), timeout=60, message="beat to take its lock")
+        alive = s.settings.data_dir / BEAT_ALIVE_FILE  # touched by its first tick, after its start-up's sends
+        wait_until(lambda: client.exists(f"{REDBEAT_PREFIX}:lock") and alive.exists(), timeout=60,
+                   message="beat to take its lock and tick")
         server.kill()
         server.wait()
-        wait_until(lambda: "Redis does not answer" in beat.log(), timeout=30, message="beat to notice")
+        # It notices in a tick (which waits the outage out), or in a send that tick made (which retries)
+        wait_until(lambda: "Redis does not answer" in beat.log() or "beat: Connection error" in beat.log()
+                   or not beat.alive(), timeout=30, message="beat to notice")
         assert beat.alive(), beat.log()
         server = redis_server()  # back, empty: the lock and the schedule are gone
         wait_until(lambda: client.exists(f"{REDBEAT_PREFIX}:lock", f"{REDBEAT_PREFIX}nanofleet-sweep") == 2,
