@@ -179,8 +179,7 @@ async def _settled_tool_calls(state: AppState, run_id: str) -> list[ToolCallOut]
     deadline = anyio.current_time() + SETTLE_WAIT
     while True:
         calls = await run_in_threadpool(_tool_calls, state, run_id)
-        running = [c for c in calls if c.status == ToolStatus.RUNNING]
-        if not running or anyio.current_time() >= deadline:
+        if not any(c.status == ToolStatus.RUNNING for c in calls) or anyio.current_time() >= deadline:
             break
         await anyio.sleep(0.1)
     return [c.model_copy(update={"status": ToolStatus.FAILED.value, "result": CUT_OFF, "error_code": ErrorCode.FAILED})
