@@ -173,10 +173,10 @@ class Run(SQLModel, table=True):
     """A unit of durable agent work, advanced one short step at a time."""
 
     __tablename__ = "runs"
-    # The cron results still to post to their API chat (reconciliation looks every 30 s): a handful
-    # of rows, whatever the size of the table.
-    __table_args__ = (Index("ix_runs_cron_unannounced", "finished_at",
-                            postgresql_where=text("kind = 'cron' AND announced IS FALSE")),)
+    # The cron and heartbeat results still to post to their chat (reconciliation looks every 30 s):
+    # a handful of rows, whatever the size of the table.
+    __table_args__ = (Index("ix_runs_results_unannounced", "finished_at",
+                            postgresql_where=text("kind IN ('cron', 'heartbeat') AND announced IS FALSE")),)
     id: str = Field(default_factory=new_id, primary_key=True)
     conversation_id: str = Field(foreign_key="conversations.id", index=True)
     kind: RunKind = _enum(RunKind, RunKind.TURN)

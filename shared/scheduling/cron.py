@@ -54,6 +54,7 @@ PLAN_GRACE = timedelta(minutes=1)  # a daily firing's fan-out task normally runs
 PLAN_LOOKBACK = timedelta(hours=24)  # older daily firings are not re-sent
 POST_RETRY = 5.0  # seconds before a result that waited for a busy conversation is tried again
 POST_WINDOW = timedelta(hours=1)  # a result not posted within this is given up (logged)
+KEPT_RESULTS = (RunKind.CRON, RunKind.HEARTBEAT)  # the runs whose results their chat's conversation keeps
 
 
 def receipt(s: Session, job_id: str, scheduled_for: datetime) -> CronReceipt | None:
@@ -265,7 +266,7 @@ def post_result(s: Session, run: Run) -> list[Next]:
         for text in texts:
             s.add(Message(conversation_id=conv.id, role=Role.ASSISTANT, content=text, meta={
                 "kind": f"{run.kind.value}_result", "cron_job_id": origin.get("cron_job_id"), "cron_run_id": run.id}))
-    run.announced = True  # posted, or nothing to post here (which also keeps it out of ix_runs_cron_unannounced)
+    run.announced = True  # posted, or nothing to post here (which also keeps it out of ix_runs_results_unannounced)
     s.add(run)
     return []
 
@@ -307,7 +308,7 @@ def _sent(s: Session, run: Run, origin: dict[str, Any]) -> list[str]:
 
 def _waiting() -> SelectOfScalar[str]:
     return select(Run.id).where(
-        Run.kind == RunKind.CRON, col(Run.announced).is_(False), col(Run.status).in_(TERMINAL),
+        col(Run.kind).in_(KEPT_RESULTS), col(Run.announced).is_(False), col(Run.status).in_(TERMINAL),
         col(Run.origin)["chat_id"].astext != "",
     )
 
@@ -319,7 +320,8 @@ def post_waiting(rt: Runtime, now: datetime) -> None:
         late = _waiting().where(col(Run.finished_at) < now - POST_WINDOW)
         given_up = s.execute(update(Run).where(col(Run.id).in_(late)).values(announced=True)).rowcount  # type: ignore[attr-defined]
     if given_up:
-        log.warning("%d cron result(s) waited over %s for their conversation; not posted", given_up, POST_WINDOW)
+        log.warning("%d cron or heartbeat result(s) waited over %s for their conversation; not posted",
+                    given_up, POST_WINDOW)
     for run_id in ids:
         try:
             with rt.session() as s:

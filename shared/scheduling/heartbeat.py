@@ -165,12 +165,10 @@ def _start(rt: Runtime, s: Session, conversation_id: str, todo: str, now: dateti
 
 def on_finish(rt: Runtime, s: Session, run: Run) -> list[Next]:
     """Deliver the heartbeat's result, unless it had nothing to say, and keep it in the chat's
-    conversation, as a cron job's, so that a reply to it is read with it: unless a turn is going
-    there (heartbeats are not waited for, as cron results are)."""
+    conversation, as a cron job's, so that a reply to it is read with it (a chat in the middle of a
+    turn gets it once the turn has ended, as a cron result)."""
     if (run.final_text or "").strip().upper().startswith(QUIET):
-        return []
-    if post_result(s, run):  # [the reconciliation that would post it later]: the chat is busy
-        log.info("heartbeat %s: a turn is going in its chat; its result is not kept in that conversation", run.id)
-        run.announced = True
+        run.announced = True  # nothing to keep: not a result waiting for its chat
         s.add(run)
-    return deliver(rt, s, run)
+        return []
+    return [*deliver(rt, s, run), *post_result(s, run)]

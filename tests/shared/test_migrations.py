@@ -212,7 +212,7 @@ def test_index_builds_let_writers_through(empty_db: str) -> None:
     _migrate_beside(empty_db, holding="update runs set iteration = 1 where id = 'r7'",
                     probe="update runs set iteration = 2 where id = 'r8'")
     assert current(empty_db) == head()
-    assert not _invalid(empty_db, "ix_runs_cron_unannounced")
+    assert not _invalid(empty_db, "ix_runs_results_unannounced")  # (0015's, which took 0004's place)
 
 
 def test_an_index_build_that_gave_up_is_built_again(empty_db: str) -> None:
@@ -228,7 +228,7 @@ def test_an_index_build_that_gave_up_is_built_again(empty_db: str) -> None:
         writer.commit()
     upgrade(empty_db)
     assert current(empty_db) == head()
-    assert not _invalid(empty_db, "ix_runs_cron_unannounced")
+    assert not _invalid(empty_db, "ix_runs_results_unannounced")
     engine = create_engine(empty_db)
     with engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), SQLModel.metadata) == []

@@ -15,10 +15,10 @@ from sqlmodel import col, func, select
 from shared.agent import conversations
 from shared.agent.local import drain
 from shared.agent.runtime import Runtime
-from shared.constants import T_HEARTBEAT
-from shared.models import Message, Outbox, Role, RunKind, RunStatus, utcnow
+from shared.constants import T_CRON_RECONCILE, T_HEARTBEAT
+from shared.models import Conversation, Message, Outbox, Role, RunKind, RunStatus, utcnow
 from shared.queueing import Producer, beat_schedule, make_celery
-from shared.scheduling import heartbeat
+from shared.scheduling import cron, heartbeat
 from shared.scheduling.beat import BeatMirror
 from shared.settings import HeartbeatSettings, load_settings
 from tests.fakes.llm import FakeLLM, Reply, default_handler
@@ -82,6 +82,54 @@ def test_a_due_task_runs_and_reaches_the_latest_chat(core: Core, fake_llm: FakeL
     # decision, no second run, no second message (helper's review: the user got it twice).
     assert heartbeat.beat(rt, now, delivery="beat-2") == [] and fake_llm.calls() == calls
     assert len(runs(stack, kind=RunKind.HEARTBEAT)) == 1
+
+
+def kept_results(stack: Stack, conversation_id: str) -> list[str]:
+    with db(stack) as s:
+        return list(s.exec(select(Message.content).where(Message.conversation_id == conversation_id,
+                                                         col(Message.meta)["kind"].astext == "heartbeat_result")))
+
+
+def test_a_result_for_a_chat_in_a_turn_is_kept_once_the_turn_ends(core: Core, fake_llm: FakeLLM) -> None:
+    """Written during the chat's turn, it could land between a tool call and its result; it was
+    not kept at all, and a reply to it reached the model without it."""
+    stack, rt, mirror = core()
+    (stack.workspace / "HEARTBEAT.md").write_text("- check the deploy\n" + call("record", tag="hb") + "\n")
+    with db(stack) as s:
+        chat = conversations.get_or_create(s, session_key="telegram:77", channel="telegram", chat_id="77")
+        chat.active_run_id = "a-turn"
+        s.add(chat)
+    fake_llm.handler = decide_with("RUN")
+    assert T_CRON_RECONCILE in [n.task for n in drain(rt, heartbeat.beat(rt))]  # try again soon
+    assert kept_results(stack, chat.id) == []
+    with db(stack) as s:
+        assert s.exec(select(func.count()).select_from(Outbox)).one() == 1  # delivered meanwhile, all the same
+    drain(rt, cron.reconcile(rt, mirror))
+    assert kept_results(stack, chat.id) == []  # still in its turn
+    with db(stack) as s:
+        s.get_one(Conversation, chat.id).active_run_id = None
+    drain(rt, cron.reconcile(rt, mirror))
+    drain(rt, cron.reconcile(rt, mirror))
+    assert kept_results(stack, chat.id) == ["done: recorded hb"]
+
+
+def test_a_quiet_heartbeat_says_nothing_then_or_later(core: Core, fake_llm: FakeLLM) -> None:
+    stack, rt, mirror = core()
+    (stack.workspace / "HEARTBEAT.md").write_text("- check the deploy\n")
+    with db(stack) as s:
+        chat = conversations.get_or_create(s, session_key="telegram:77", channel="telegram", chat_id="77")
+    fake_llm.handler = lambda body: Reply(text="RUN" if decisions_in(body) else heartbeat.QUIET)
+    assert drain(rt, heartbeat.beat(rt)) == []
+    drain(rt, cron.reconcile(rt, mirror))  # (where results that waited for their chat are kept)
+    [run] = runs(stack, kind=RunKind.HEARTBEAT)
+    assert run.status == RunStatus.SUCCEEDED and run.final_text == heartbeat.QUIET
+    assert kept_results(stack, chat.id) == []
+    with db(stack) as s:
+        assert s.exec(select(func.count()).select_from(Outbox)).one() == 0
+
+
+def decisions_in(body: dict[str, Any]) -> bool:
+    return "Answer RUN or SKIP" in str(body["messages"][-1].get("content"))
 
 
 def test_the_result_goes_to_the_thread_the_chat_last_spoke_in_even_with_its_runs_pruned(core: Core) -> None:
