@@ -27,6 +27,9 @@ HTML_TYPES = ("text/html", "application/xhtml+xml")
 META_CHARSET = re.compile(rb"""<meta[^>]*?charset\s*=\s*["']?\s*([A-Za-z0-9._:-]+)""", re.IGNORECASE)
 LATIN = dict.fromkeys(("iso-8859-1", "latin1", "latin-1", "us-ascii", "ascii"), "cp1252")  # as browsers decode them
 KEPT_HEADERS = ("content-type", "content-length", "last-modified", "etag", "location")
+# Control characters but tab and line breaks: noise in a page's text, and six bytes each in the JSON
+# the model reads (\u0001), so a body of them outgrew the tools' output cap and showed nothing at all
+CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 
 
 class TooManyRedirects(Exception):
@@ -49,15 +52,17 @@ class Fetched:
 
     def text(self) -> str:
         """The body as text, in the charset its header names, else the one an HTML page declares in
-        a meta tag (as browsers read it), else UTF-8 (a byte order mark dropped)."""
+        a meta tag (as browsers read it), else UTF-8 (a byte order mark dropped); control characters
+        read as U+FFFD, as bytes the charset cannot decode do."""
         charset = httpx.Headers(self.headers).get("content-type", "").partition("charset=")[2].strip(' "\'')
         if not charset and self.content_type in HTML_TYPES and (meta := META_CHARSET.search(self.body[:4096])):
             charset = meta[1].decode("ascii")
         charset = LATIN.get(charset.lower(), charset) or "utf-8-sig"
         try:
-            return self.body.decode(charset, errors="replace")
+            text = self.body.decode(charset, errors="replace")
         except LookupError:
-            return self.body.decode("utf-8-sig", errors="replace")
+            text = self.body.decode("utf-8-sig", errors="replace")
+        return CONTROLS.sub("\ufffd", text)
 
 
 Decode = Callable[[bytes, int], bytes]  # (raw chunk, most bytes wanted) -> decoded bytes

@@ -59,6 +59,17 @@ def test_non_latin_text_reaches_the_model_as_it_is(reg: Callable[..., ToolRegist
     assert page.ok and "é" * 5_000 in page.for_model()
 
 
+def test_a_body_of_control_characters_is_shown_cut_not_refused(reg: Callable[..., ToolRegistry], web: FakeWeb) -> None:
+    """Each control character is six bytes of JSON (\\u0001): 45,000 of them failed http_get as
+    TOO_LARGE, and the model saw nothing of the page."""
+    result = call(reg(), "http_get", {"url": f"{web.url}/repeat?c=%01&n=45000"})
+    assert result.ok and result.output["body"] == "\ufffd" * 45_000, result
+    page = call(reg(), "web_fetch", {"url": f"{web.url}/repeat?c=%00&n=150000", "max_chars": 100_000})
+    assert page.ok and page.output["text"] == "\ufffd" * 100_000 and page.output["truncated"] is True, page
+    kept = call(reg(), "http_get", {"url": f"{web.url}/repeat?c=%09&n=3"})  # tabs and line breaks are text
+    assert kept.output["body"] == "\t" * 3
+
+
 def test_brave_search(reg: Callable[..., ToolRegistry], web: FakeWeb) -> None:
     brave = reg(search_backend="brave", brave_api_key="brave-test-key", brave_api_base=f"{web.url}/brave")
     result = call(brave, "web_search", {"query": "sea otters", "count": 3})
