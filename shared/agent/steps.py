@@ -353,9 +353,10 @@ def _execute(rt: Runtime, run: Run, call: ToolCall, ctx: ToolContext) -> ToolRes
     if "_invalid_json" in call.arguments:
         args = str(call.arguments["_invalid_json"])
     if UNTAKEABLE in call.arguments:
-        return ToolResult.fail(ErrorCode.INVALID_ARGS, NO_NUL_ARGS)
+        return rt.tools.audited(call.name, args, ctx, ToolResult.fail(ErrorCode.INVALID_ARGS, NO_NUL_ARGS))
     if run.kind == RunKind.SUBAGENT and call.name in SUBAGENT_EXCLUDED:
-        return ToolResult.fail(ErrorCode.NOT_ALLOWED, f"subagents cannot use '{call.name}'")
+        refused = ToolResult.fail(ErrorCode.NOT_ALLOWED, f"subagents cannot use '{call.name}'")
+        return rt.tools.audited(call.name, args, ctx, refused)
     return run_sync(rt.tools.execute(call.name, args, ctx))
 
 

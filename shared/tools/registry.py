@@ -126,6 +126,12 @@ class ToolRegistry:
         started = time.perf_counter()
         result = await self._execute(name, raw_args, ctx)
         result.elapsed_ms = round((time.perf_counter() - started) * 1000, 3)
+        return self.audited(name, raw_args, ctx, result)
+
+    @staticmethod
+    def audited(name: str, raw_args: dict[str, Any] | str, ctx: ToolContext, result: ToolResult) -> ToolResult:
+        """`result` once its audit record is written: `execute` calls it, as does a run that refuses
+        a call before the registry sees it (a subagent's tool, arguments it cannot take)."""
         digest = hashlib.sha256(json.dumps(raw_args, sort_keys=True, default=str).encode()).hexdigest()
         audit.info(
             "tool=%s status=%s code=%s duration_ms=%.1f run=%s args_sha256=%s",

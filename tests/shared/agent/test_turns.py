@@ -13,6 +13,7 @@ from shared.agent.service import dollars
 from shared.agent.steps import EMPTY_ANSWER
 from shared.db import get_engine
 from tests.fakes.llm import FakeLLM, Reply, default_handler
+from tests.support.processes import wait_until
 from tests.support.stack import Stack, api_client
 
 
@@ -142,8 +143,6 @@ def test_a_refused_request_is_a_clear_reply_without_retries(stack: Stack, api: A
 
 
 def test_post_returns_at_once_and_the_run_can_be_read(stack: Stack, api: Any) -> None:
-    from tests.support.processes import wait_until
-
     cid = new_conversation(api)
     r = api.post(f"/api/v1/conversations/{cid}/messages", json={"message": "sleep:0.5 hi"})
     assert r.status_code == 202 and r.json()["runId"]
@@ -247,3 +246,6 @@ def test_a_nul_from_the_model_or_a_tool_is_dropped_without_failing_the_turn(stac
     assert "NUL character" in refused["result"] and refused["arguments"]["tag"] == "nulhere"
     assert fake_llm.calls() == 2  # none again
     assert stack.executions() == []  # not run on "nulhere"
+    worker = next(p for p in stack.procs if p.alive())  # refused before the registry saw it, and audited all the same
+    audited = f"tool=record status=FAILED code=INVALID_ARGS duration_ms=0.0 run={body['runId']} args_sha256="
+    wait_until(lambda: audited in worker.log(), message="its audit record")

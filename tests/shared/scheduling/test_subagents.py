@@ -7,11 +7,13 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from sqlmodel import select
+
 from shared.agent import conversations
 from shared.agent.runtime import Runtime
 from shared.agent.service import submit
 from shared.constants import REPORT
-from shared.models import Message, Role, RunStatus
+from shared.models import Message, Role, RunStatus, ToolCall, ToolStatus
 from tests.fakes.llm import FakeLLM
 from tests.support.processes import wait_until
 from tests.support.scheduling import (
@@ -44,6 +46,28 @@ def test_spawn_returns_at_once_and_the_report_arrives_once(sched: Stack) -> None
     assert parent.finished_at and child.finished_at and parent.finished_at < child.finished_at
     assert child.parent_run_id == parent.id and child.label == "job0"
     assert child.max_iterations == stack.settings.subagents.max_iterations
+
+
+def test_a_subagent_asking_for_a_tool_kept_from_it_is_refused_and_audited(sched: Stack) -> None:
+    """The model is not offered `message`, `spawn` or `cron` in a subagent, and a call it makes all
+    the same is refused; the refusal had no TOOL_AUDIT record (it never reached the registry)."""
+    stack = sched
+    with client(stack) as api:
+        cid = new_conversation(api)
+        [spawned] = spawn(api, cid, call("message", content="hi") + "\n" + call("time"))
+        child_id = child_of(spawned)
+        wait_until(lambda: reported(stack, cid, child_id), timeout=60, message="the subagent's report")
+    with db(stack) as s:
+        calls = {c.name: c for c in s.exec(select(ToolCall).where(ToolCall.run_id == child_id))}
+    assert (calls["message"].status, calls["message"].result["error"]) == (ToolStatus.REJECTED, "NOT_ALLOWED")
+    assert calls["time"].status == ToolStatus.SUCCESS
+    worker = next(p for p in stack.procs if p.alive())
+
+    def audited() -> list[str]:
+        return [line for line in worker.log().splitlines() if "tool=" in line and f"run={child_id} " in line]
+
+    wait_until(lambda: len(audited()) == 2, message="an audit record of each call")
+    assert "tool=message status=REJECTED code=NOT_ALLOWED" in "\n".join(audited())
 
 
 def test_concurrency_limit_and_stop(sched: Stack, fake_llm: FakeLLM) -> None:
