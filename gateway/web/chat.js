@@ -29,15 +29,14 @@ export class Client {
     return { Authorization: `Bearer ${this.key}`, ...extra };
   }
 
-  async call(method, path, body) {
+  // `waits`: a 504 with the gateway's own answer is /chat's "the turn goes on" (a proxy's 504 is no answer).
+  async call(method, path, body, waits = false) {
     const init = { method, headers: this.headers({ "Content-Type": "application/json" }) };
     if (body !== undefined) init.body = JSON.stringify(body);
     const res = await fetch(this.base + path, init);
     const data = await res.json().catch(() => null);
-    if (!res.ok && res.status !== 504) {  // (a proxy's refusal may not be JSON: its status text, then)
-      const detail = data === null ? res.statusText || "no reason given"
-        : typeof data.detail === "string" ? data.detail : readable(data.detail ?? data);
-      throw new ApiError(res.status, detail);
+    if (!res.ok && !(waits && res.status === 504 && data?.conversationId !== undefined)) {
+      throw new ApiError(res.status, refusal(res, data));
     }
     return { status: res.status, data };
   }
@@ -71,7 +70,7 @@ export class Client {
   // behind another turn then (no run yet) is answered later: {status: "queued"}.
   async chat(conversationId, text, images = []) {
     const { status, data } = await this.call("POST", `/api/v1/conversations/${conversationId}/chat`,
-      images.length ? { message: text, images } : { message: text });
+      images.length ? { message: text, images } : { message: text }, true);
     if (status !== 504) {
       return { text: data.assistantMessage, status: data.status, toolCalls: data.toolCalls ?? [] };
     }
@@ -129,10 +128,13 @@ export class Client {
     opened();
     const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
     let buffer = "";
+    let held = "";  // a chunk's last "\r": the next one may start with the "\n" of the same line break
     for (;;) {
       const { value, done } = await reader.read();
       if (done) return;
-      buffer += value.replace(/\r\n?/g, "\n");
+      const text = held + value;
+      held = text.endsWith("\r") ? "\r" : "";
+      buffer += (held ? text.slice(0, -1) : text).replace(/\r\n?/g, "\n");
       let end;
       while ((end = buffer.indexOf("\n\n")) >= 0) {
         const event = parseEvent(buffer.slice(0, end));
@@ -141,6 +143,15 @@ export class Client {
       }
     }
   }
+}
+
+// Why a request was not answered. A proxy's refusal may not be JSON: its status text, then; one
+// that gave up waiting (502, 504) may have passed the request on all the same.
+function refusal(res, data) {
+  if (data !== null) return typeof data.detail === "string" ? data.detail : readable(data.detail ?? data);
+  const reason = res.statusText || "no reason given";
+  return [502, 504].includes(res.status) ? `${reason} (it may have reached the agent: the conversation shows it if so)`
+    : reason;
 }
 
 // An API error's detail as people read it: a 422's problems as "field: what is wrong" lines.

@@ -130,3 +130,46 @@ def test_the_page_checks_titles_and_photos_before_sending() -> None:
         '"IMG_0001.HEIC" is not a photo the model takes: pick a JPEG, PNG, GIF or WebP image.',
         "5 photos picked: send at most 4 with a message.",
     ]
+
+
+STREAM_AND_PROXIES = """
+import { Client } from "%s";
+const stream = "id: 1-0\\r\\nevent: text.delta\\r\\ndata: {\\"text\\": \\"hi\\"}\\r\\n\\r\\n"
+  + "id: 2-0\\r\\nevent: run.finished\\r\\ndata: {}\\r\\n\\r\\n";
+const answers = [];  // what fetch answers next: a stream cut in two, or a response of a proxy or the gateway
+globalThis.fetch = async () => answers.shift();
+const cut = (at) => new Response(new ReadableStream({ start(c) {
+  const bytes = new TextEncoder().encode(stream);
+  c.enqueue(bytes.slice(0, at)); c.enqueue(bytes.slice(at)); c.close();
+} }), { headers: { "content-type": "text/event-stream" } });
+const client = new Client("http://gateway", "key");
+const out = { misread: [], post: null, chat: null };
+for (let at = 1; at < stream.length; at++) {
+  answers.push(cut(at));
+  const seen = [];
+  for await (const { id, event } of client.events("c1", undefined, "0")) seen.push(`${id} ${event}`);
+  if (seen.join(",") !== "1-0 text.delta,2-0 run.finished") out.misread.push([at, seen]);
+}
+const proxy504 = () => new Response("<html>Gateway Time-out</html>", { status: 504, statusText: "Gateway Time-out" });
+answers.push(proxy504());
+await client.post("c1", "hello").then((p) => { out.post = ["sent", p]; }, (e) => { out.post = [e.status, e.message]; });
+answers.push(new Response(JSON.stringify({ detail: "no answer", conversationId: "c1", runId: null }), { status: 504 }));
+out.chat = await client.chat("c1", "hello");
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+def test_the_pages_client_reads_a_line_break_cut_between_chunks_and_a_proxys_timeout() -> None:
+    """Each chunk's "\\r\\n" was made "\\n" on its own: one cut between "\\r" and "\\n" made two line
+    breaks, an event lost its type (a finished run read as a `message`, a blank bubble, no answer).
+    A proxy's 504 was taken for an answer: "not sent: Cannot read properties of null"."""
+    script = STREAM_AND_PROXIES % (Path(__file__).parents[2] / "gateway" / "web" / "chat.js").as_uri()
+    done = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["misread"] == []
+    status, message = out["post"]
+    assert status == 504 and "Gateway Time-out (it may have reached the agent" in message, out["post"]
+    assert out["chat"] == {"text": "", "status": "queued", "toolCalls": []}  # the gateway's own 504: the turn goes on
