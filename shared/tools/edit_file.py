@@ -53,6 +53,14 @@ def closest_match(text: str, needle: str) -> tuple[int, str] | None:
     return best[1] + 1, "\n".join(lines[best[1]:best[1] + width])
 
 
+def occurrences(text: str, needle: str) -> int:
+    """How often `needle` occurs in `text`, as far as an edit cares: `str.count`, which skips
+    overlapping matches, except that a match another overlaps ("aa" in "aaa") counts as two, so an
+    edit of it is refused as ambiguous (at C speed: a Python loop over a large file's matches took a second)."""
+    count = text.count(needle)
+    return 2 if count == 1 and text.find(needle, text.find(needle) + 1) != -1 else count
+
+
 async def _miss(path: str, text: str, needle: str) -> ToolResult:
     hint = await asyncio.to_thread(closest_match, text, needle)  # CPU-bound: keep the tool loop free
     message = f"old_text was not found in {path}"
@@ -84,15 +92,19 @@ class EditFileTool(Tool):
                     return ToolResult.fail(ErrorCode.INVALID_ARGS, (
                         f"{args.path} is not UTF-8 text (byte {err.start}): edit_file would change bytes it "
                         "does not replace; rewrite it whole with write_file, or convert it with exec"))
-                count = text.count(args.old_text)
+                # replace_all replaces what str.replace finds; a single edit needs a match with no overlapping other
+                count = text.count(args.old_text) if args.replace_all else occurrences(text, args.old_text)
                 if count == 1 or (count > 1 and args.replace_all):
                     fh.seek(0)  # the same fd that was read: no second open to race against
                     fh.write(text.replace(args.old_text, args.new_text).encode())
                     fh.truncate()
         except OutsideWorkspace as err:
             return err.result()
-        except (FileNotFoundError, NotADirectoryError, NotAFile):
+        except (FileNotFoundError, NotADirectoryError):
             return ToolResult.fail(ErrorCode.NOT_FOUND, f"no such file: {args.path}")
+        except NotAFile as err:
+            return ToolResult.fail(ErrorCode.INVALID_ARGS, f"{args.path} is a folder, not a file" if err.is_dir
+                                   else f"{args.path} {err}")
         except OSError as err:
             return ToolResult.fail(ErrorCode.FAILED, f"cannot edit {args.path}: {err.strerror or err}")
         if count == 0:

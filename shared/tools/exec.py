@@ -364,8 +364,11 @@ class ExecTool(Tool):
         except OutsideWorkspace as err:
             return err.result()
         ctx.workspace.mkdir(parents=True, exist_ok=True)
-        if not cwd.is_dir():
-            return ToolResult.fail(ErrorCode.NOT_FOUND, f"working_dir is not a folder: {args.working_dir}")
+        try:
+            if not cwd.is_dir():
+                return ToolResult.fail(ErrorCode.NOT_FOUND, f"working_dir is not a folder: {args.working_dir}")
+        except OSError as err:  # a path too long to use, which an earlier write_file could make
+            return ToolResult.fail(ErrorCode.INVALID_ARGS, f"working_dir cannot be used: {err.strerror or err}")
         who = run_as(ctx.settings)
         if who and (blocked := inaccessible(cwd, who)):
             return ToolResult.fail(ErrorCode.FAILED, (

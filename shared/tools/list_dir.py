@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from fnmatch import fnmatch
 from pathlib import Path
@@ -30,13 +31,21 @@ def _entries(folder: int, recursive: bool) -> Iterator[tuple[str, bool]]:
         for entry in sorted(os.scandir(folder), key=lambda e: e.name):
             yield entry.name, entry.is_dir(follow_symlinks=False)
         return
-    for current, dirs, files, _ in os.fwalk(".", dir_fd=folder):  # by fd: a swapped folder is not followed
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+    for current, dirs, files, fd in os.fwalk(".", dir_fd=folder):  # by fd: a swapped folder is not followed
+        links = [d for d in dirs if _is_link(d, fd)]  # listed as fwalk found them: a link to a folder is no folder here
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and d not in links)
         rel = Path(current)
         for name in dirs:
             yield str(rel / name), True
-        for name in sorted(files):
+        for name in sorted([*files, *links]):
             yield str(rel / name), False
+
+
+def _is_link(name: str, folder: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode)
+    except OSError:  # gone meanwhile
+        return False
 
 
 def format_listing(entries: Iterator[tuple[str, bool]], pattern: str | None, limit: int) -> str:
@@ -74,11 +83,11 @@ class ListDirTool(Tool):
             target = resolve(ctx.workspace, args.path)
         except OutsideWorkspace as err:
             return err.result()
-        if not target.exists():
-            return ToolResult.fail(ErrorCode.NOT_FOUND, f"no such folder: {args.path}")
-        if not target.is_dir():
-            return ToolResult.fail(ErrorCode.INVALID_ARGS, f"not a folder: {args.path} (use read_file)")
         try:
+            if not target.exists():
+                return ToolResult.fail(ErrorCode.NOT_FOUND, f"no such folder: {args.path}")
+            if not target.is_dir():
+                return ToolResult.fail(ErrorCode.INVALID_ARGS, f"not a folder: {args.path} (use read_file)")
             folder = open_folder(ctx.workspace, target)
         except OutsideWorkspace as err:
             return err.result()

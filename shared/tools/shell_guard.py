@@ -2,8 +2,8 @@
 
 A safety net, not a sandbox (the boundary is the SHELL permission and the unprivileged user). It
 errs on the side of refusing: segments are cut at every `;`, `&&`, `||`, `|`, `&`, newline,
-`$(`, backtick, parenthesis and brace, even inside quotes, and `sh -c`/`eval` strings are
-checked recursively.
+`$(`, backtick, parenthesis and brace, even inside quotes, and the strings of `sh -c` (`sh -ec`,
+`bash -lc`, `bash -o pipefail -c --`...) and `eval` are checked recursively.
 """
 
 from __future__ import annotations
@@ -14,11 +14,16 @@ import shlex
 from pathlib import PurePosixPath
 
 SEPARATORS = re.compile(r"&&|\|\||[;|&\n\r`(){}]|\$\(")
-FORK_BOMB = re.compile(r"(\S+)\s*\(\s*\)\s*\{[^}]*\1\s*\|\s*\1")
+# `f() {`, `function f {`, `function f() {`: a name holds no quote, so `sh -c ':(){...'` names `:`
+NAME = r"[^\s(){};|&<>'\"`]+"
+DEFINITION = re.compile(rf"(?:\bfunction\s+({NAME})\s*(?:\(\s*\))?|({NAME})\s*\(\s*\))\s*\{{")
+CALL_START = r"(?:^|[;&|({\n]|\b(?:do|then|else)\s)\s*"  # where a body's word is a command
+CALL_END = r"(?=[\s;&|)}]|$)"
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 WRAPPERS = {"sudo", "doas", "env", "nice", "nohup", "time", "command", "builtin", "exec", "busybox",
             "ionice", "stdbuf", "setsid", "chroot", "timeout", "xargs", "unbuffer"}
-SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "ash", "fish"}
+SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "hush", "fish"}
+VALUED_LONG_OPTIONS = {"--rcfile", "--init-file"}  # bash's: the next word is theirs, not the command
 ROOTS = re.compile(r"^(/+\.?|/+\*|~/?\*?|\$\{?HOME\}?/?\*?|/+[^/\s]+/*\*?)$")
 DEVICE = re.compile(r"^/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|md|dm-|mapper/|loop|root)")
 POWER = {"shutdown", "reboot", "poweroff", "halt"}
@@ -102,6 +107,29 @@ def _redirects_to_device(segment: str) -> bool:
     return any(DEVICE.match(m) for m in re.findall(r">\s*(/dev/\S+)", segment))
 
 
+def _command_string(args: list[str]) -> str | None:
+    """The string a shell given `args` runs: its first operand, when a short-option word holds a `c`.
+
+    `-c`, `-ec`, `-lc` and `-xec` all take it, and not as the word after the option but as the
+    first word that is no option: `bash -c -- "..."`, `bash -c -o pipefail "..."`. `-o`/`-O`
+    (one per letter, as `-eo`) and `--rcfile` take the next word as theirs.
+    """
+    has_c, rest = False, iter(args)
+    for word in rest:
+        if word in ("-", "--"):
+            return next(rest, None) if has_c else None
+        if word.startswith("--"):  # `--login`, `--norc`: a long option never holds the `c`
+            if word in VALUED_LONG_OPTIONS:
+                next(rest, None)
+        elif word[:1] in ("-", "+") and len(word) > 1:
+            has_c = has_c or (word[0] == "-" and "c" in word)
+            for _ in range(word.count("o") + word.count("O")):
+                next(rest, None)
+        else:
+            return word if has_c else None
+    return None
+
+
 def check_segment(segment: str, depth: int = 0) -> None:
     """Raise Denied if this one simple command is destructive (recursing into `sh -c` and `eval`)."""
     if _redirects_to_device(segment):
@@ -112,12 +140,42 @@ def check_segment(segment: str, depth: int = 0) -> None:
         raise Denied(f"refused: {reason} in '{segment.strip()}'")
     if depth < 3 and words:
         name = _name(words[0])
-        if name in SHELLS and "-c" in words:
-            nested = words[words.index("-c") + 1:words.index("-c") + 2]
-            if nested:
-                check_command(nested[0], depth + 1)
+        if name in SHELLS:
+            nested = _command_string(words[1:])
+            if nested is not None:
+                check_command(nested, depth + 1)
         elif name == "eval":
             check_command(" ".join(words[1:]), depth + 1)
+
+
+def _body(command: str, start: int) -> str:
+    """The function body that starts at `start`, just past its `{`: up to the brace that closes it
+    (so `${x}` inside does not end it), or to the end of the command."""
+    depth = 1
+    for i in range(start, len(command)):
+        if command[i] == "{":
+            depth += 1
+        elif command[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return command[start:i]
+    return command[start:]
+
+
+def is_fork_bomb(command: str) -> bool:
+    """Whether `command` defines a function that starts itself in the background or piped into itself
+    (`:(){ :|:& };:`, `f(){ f & f; }`): each call starts another that does the same, without end.
+
+    A function that calls itself in the foreground, or with arguments (`walk "$d" &`), passes:
+    recursion is ordinary, and whether it ends is not for a deny list to judge.
+    """
+    for match in DEFINITION.finditer(command):
+        name = re.escape(match.group(1) or match.group(2))
+        itself = CALL_START + name + CALL_END
+        background = itself + r"\s*(?:&(?!&)|\|(?!\|)\s*" + name + CALL_END + ")"  # `f &`, `f | f`
+        if re.search(background, _body(command, match.end())):
+            return True
+    return False
 
 
 def segments(command: str) -> list[str]:
@@ -127,7 +185,7 @@ def segments(command: str) -> list[str]:
 
 def check_command(command: str, depth: int = 0) -> None:
     """Raise Denied if any segment of `command` matches the deny list."""
-    if FORK_BOMB.search(command):
+    if is_fork_bomb(command):
         raise Denied("refused: fork bomb")
     for segment in segments(command):
         check_segment(segment, depth)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -87,3 +88,19 @@ def make_run(database_url: str) -> Callable[..., Run]:
             return run
 
     return make
+
+
+def deep_folder(root: Path, depth: int = 30) -> str:
+    """A folder `depth` levels of 200-character names down (6,000 characters: past PATH_MAX), made by
+    descriptor; its path relative to `root`."""
+    names, fd = [], os.open(root, os.O_RDONLY)
+    try:
+        for i in range(depth):
+            names.append(f"{i:02}" + "d" * 198)
+            os.mkdir(names[-1], dir_fd=fd)
+            inner = os.open(names[-1], os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
+    return "/".join(names)

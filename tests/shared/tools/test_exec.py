@@ -22,7 +22,7 @@ from shared.tools.base import ErrorCode
 from shared.tools.exec import CALLS, MARKER, PROGRESS_LINE_CHARS, Progress
 from shared.tools.registry import ToolRegistry
 from shared.tools.shell_guard import Denied, check_command
-from tests.shared.tools.conftest import call
+from tests.shared.tools.conftest import call, deep_folder
 from tests.support.processes import wait_until
 
 
@@ -209,6 +209,15 @@ def test_working_dir_is_confined(reg: Callable[..., ToolRegistry], workspace: Pa
     assert call(reg(), "exec", {"command": "pwd", "working_dir": "nope"}).error == ErrorCode.NOT_FOUND
 
 
+def test_a_working_dir_too_long_to_use_is_refused_cleanly(reg: Callable[..., ToolRegistry], workspace: Path) -> None:
+    """write_file makes folders by descriptor, past PATH_MAX; exec raised (a traceback in the worker's
+    log, the workspace's absolute path shown to the model)."""
+    deep = deep_folder(workspace)
+    result = call(reg(), "exec", {"command": "pwd", "working_dir": deep})
+    assert result.error == ErrorCode.INVALID_ARGS and "too long" in str(result.message), result
+    assert str(workspace) not in str(result.message)
+
+
 def test_progress_is_streamed_as_events(reg: Callable[..., ToolRegistry]) -> None:
     events: list[tuple[str, dict[str, Any]]] = []
     result = call(reg(), "exec", {"command": "echo first; sleep 0.6; echo second"}, call_id="c9",
@@ -224,13 +233,17 @@ def test_denied_command_runs_nothing_at_all(reg: Callable[..., ToolRegistry], wo
     assert not (workspace / "before").exists() and not (workspace / "after").exists()
 
 
+FORK_BOMBS = [":(){ :|:& };:", ":(){ :&:; };:", "f(){ f & f; }; f", "f(){ f | f & }; f", "bomb() { bomb|bomb& }; bomb",
+              "function f { f & f; }; f", "f(){ for i in 1 2; do f & done; }; f"]
 DANGEROUS = ["rm -rf /", "rm -fr ~", "rm -r -f /*", "sudo rm -rf /etc", "/bin/rm -Rf $HOME", "mkfs.ext4 /dev/sda1",
-             "dd if=/dev/zero of=/dev/sda bs=1M", "shutdown -h now", "reboot", "systemctl poweroff", ":(){ :|:& };:",
-             "chmod -R 777 /", "find / -delete", "echo x > /dev/nvme0n1", "timeout 5 halt"]
+             "dd if=/dev/zero of=/dev/sda bs=1M", "shutdown -h now", "reboot", "systemctl poweroff", *FORK_BOMBS,
+             "chmod -R 777 /", "find / -delete", "echo x > /dev/nvme0n1", "timeout 5 halt", "wipefs --version"]
 BENIGN = ["echo hi", "ls -la", "cat notes.md", "true", "grep -r reboot .", "rm -rf build", "python3 -c 'print(1)'",
-          "git log --oneline | head", "dd if=a.img of=b.img"]
+          "git log --oneline | head", "dd if=a.img of=b.img", "bash -lc 'echo hi'", "sh -ec ls",
+          "greet(){ echo hi; }; greet &"]
 SEPARATORS = ["; ", " && ", " || ", " | ", "\n", " & "]
-WRAPS = ["{}", "$({})", "`{}`", "sh -c '{}'", 'bash -c "{}"', "( {} )", "eval '{}'", "{{ {}; }}", "env FOO=1 {}"]
+WRAPS = ["{}", "$({})", "`{}`", "sh -c '{}'", 'bash -c "{}"', "( {} )", "eval '{}'", "{{ {}; }}", "env FOO=1 {}",
+         "sh -ec '{}'", 'bash -lc "{}"', "bash -c -- '{}'", "bash -o pipefail -c '{}'", "busybox sh -xec '{}'"]
 
 
 @given(before=st.lists(st.sampled_from(BENIGN), max_size=3), after=st.lists(st.sampled_from(BENIGN), max_size=3),
@@ -248,6 +261,33 @@ def test_deny_list_checks_every_segment(before: list[str], after: list[str], bad
        seps=st.lists(st.sampled_from(SEPARATORS), min_size=3, max_size=3))
 def test_ordinary_commands_pass(parts: list[str], seps: list[str]) -> None:
     check_command(parts[0] + "".join(sep + part for sep, part in zip(seps, parts[1:], strict=False)))
+
+
+@pytest.mark.parametrize("command", [
+    'sh -ec "wipefs --version"', 'bash -lc "wipefs --version"', 'bash -c -- "wipefs --version"', 'sh -xec "reboot"',
+    'bash -o pipefail -c "reboot"', 'bash -c -o pipefail "reboot"', 'bash -eo pipefail -c "reboot"',
+    'bash --login -c "reboot"', 'bash --rcfile ~/.rc -c "reboot"', 'zsh -c - "reboot"', 'busybox sh -ec "halt"',
+])
+def test_the_string_of_any_shell_option_with_c_is_checked(command: str) -> None:
+    """`-ec`, `-lc` and `-c --` run a command string as `-c` does: the deny list looked only behind `-c`."""
+    with pytest.raises(Denied, match="refused"):
+        check_command(command)
+
+
+@pytest.mark.parametrize("command", FORK_BOMBS)
+def test_a_function_that_starts_itself_in_the_background_is_a_fork_bomb(command: str) -> None:
+    with pytest.raises(Denied, match="fork bomb"):
+        check_command(command)
+
+
+@pytest.mark.parametrize("command", [
+    'bash -lc "echo hi"', 'sh -ec "ls"', 'bash -c -- "echo hi"', 'bash -o pipefail -c "ls | head"',
+    'bash --norc script.sh', "greet(){ echo hi; }; greet &", 'log(){ logger "$@" & }; log started',
+    'walk(){ for d in "$1"/*; do walk "$d" & done; }; walk .', 'down(){ [ "$1" -gt 0 ] && down $(($1 - 1)); }; down 3',
+    "say(){ echo say & }; say", "f(){ f_helper & }; f",
+])
+def test_ordinary_shell_strings_and_functions_pass(command: str) -> None:
+    check_command(command)
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs a root worker")

@@ -15,7 +15,7 @@ from shared.tools import edit_file
 from shared.tools.base import ErrorCode, ToolContext
 from shared.tools.edit_file import MAX_HINT_NEEDLE
 from shared.tools.registry import ToolRegistry
-from tests.shared.tools.conftest import call, tool_settings
+from tests.shared.tools.conftest import call, deep_folder, tool_settings
 
 
 @pytest.fixture
@@ -63,10 +63,22 @@ def test_text_of_many_bytes_a_character_is_cut_at_a_line_with_the_hint(reg: Tool
     assert first.ok and "[output truncated" not in first.output
     shown, _, note = first.output.rpartition("\n[")
     last = len(shown.splitlines())
-    assert shown.splitlines() == lines[:last] and note == f"cut off after line {last} of 1001: read on with " \
+    assert shown.splitlines() == lines[:last] and note == f"cut off after line {last} of 1000: read on with " \
         f"start_line={last + 1}]"
     rest = call(reg, "read_file", {"path": "ru.txt", "start_line": last + 1}).output
     assert rest.splitlines()[0] == lines[last]
+
+
+def test_read_past_the_last_line_says_how_many_lines_there_are(reg: ToolRegistry, workspace: Path) -> None:
+    (workspace / "f.txt").write_text("".join(f"line {i}\n" for i in range(1, 11)))  # wc -l: 10
+    past = call(reg, "read_file", {"path": "f.txt", "start_line": 11})
+    assert past.error == ErrorCode.INVALID_ARGS and past.message == "start_line 11 is past the end: f.txt has 10 lines"
+    assert call(reg, "read_file", {"path": "f.txt", "start_line": 10, "end_line": 99}).output == "line 10\n"
+    (workspace / "two.txt").write_text("a\nb")
+    assert "two.txt has 2 lines" in call(reg, "read_file", {"path": "two.txt", "start_line": 3}).message
+    (workspace / "empty.txt").write_text("")
+    assert call(reg, "read_file", {"path": "empty.txt", "start_line": 1}).output == ""
+    assert "has 0 lines" in call(reg, "read_file", {"path": "empty.txt", "start_line": 2}).message
 
 
 def test_edit_refuses_a_file_that_is_not_utf8_and_leaves_it_alone(reg: ToolRegistry, workspace: Path) -> None:
@@ -87,6 +99,25 @@ def test_edit_needs_a_unique_match_unless_replace_all(reg: ToolRegistry, workspa
     assert path.read_text() == "a = 2\nb = 1\nprint(a + b)\n"
     assert call(reg, "edit_file", {"path": "code.py", "old_text": " = ", "new_text": "=", "replace_all": True}).ok
     assert path.read_text() == "a=2\nb=1\nprint(a + b)\n"
+
+
+@pytest.mark.parametrize(("text", "old_text"), [("aaa\n", "aa"), ("end\nend\nend\n", "end\nend")])
+def test_edit_counts_overlapping_matches_as_ambiguous(reg: ToolRegistry, workspace: Path, text: str,
+                                                     old_text: str) -> None:
+    """str.count finds one "aa" in "aaa": the edit would pick one of two places without saying so."""
+    path = workspace / "f.txt"
+    path.write_text(text)
+    result = call(reg, "edit_file", {"path": "f.txt", "old_text": old_text, "new_text": "X"})
+    assert result.error == ErrorCode.INVALID_ARGS and "old_text occurs 2 times in f.txt" in result.message
+    assert path.read_text() == text
+    everywhere = call(reg, "edit_file", {"path": "f.txt", "old_text": old_text, "new_text": "X", "replace_all": True})
+    assert everywhere.output.startswith("replaced 1 occurrence in") and path.read_text() == text.replace(old_text, "X")
+
+
+def test_edit_of_a_folder_says_it_is_a_folder(reg: ToolRegistry, workspace: Path) -> None:
+    (workspace / "notes").mkdir()
+    result = call(reg, "edit_file", {"path": "notes", "old_text": "a", "new_text": "b"})
+    assert result.error == ErrorCode.INVALID_ARGS and result.message == "notes is a folder, not a file"
 
 
 def test_edit_miss_answers_with_the_closest_match(reg: ToolRegistry, workspace: Path) -> None:
@@ -143,6 +174,25 @@ def test_list_dir_recursive_pattern_and_bound(reg: ToolRegistry, workspace: Path
     assert len(bounded) == 6 and bounded[-1].startswith("[26 more entries not shown")
     assert call(reg, "list_dir", {"path": "docs/a.md"}).error == ErrorCode.INVALID_ARGS
     assert call(reg, "list_dir", {"path": "nothing"}).error == ErrorCode.NOT_FOUND
+
+
+def test_list_dir_shows_a_link_to_a_folder_as_no_folder(reg: ToolRegistry, workspace: Path, tmp_path: Path) -> None:
+    """Recursive listings marked it `out/`, inviting a listing the sandbox then refused; the plain
+    listing already showed it as `out`."""
+    (tmp_path / "elsewhere").mkdir()
+    (workspace / "docs").mkdir()
+    (workspace / "docs" / "out").symlink_to(tmp_path / "elsewhere")
+    assert call(reg, "list_dir", {"path": "docs"}).output == "out"
+    assert call(reg, "list_dir", {"path": ".", "recursive": True}).output.splitlines() == ["docs/", "docs/out"]
+
+
+def test_list_dir_of_a_path_too_long_to_use_fails_cleanly(reg: ToolRegistry, workspace: Path) -> None:
+    """write_file makes folders by descriptor, past PATH_MAX; list_dir raised (a traceback in the
+    worker's log, the workspace's absolute path shown to the model)."""
+    deep = deep_folder(workspace)
+    result = call(reg, "list_dir", {"path": deep})
+    assert result.error == ErrorCode.FAILED and "File name too long" in str(result.message), result
+    assert str(workspace) not in str(result.message)
 
 
 def test_read_file_serves_builtin_skills_unless_the_workspace_has_them(reg: ToolRegistry, workspace: Path) -> None:
