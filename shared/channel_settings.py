@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, SecretStr, field_validator
 
 PLACEHOLDERS = {"changeme", "change-me", "your-key-here", "xxx", "todo", "replace-me"}
 TELEGRAM_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")  # what setWebhook's secret_token accepts
+ED25519_HEX = re.compile(r"[0-9a-fA-F]{64}")
 
 
 def not_placeholder(value: SecretStr | None) -> SecretStr | None:
@@ -96,6 +97,16 @@ class DiscordSettings(ChannelBase):
     application_id: str | None = None
     public_key: str | None = None
     bot_token: SecretStr | None = None
+
+    @field_validator("public_key")
+    @classmethod
+    def _ed25519_key(cls, v: str | None) -> str | None:
+        """A key that is none (the application id, pasted by mistake) failed every request as a forged
+        one, with nothing said at start."""
+        if v and not ED25519_HEX.fullmatch(v.strip()):
+            raise ValueError("is not an Ed25519 public key: 64 hexadecimal digits, the 'Public Key' on the "
+                             "application's General Information page in the Discord developer portal")
+        return v.strip() if v else v
 
 
 class GenericWebhookSettings(ChannelBase):

@@ -203,6 +203,17 @@ def test_telegram_webhook_secret_outside_its_alphabet_is_refused(monkeypatch: py
     assert load_settings().channels.telegram.webhook_secret is not None
 
 
+@pytest.mark.parametrize("key", ["111111111111111111", "ab" * 31, "zz" * 32, "ab" * 33])
+def test_a_discord_public_key_that_is_none_is_refused(monkeypatch: pytest.MonkeyPatch, key: str) -> None:
+    """The application id pasted as the key made every request a forgery (401), with nothing said."""
+    monkeypatch.setenv("NANOFLEET_CHANNELS__DISCORD__PUBLIC_KEY", key)
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert "NANOFLEET_CHANNELS__DISCORD__PUBLIC_KEY: " in str(err.value) and "64 hexadecimal digits" in str(err.value)
+    monkeypatch.setenv("NANOFLEET_CHANNELS__DISCORD__PUBLIC_KEY", f" {'aB' * 32}\n")
+    assert load_settings().channels.discord.public_key == "aB" * 32
+
+
 def test_passwords_in_the_database_and_redis_urls_are_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NANOFLEET_DATABASE_URL", "postgresql+psycopg://app:db%40secret@db:5432/nanofleet")
     monkeypatch.setenv("NANOFLEET_REDIS_URL", "redis://:redis-secret@redis:6379/0")
