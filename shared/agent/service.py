@@ -23,6 +23,11 @@ HELP = """Commands:
 /usage - the tokens and cost of this chat so far
 /retry - answer the last message again (the answer it had is dropped); /retry TEXT: as if it said TEXT
 /help  - this message"""
+# Where a chat app keeps a leading "/" for commands of its own: how to send ours there
+SENDING_COMMANDS = {
+    "slack": "On Slack, send them after a mention of the bot (@bot /stop), or in a direct message after a space.",
+    "discord": "On Discord, send them through /ask (question: /stop).",
+}
 NEW_WHILE_BUSY = "A reply is still being written: send /new again once it has come, or /stop it first."
 DEFAULT = "default"
 # The commands as chat apps list them in their menus (Telegram's, set with the webhook)
@@ -60,7 +65,8 @@ def submit(
     """Handle one user message inside the caller's transaction; enqueue `nexts` after commit."""
     command = command_of(content)
     if command == "/help":
-        return Submitted(conversation_id, reply=HELP)
+        how = SENDING_COMMANDS.get(str(origin.get("channel", "")))
+        return Submitted(conversation_id, reply=f"{HELP}\n\n{how}" if how else HELP)
     if command == "/stop":
         out = Submitted(conversation_id)
         out.nexts = cancel_conversation(rt, s, conversation_id, out.cancelled)

@@ -16,7 +16,7 @@ from sqlalchemy import text as sql
 from sqlmodel import Session
 
 from shared.agent import conversations
-from shared.agent.service import HELP
+from shared.agent.service import HELP, SENDING_COMMANDS
 from shared.channels.discord import NOT_OURS
 from shared.channels.images import UNSEEN, UNSEEN_SOME
 from shared.channels.inbound import UNSUPPORTED
@@ -186,6 +186,18 @@ def test_slack_replies_in_the_thread_and_keeps_one_session_per_thread(channels: 
     for payload in ignored:
         assert channels.post("slack", slack.signed(payload)).status_code == 200
     assert channels.scalar("select count(*) from messages where content in ('mine', 'chatter')") == 0
+
+
+def test_slack_help_says_how_to_send_a_command_there(channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    """Slack takes a message that starts with / for a command of its own: /help listed ours bare."""
+    slack, d = channels.fakes["slack"], channels.driver("slack")
+    chat = d.new_chat()
+    channels.post("slack", slack.signed(slack.event(channel=chat, user=d.allowed, text="<@UBOT0001> /help",
+                                                    event_id="EvHelp")))
+    channels.settled(chat)
+    [reply] = [c.body["text"] for c in slack.sent(chat)]
+    assert "/stop" in reply and reply.endswith(SENDING_COMMANDS["slack"].replace(">", "&gt;")), reply
+    assert llm_requests_with(fake_llm, "/help") == 0
 
 
 def test_a_whatsapp_reply_reported_failed_later_becomes_a_dead_letter_that_can_be_resent(
