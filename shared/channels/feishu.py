@@ -6,16 +6,12 @@ token cached in Redis and refreshed."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import logging
 import re
 from typing import Any, ClassVar
 
 import httpx
-from cryptography.hazmat.primitives import padding
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from shared.channels import cards
 from shared.channels.albums import BURST
@@ -29,11 +25,12 @@ from shared.channels.base import (
     Rejected,
     SendResult,
     WebhookError,
-    json_object,
 )
 from shared.channels.clients import Learned, PlatformError, body, check, download, http, redis_client, retry_after
+from shared.channels.feishu_crypto import EncryptedWithoutKey, check_signature, opened
+from shared.channels.feishu_crypto import decrypt as decrypt  # (re-exported: where it used to be)
 from shared.channels.markdown import feishu_md
-from shared.channels.signing import fresh, same
+from shared.channels.signing import same
 from shared.constants import KEY_CACHE
 from shared.contracts import InboundMessage
 from shared.settings import Settings
@@ -55,17 +52,13 @@ BOT_INFO_TIMEOUT = 3.0  # seconds, for each of the token and bot/v3/info calls
 BOT_INFO_PAUSE = 10.0  # seconds after a failed bot/v3/info before the next
 MAX_PHOTO = 10 * 1024 * 1024  # im/v1/images' cap: a larger photo goes as a file
 FILE_TYPES = ("pdf", "doc", "xls", "ppt")  # im/v1/files' file_type for these extensions; any other is "stream"
+# Refusals of a call that are not of its content (the bot not in the chat, its bot ability or a permission
+# not granted): a post refused for anything else (230001 invalid parameter, ...) may pass as text
+NOT_CONTENT = {230002, 230006, 230027, 99991672}
 
 
-def decrypt(encrypted: str, key: str) -> bytes:
-    """Feishu's scheme: AES-256-CBC, key sha256(encrypt key), IV the first 16 bytes, PKCS#7."""
-    raw = base64.b64decode(encrypted, validate=True)
-    if len(raw) < 32 or len(raw) % 16:
-        raise ValueError("bad ciphertext length")
-    decryptor = Cipher(algorithms.AES(hashlib.sha256(key.encode()).digest()), modes.CBC(raw[:16])).decryptor()
-    padded = decryptor.update(raw[16:]) + decryptor.finalize()
-    unpadder = padding.PKCS7(128).unpadder()
-    return unpadder.update(padded) + unpadder.finalize()
+class BadContent(Rejected):
+    """Feishu refused the content of a message (im/v1/messages), not the token, the app or the chat."""
 
 
 class FeishuChannel(BaseChannel):
@@ -85,27 +78,20 @@ class FeishuChannel(BaseChannel):
     # ------------------------------------------------------------------ inbound
 
     def decode(self, body: bytes) -> dict[str, Any]:
-        """The event as JSON, decrypted when an encrypt key is set (then it must be encrypted)."""
-        payload = json_object(body)
-        key = self.secret("encrypt_key")
-        if not key:
-            return payload
-        encrypted = payload.get("encrypt")
-        if not isinstance(encrypted, str):
-            raise WebhookError(401, "body is not encrypted with the encrypt key")
-        try:
-            return json_object(decrypt(encrypted, key))
-        except (ValueError, WebhookError):
-            raise WebhookError(401, "body does not decrypt with the encrypt key") from None
+        """The event as JSON, decrypted when an encrypt key is set (then it must be encrypted; an
+        encrypted one without a key is refused, naming the setting)."""
+        return opened(body, self.secret("encrypt_key"))
 
     def verify(self, headers: dict[str, str], body: bytes) -> None:
         """With an encrypt key: the signature over the raw body (every event but the url_verification
         handshake is signed), then the body must decrypt. Always: the verification token inside."""
         key, signed = self.secret("encrypt_key"), "x-lark-signature" in headers
         if key and signed:
-            self._check_signature(headers, body, key)
+            check_signature(headers, body, key)
         try:
             payload = self.decode(body)
+        except EncryptedWithoutKey:
+            raise
         except WebhookError:
             raise WebhookError(401, "body does not decode to an event") from None
         if key and not signed and payload.get("type") != "url_verification":
@@ -114,12 +100,6 @@ class FeishuChannel(BaseChannel):
         token = header.get("token") if isinstance(header, dict) else payload.get("token")
         if not isinstance(token, str) or not same(token, self.secret("verification_token")):
             raise WebhookError(401, "bad verification token")
-
-    def _check_signature(self, headers: dict[str, str], body: bytes, key: str) -> None:
-        ts, nonce = headers.get("x-lark-request-timestamp", ""), headers.get("x-lark-request-nonce", "")
-        expected = hashlib.sha256((ts + nonce + key).encode("utf-8", "surrogateescape") + body).hexdigest()
-        if not (fresh(ts) and same(headers.get("x-lark-signature", ""), expected)):
-            raise WebhookError(401, "bad or stale X-Lark-Signature")
 
     def parse(self, headers: dict[str, str], body: bytes) -> Parsed:
         payload = self.decode(body)
@@ -221,13 +201,13 @@ class FeishuChannel(BaseChannel):
         return feishu_md(markdown)
 
     def send(self, chat_id: str, text: str, meta: dict[str, Any]) -> SendResult:
-        """A post of one markdown element, which Feishu renders; a post it refuses goes as plain text
-        (a last resort, as Telegram's unparsed HTML is)."""
+        """A post of one markdown element, which Feishu renders; a post whose content it refuses goes as
+        plain text (a last resort, as Telegram's unparsed HTML is). Any other refusal fails the send."""
         key = _uuid(meta)
         try:
             return self._send(chat_id, "post", {"zh_cn": {"content": [[{"tag": "md", "text": text}]]}}, key)
-        except Rejected as err:
-            log.warning("feishu refused a reply as a post, sending it as text: %s", err)
+        except BadContent as err:
+            log.warning("feishu refused a reply's content as a post, sending it as text: %s", err)
             return self._send(chat_id, "text", {"text": text}, f"{key}:text" if key else "")
 
     def send_file(self, chat_id: str, file: OutFile, meta: dict[str, Any]) -> SendResult:
@@ -253,7 +233,8 @@ class FeishuChannel(BaseChannel):
 
     def _call(self, method: str, path: str, *, timeout: float, **kw: Any) -> dict[str, Any]:
         """Feishu's answer to a call with the tenant token, once it says code 0 (else RateLimited,
-        Rejected or PlatformError); a token Feishu calls invalid is fetched again, once."""
+        Rejected, BadContent for the call's own refusal of its content, or PlatformError); a token
+        Feishu calls invalid is fetched again, once."""
         what, data = f"feishu {path}", {}
         for fresh_token in (False, True):
             response = http(timeout).request(
@@ -262,7 +243,12 @@ class FeishuChannel(BaseChannel):
             )
             data = body(response)
             if _code(data) not in TOKEN_INVALID:
-                _check(response, data, what=what)
+                try:
+                    _check(response, data, what=what)
+                except Rejected as err:  # (a 4xx, not throttling)
+                    if _code(data) not in NOT_CONTENT:
+                        raise BadContent(str(err), err.status) from None
+                    raise
                 break
         if _code(data) != 0:
             raise PlatformError(f"{what}: {data.get('code')} {data.get('msg')}")

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from shared.channels import feishu
-from shared.channels.base import MAX_IMAGES, WebhookError
+from shared.channels import feishu, feishu_crypto
+from shared.channels.base import MAX_IMAGES, Rejected, WebhookError
 from shared.channels.feishu import FeishuChannel
 from shared.settings import Settings
 from tests.fakes.feishu import FakeFeishu
@@ -170,3 +170,60 @@ def test_content_that_is_no_json_object_is_read_as_nothing(channel: FeishuChanne
             with pytest.raises(WebhookError) as err:
                 channel.parse({}, fake.signed(event)[0])
             assert err.value.status_code == 400
+
+
+def test_a_reply_whose_post_feishu_refuses_for_its_content_goes_as_text(channel: FeishuChannel,
+                                                                         fake: FakeFeishu) -> None:
+    fake.refuse_posts = True  # 400, code 230001: as Feishu answers a post it cannot read
+    assert channel.send("oc_content", "**bold**", {"outbox_id": "content-1"}).platform_message_id
+    assert [c.body["msg_type"] for c in fake.sent("oc_content")] == ["text"]
+
+
+def test_a_token_failure_is_no_reason_to_send_a_reply_as_text(channel: FeishuChannel, fake: FakeFeishu,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """The QA repro: the cached token revoked, and a fresh one refused once. The send fails (the outbox
+    retries or dead-letters it) rather than deliver the reply as text, its markdown shown as written."""
+    channel.tenant_token()
+    fake.revoke_tokens()
+    fake.script("tenant_access_token", 400, {"code": 10003, "msg": "invalid param"})
+    with pytest.raises(Rejected, match="tenant_access_token"):
+        channel.send("oc_token", "**bold**", {"outbox_id": "token-1"})
+    assert [c.body["msg_type"] for c in fake.arrived("oc_token")] == ["post"]  # (refused: token invalid)
+    assert "as text" not in caplog.text
+    channel.send("oc_token", "**bold**", {"outbox_id": "token-1"})  # the outbox's retry, the token back
+    assert [c.body["msg_type"] for c in fake.sent("oc_token")] == ["post"]
+
+
+@pytest.mark.parametrize(("code", "msg"), [(230002, "Bot/User can NOT be out of the chat."),
+                                           (230027, "Lack of necessary permissions."),
+                                           (230006, "Bot ability is not activated."),
+                                           (99991672, "Access denied. One of the following scopes is required")])
+def test_a_refusal_of_the_bot_or_its_permissions_fails_the_reply_as_it_is(
+        channel: FeishuChannel, fake: FakeFeishu, code: int, msg: str) -> None:
+    fake.script("im.message.create", 400, {"code": code, "msg": msg})
+    with pytest.raises(Rejected, match=str(code)):
+        channel.send("oc_denied", "**bold**", {"outbox_id": f"denied-{code}"})
+    assert [c.body["msg_type"] for c in fake.arrived("oc_denied")] == ["post"]  # no text after it
+
+
+def test_an_encrypted_event_without_an_encrypt_key_is_refused_naming_the_setting(
+        fake: FakeFeishu, redis_url: str, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """It was "bad verification token", sending the operator to check a token that is right (and that
+    cannot be read without the key). Logged once, not once per event Feishu sends and sends again."""
+    monkeypatch.setattr(feishu_crypto, "_warned_at", None)
+    keyless = FeishuChannel(Settings(redis_url=redis_url, channels={"feishu": {
+        "app_id": fake.app_id, "app_secret": fake.app_secret, "verification_token": fake.verification_token,
+        "api_base": fake.url, "allow_from": ["*"]}}))
+    event = fake.event(chat="oc_1", sender="ou_1", text="hello", event_id="ev-keyless")
+    challenge = {"challenge": "ch-1", "token": fake.verification_token, "type": "url_verification"}
+    for raw, headers in (fake.signed(event), fake.signed(event), fake.signed(challenge, signed=False)):
+        with pytest.raises(WebhookError) as err:
+            keyless.verify({k.lower(): v for k, v in headers.items()}, raw)
+        assert err.value.status_code == 401
+        assert "encrypted" in err.value.message and "NANOFLEET_CHANNELS__FEISHU__ENCRYPT_KEY" in err.value.message
+        assert "verification token" not in err.value.message
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "ENCRYPT_KEY" in r.getMessage()]
+    assert len(warnings) == 1
+    keyless.verify({}, json.dumps(event).encode())  # a plain event still passes on its verification token
+    assert [m.content for m in keyless.parse({}, json.dumps(event).encode()).messages] == ["hello"]
