@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Query, Response
 from psycopg.errors import ForeignKeyViolation
 from redis.exceptions import RedisError
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session
+from sqlmodel import Session, select
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Message, Receive, Scope, Send
@@ -117,8 +117,10 @@ def delete_conversation(conversation_id: Id, s: SessionDep, state: StateDep) -> 
     """Delete the conversation for good: its messages, runs, tool calls and sends not made yet, its
     subagents' sessions, the reminders (cron jobs) that post to it, its event stream (whose open
     readers get a last `conversation.deleted` event)."""
+    key = s.exec(select(Conversation.session_key).where(Conversation.id == conversation_id)).first()
     deleted = conversations.delete_conversation(s, conversation_id)
-    reminders = [job for c in deleted for job in jobs.listing(s, channel="api", chat_id=c, include_system=False)]
+    named = [*deleted, *([key] if key else [])]  # a job may name its chat by session key (the cron tool's)
+    reminders = [job for c in named for job in jobs.listing(s, channel="api", chat_id=c, include_system=False)]
     for job in reminders:
         jobs.delete(s, job)
     s.commit()

@@ -118,6 +118,8 @@ def test_a_deleted_conversation_leaves_nothing_behind(stack: Stack, api: Any) ->
         s.add(Outbox(key=f"{run_id}:0", channel="telegram", chat_id="42", content="undelivered", run_id=run_id))
     reminder = api.post("/api/v1/cron", json={"message": "water the plants", "everySeconds": 3600,
                                               "channel": "api", "chatId": cid}).json()["id"]
+    by_key = api.post("/api/v1/cron", json={"message": "stretch", "everySeconds": 3600,  # named by its session key
+                                            "channel": "api", "chatId": f"api:{cid}"}).json()["id"]
     elsewhere = api.post("/api/v1/cron", json={"message": "stand-up", "everySeconds": 3600,
                                                "channel": "api", "chatId": other}).json()["id"]
     before = _rows(stack, [cid, child])
@@ -136,6 +138,7 @@ def test_a_deleted_conversation_leaves_nothing_behind(stack: Stack, api: Any) ->
     assert api.delete(f"/api/v1/conversations/{cid}").status_code == 404
     assert api.get(f"/api/v1/conversations/{other}/messages").json()[-1]["content"].startswith("done: ")
     assert api.get(f"/api/v1/cron/{reminder}").status_code == 404  # it would run, and post nowhere
+    assert api.get(f"/api/v1/cron/{by_key}").status_code == 404
     assert api.get(f"/api/v1/cron/{elsewhere}").status_code == 200
     assert api.post(f"/api/v1/conversations/{cid}/messages", json={"message": "hi"}).status_code == 404
 
