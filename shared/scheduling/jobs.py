@@ -104,9 +104,10 @@ def _zone(tz: str) -> ZoneInfo:
 
 
 def _at(at: datetime, zone: ZoneInfo, now: datetime) -> datetime:
-    """A one-shot time as a whole UTC second, not in the past nor absurdly far ahead."""
+    """A one-shot time as a whole UTC second, not in the past nor absurdly far ahead. A local time the
+    clocks skip (02:30 on a spring-forward day) is the end of the gap, as for a cron job's time."""
     try:  # a year-9999 time can leave datetime's range once moved to UTC
-        when = schedules.whole_second(at if at.tzinfo else at.replace(tzinfo=zone))
+        when = schedules.whole_second(at if at.tzinfo else schedules.resolve(at, zone)[0])
     except OverflowError:
         raise InvalidJob(f"at {at.isoformat()} is out of range") from None
     if when < now - PAST_SLACK:

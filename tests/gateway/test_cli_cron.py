@@ -165,7 +165,9 @@ def test_agent_model_option_says_what_it_takes() -> None:
     ("2027-01-01 10:00", ["--tz", "Asia/Tokyo"], "2027-01-01T01:00:00+00:00"),
     ("2027-01-01T10:00Z", [], "2027-01-01T10:00:00+00:00"),
     ("2027-01-01", ["--tz", "Europe/Paris"], "2026-12-31T23:00:00+00:00"),
-], ids=["fraction-offset", "space-naive", "naive-in-tz", "zulu", "date"])
+    # a time the clocks skip is the end of the gap (03:00), as '30 2 * * *' runs that day (it was 03:30)
+    ("2027-03-28T02:30", ["--tz", "Europe/Berlin"], "2027-03-28T01:00:00+00:00"),
+], ids=["fraction-offset", "space-naive", "naive-in-tz", "zulu", "date", "in-the-spring-gap"])
 def test_cron_add_at_takes_what_the_rest_api_takes(at: str, tz: list[str], instant: str, cli: CliRunner) -> None:
     """`at` is read as the REST API reads it (pydantic's ISO-8601), a time without offset in `--tz`
     (these were refused with a usage error listing strptime formats)."""
