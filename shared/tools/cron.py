@@ -78,10 +78,10 @@ class CronTool(Tool):
                 out: dict[str, Any] = {"removed": args.job_id, "note": "already removed by this call's first try"}
                 kept: CronJob | None = None
             elif args.action == "remove":
-                jobs.delete(s, _in_chat(current or jobs.get(s, args.job_id), ctx))
+                jobs.delete(s, _in_chat(current, args.job_id, ctx))
                 out, kept = {"removed": args.job_id}, None
             else:
-                kept = jobs.update(s, ctx.settings, _in_chat(current or jobs.get(s, args.job_id), ctx),
+                kept = jobs.update(s, ctx.settings, _in_chat(current, args.job_id, ctx),
                                    jobs.JobPatch(enabled=args.action == "enable"))
                 out = _brief(kept)
         _mirror(ctx.settings, args.job_id, kept)
@@ -111,10 +111,10 @@ class CronTool(Tool):
         return ToolResult.success(_brief(job))
 
 
-def _in_chat(job: CronJob, ctx: ToolContext) -> CronJob:
-    """Jobs of other chats are invisible here."""
-    if job.system or (job.channel, job.chat_id) != (ctx.channel, ctx.chat_id):
-        raise NotFound(f"no cron job {job.id} in this chat (see action=list)")
+def _in_chat(job: CronJob | None, job_id: str, ctx: ToolContext) -> CronJob:
+    """Jobs of other chats are invisible here: one is refused as a job that does not exist is."""
+    if job is None or job.system or (job.channel, job.chat_id) != (ctx.channel, ctx.chat_id):
+        raise NotFound(f"no cron job {job_id} in this chat (see action=list)")
     return job
 
 

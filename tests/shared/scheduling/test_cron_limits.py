@@ -82,6 +82,20 @@ def test_the_model_adds_at_most_the_maximum_of_jobs_to_a_chat(core: Core) -> Non
     assert len(chat_jobs(stack, ctx)) == 4
 
 
+def test_another_chats_job_is_refused_as_one_that_does_not_exist(core: Core) -> None:
+    """The refusals differed ("... in this chat" against "no cron job X"), telling a chat which ids
+    exist in others."""
+    stack, _, _ = core()
+    ctx = parent_call(stack, "cron")
+    theirs = cron(ctx, "call_1", action="add", message="theirs", every_seconds=3600).output["job_id"]
+    elsewhere = dataclasses.replace(ctx, chat_id="another")
+    for action in ("remove", "disable", "enable"):
+        refusals = {cron(elsewhere, f"call_{action}_{job}", action=action, job_id=job).message.replace(job, "ID")
+                    for job in (theirs, "nosuchjob123")}
+        assert len(refusals) == 1 and refusals.pop() == "no cron job ID in this chat (see action=list)", action
+    assert len(chat_jobs(stack, ctx)) == 1
+
+
 def test_a_maximum_of_zero_turns_adding_off(core: Core) -> None:
     stack, _, _ = core(SCHEDULER__TOOL_MAX_JOBS="0")
     ctx = parent_call(stack, "cron")
