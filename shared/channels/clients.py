@@ -1,10 +1,11 @@
 """What the platform modules share: one pooled HTTP client and one Redis client per process, the
-mapping of platform HTTP answers to RateLimited (429), Rejected (other 4xx) or a retry (5xx), and
-what a platform is asked about its bot once (Learned)."""
+mapping of platform HTTP answers to success (2xx only), RateLimited (429), Rejected (a redirect, another
+4xx) or a retry (5xx), and what a platform is asked about its bot once (Learned)."""
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -19,6 +20,15 @@ from shared.channels.base import RateLimited, Rejected, WebhookError
 log = logging.getLogger(__name__)
 
 RETRYABLE_4XX = (408, 409, 425)
+# The setting (NANOFLEET_CHANNELS__<PLATFORM>__...) the URLs of a platform's calls start with, which a redirect's
+# error names; the first word of a call's `what` is its platform. A URL the platform handed out comes from no
+# setting: a file's (download()), Slack's upload URL (HANDED_OUT).
+URL_SETTINGS = {"telegram": "API_BASE", "slack": "API_BASE", "whatsapp": "API_BASE", "feishu": "API_BASE",
+                "discord": "API_BASE", "webhook": "CALLBACK_URL"}
+HANDED_OUT = ("slack file upload",)
+# A path segment this long may be a secret (Telegram's bot token, Discord's interaction token): a redirect's
+# error shows it as "…".
+LONG_SEGMENT = re.compile(r"[^/]{24,}")
 DOWNLOAD_TIMEOUT = 60.0  # seconds without a byte from the platform before a download gives up
 # False while the gateway parses a webhook on its event loop, where asking the platform would block
 # every request: Learned then raises MustAsk, and the gateway parses that event again in a thread.
@@ -35,10 +45,13 @@ class PlatformError(Exception):
 
 @lru_cache(maxsize=4)
 def http(timeout: float = 10.0) -> httpx.Client:
-    """A keep-alive client for every send in this process (thread-safe)."""
+    """A keep-alive client for every send in this process (thread-safe). It never follows a redirect: a
+    POST sent on to wherever a Location says could go to anyone, and one not followed is no delivery
+    (check() refuses it)."""
     return httpx.Client(
         timeout=httpx.Timeout(timeout, connect=min(5.0, timeout)),
         limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
+        follow_redirects=False,
     )
 
 
@@ -65,11 +78,14 @@ def body(response: httpx.Response) -> dict[str, Any]:
 
 
 def check(response: httpx.Response, *, what: str, wait: float | None = None) -> None:
-    """Raise for an unsuccessful answer: RateLimited, Rejected, or PlatformError (retried). Messages
-    never carry the URL: Telegram's holds the bot token."""
+    """Raise for any answer but a 2xx: RateLimited, Rejected (a redirect, which is not followed, is no
+    delivery), or PlatformError (retried). Messages never carry the request's URL: Telegram's holds the
+    bot token."""
     status = response.status_code
-    if status < 400:
+    if response.is_success:
         return
+    if 300 <= status < 400:
+        raise Rejected(redirected(response, what=what, setting=_url_setting(what)), status)
     if status == 429:
         raise RateLimited(wait if wait is not None else retry_after(response))
     if status < 500 and status not in RETRYABLE_4XX:
@@ -77,12 +93,47 @@ def check(response: httpx.Response, *, what: str, wait: float | None = None) -> 
     raise PlatformError(f"{what}: HTTP {status}: {response.text[:300]}")
 
 
+def redirected(response: httpx.Response, *, what: str, setting: str | None) -> str:
+    """Why a redirect is refused: where it points, and the setting to give that URL in, where one names it."""
+    status, location = response.status_code, _location(response)
+    if not location:
+        return f"{what}: HTTP {status}: a redirect without a Location; the URL called is not the final one"
+    fix = f"set the final URL in {setting}" if setting else "the URL called is not the final one"
+    return f"{what}: HTTP {status}: redirected to {location}: {fix}"
+
+
+def _url_setting(what: str) -> str | None:
+    """The setting the URL of the call `what` came from (its first word names the platform)."""
+    platform = what.split(" ", 1)[0]
+    if what in HANDED_OUT or platform not in URL_SETTINGS:
+        return None
+    return f"NANOFLEET_CHANNELS__{platform.upper()}__{URL_SETTINGS[platform]}"
+
+
+def _location(response: httpx.Response) -> str:
+    """A redirect's Location, made absolute, without its query (a signed URL's key), user or fragment, and
+    with each long path segment (a token, in Telegram's or Discord's URLs) shown as "…"."""
+    raw = response.headers.get("location", "").strip()
+    if not raw:
+        return ""
+    try:
+        url = response.request.url.join(raw)
+    except RuntimeError:  # a response made without its request: the Location as it is
+        url = httpx.URL(raw)
+    except httpx.InvalidURL:
+        return "a Location that is no URL"
+    origin = f"{url.scheme}://{url.netloc.decode('ascii', 'replace')}" if url.is_absolute_url else ""
+    return origin + LONG_SEGMENT.sub("…", url.path) + ("?…" if url.query else "")
+
+
 def download(url: str, *, limit: int, what: str, headers: dict[str, str] | None = None) -> bytes:
     """A file from the platform, read as it comes and refused (Rejected) past `limit` bytes. Errors
     name `what`, never the URL (Telegram's holds the bot token)."""
     with http(DOWNLOAD_TIMEOUT).stream("GET", url, headers=headers) as response:
-        if response.status_code >= 400:
+        if not response.is_success:
             response.read()
+            if 300 <= response.status_code < 400:  # not the file: a URL the platform handed out names no setting
+                raise Rejected(redirected(response, what=what, setting=None), response.status_code)
             check(response, what=what)
         data = bytearray()
         for chunk in response.iter_bytes():

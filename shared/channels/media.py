@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 
+from pydantic import SecretStr
 from sqlalchemy import ColumnElement, func, select, update
 
 from shared.agent import lease
@@ -31,7 +32,14 @@ AUDIO = ("voice", "audio")
 UNPREPARED = LEDGER.c.message["media"].astext.is_not(None)  # pending, its attachment not fetched yet
 # A worker is fetching its attachment ahead (its lease live); never NULL, so it may be negated
 FETCHING = UNPREPARED & LEDGER.c.fetching_until.is_not(None) & (LEDGER.c.fetching_until > func.now())
-NOT_FETCHED = "Sorry, I couldn't get your {what} from {channel} ({why}). {ask}"
+NOT_FETCHED = "Sorry, I couldn't get your {what} from {channel} ({why})."
+RESEND = "Could you send it again?"
+# What the sender is told of an HTTP refusal, by its status; the platform's own words (its error body) are
+# for the log. A redirect, a token expired or refused: the bot's fault, and sending again cannot help.
+BOT_SIDE = "I can't fetch it right now; the problem is on my side, not yours"
+GONE = "it is no longer available"
+TOO_LARGE = "it is too large"
+NOT_NOW = "I couldn't fetch it right now"
 
 
 def _kinds(rt: Runtime) -> list[str]:
@@ -115,7 +123,7 @@ def _prepared(rt: Runtime, msg: InboundMessage) -> InboundMessage:
         seen = images.wanted(rt)
         if not seen and not keep:
             return images.unseen(msg)
-        photo = _fetch(rt, msg, MAX_IMAGE, "photo", "Could you send it again?")
+        photo = _fetch(rt, msg, MAX_IMAGE, "photo", RESEND)
         if isinstance(photo, InboundMessage):
             return photo
         image, fetched_as = photo
@@ -124,7 +132,7 @@ def _prepared(rt: Runtime, msg: InboundMessage) -> InboundMessage:
             return images.attached(msg, image, kept)
         return images.unseen_kept(msg, kept) if kept else images.unseen(msg)
     if kind == "file":
-        file = _fetch(rt, msg, files.MAX_FILE, "file", "Could you send it again?")
+        file = _fetch(rt, msg, files.MAX_FILE, "file", RESEND)
         if isinstance(file, InboundMessage):
             return file
         data, fetched_as = file
@@ -151,8 +159,8 @@ def _kept(rt: Runtime, msg: InboundMessage, name: str, data: bytes) -> str | Non
 
 def _fetch(rt: Runtime, msg: InboundMessage, limit: int, what: str, ask: str) -> tuple[bytes, str] | InboundMessage:
     """The attachment's bytes and file name, or `msg` with the notice its sender gets when the platform
-    refuses it (too large, gone). A fault that may pass (the platform or the network) raises, and the
-    submission is tried again."""
+    refuses it (too large, gone), `ask` saying what they may do. A fault that may pass (the platform or
+    the network) raises, and the submission is tried again."""
     assert msg.media is not None
     ch = channel_for(rt.settings, msg.channel)
     try:
@@ -160,6 +168,33 @@ def _fetch(rt: Runtime, msg: InboundMessage, limit: int, what: str, ask: str) ->
             raise Rejected(f"{msg.channel} is not configured here")
         return ch.fetch_media(msg.media, limit)
     except Rejected as err:
-        log.warning("inbound event %s: its %s could not be fetched: %s", msg.event_id, what, err)
-        why = str(err).split(": ", 1)[-1][:200]
-        return msg.answered(NOT_FETCHED.format(what=what, channel=msg.channel, why=why, ask=ask))
+        log.warning("inbound event %s: its %s could not be fetched: %s", msg.event_id, what,
+                    _without_secrets(rt, msg.channel, str(err)))
+        why, resend = _why(err)
+        ask = ask if resend or ask != RESEND else ""  # (writing a voice message out still gets it through)
+        return msg.answered(" ".join([NOT_FETCHED.format(what=what, channel=msg.channel, why=why), ask]).strip())
+
+
+def _why(err: Rejected) -> tuple[str, bool]:
+    """What the sender is told of a refusal, and whether sending the attachment again may help. A refusal
+    of ours (over the size limit, not on the platform's host) says why in plain words already; an HTTP
+    refusal's body (an expired token's error, a trace id) is not for them."""
+    status = err.status
+    if status is None:
+        return str(err).split(": ", 1)[-1][:200], True
+    if 300 <= status < 400 or status in (401, 403, 407):
+        return BOT_SIDE, False
+    if status in (404, 410):
+        return GONE, True
+    if status == 413 or "too big" in str(err).lower():  # (Telegram's getFile: "Bad Request: file is too big")
+        return TOO_LARGE, True
+    return NOT_NOW, True
+
+
+def _without_secrets(rt: Runtime, channel: str, text: str) -> str:
+    """`text` with the channel's secrets (its tokens) blanked, should a platform's error body echo one."""
+    config = getattr(rt.settings.channels, channel, None)
+    secrets = [v.get_secret_value() for v in dict(config).values() if isinstance(v, SecretStr)] if config else []
+    for secret in filter(None, secrets):
+        text = text.replace(secret, "***")
+    return text

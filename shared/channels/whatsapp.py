@@ -41,10 +41,15 @@ THROTTLED = {4: 60.0, 80007: 60.0, 130429: 1.0, 131056: 6.0}
 CAPTIONED = ("image", "video", "document")
 WORDS = {"text": "body", "button": "text", **{kind: "caption" for kind in CAPTIONED}}  # where a message's are
 KINDS = {"audio": "audio", "image": "photo", "document": "file"}  # WhatsApp's media types the worker fetches
-# Messages without text a person sends (reactions and system messages are not answered)
+# Messages without text a person sends, named in the notice that only text is read
 MEDIA = {"audio": "a voice message", "image": "a photo", "video": "a video", "document": "a file",
-         "sticker": "a sticker", "location": "a location", "contacts": "a contact",
-         "unsupported": "that kind of message"}  # (a poll, an event: the Cloud API passes on no content)
+         "sticker": "a sticker", "location": "a location", "contacts": "a contact"}
+# Any other type gets the notice as this: `unsupported` (a poll, an event: the Cloud API passes on no content),
+# `order`, an `interactive` reply other than a button's or a list item's, whatever Meta adds next.
+OTHER = "that kind of message"
+# Not answered: a reaction, a system message (a number changed), `request_welcome` (someone opened the chat
+# for the first time, and sent nothing), and a blank text.
+UNANSWERED = ("reaction", "system", "request_welcome", "text")
 # Meta's "Supported media types": a JPEG or PNG up to 5 MB shows as a photo, a document may be 100 MB, and
 # /media refuses a document of a type not listed here.
 PHOTO_LIMIT = 5 * 1024 * 1024
@@ -117,7 +122,7 @@ class WhatsAppChannel(BaseChannel):
             if _stale(m.get("timestamp")):
                 log.warning("whatsapp: message %s was sent more than 7 days ago; ignored as a replay", wamid)
                 continue
-            kind = None if text else MEDIA.get(str(m.get("type")))
+            kind = None if text else _kind(m, wamid)
             media = _media(m) if kind or m.get("type") in ("image", "document") else None
             if text or kind:
                 out.append(InboundMessage(channel=self.name, chat_id=sender, sender_id=sender, content=text or "",
@@ -276,6 +281,17 @@ def _media(message: dict[str, Any]) -> dict[str, str] | None:
     if kind == "document":
         found["name"] = str(part.get("filename") or "")
     return found
+
+
+def _kind(message: dict[str, Any], wamid: str) -> str | None:
+    """What a message without text is called in the notice its sender gets; None for one not answered."""
+    kind = str(message.get("type"))
+    if kind in MEDIA or kind in UNANSWERED:
+        return MEDIA.get(kind)
+    errors = "; ".join(_error_text(e) for e in _dicts(message, "errors"))  # (`unsupported`'s say why)
+    log.info("whatsapp: message %s is of type %r, which is not read%s; its sender is told so", wamid, kind,
+             f" ({errors})" if errors else "")
+    return OTHER
 
 
 def _card(message: dict[str, Any]) -> str | None:

@@ -316,3 +316,26 @@ def test_a_database_outage_right_after_the_send_does_not_resend(
     # A short outage is bridged by the retry alone; past the claim, the next claimant took the marker
     # (a marker left behind would count a later resend of the row as sent: test_delivery_claims.py)
     assert not redis.Redis.from_url(channels.stack.settings.redis_url).exists(KEY_SENT + row)
+
+
+def test_a_redirect_is_no_delivery_and_is_not_followed(channels: ChannelStack) -> None:
+    """The webhook's callback answering 308 (http to https, a trailing slash) and WhatsApp answering 301
+    left the row delivered with no error, and the user never got the reply (a QA pass). Only a 2xx is a
+    delivery: the row is dead-lettered, its error naming the Location and the setting to give it in, and
+    the POST is not sent on (the callback's Location here would have taken it)."""
+    receiver, wa = channels.fakes["webhook"], channels.fakes["whatsapp"]
+    receiver.script("callback", 308, {}, headers={"Location": receiver.callback_url + "?moved=1"})
+    wa.script("messages", 301, {}, headers={"Location": f"https://graph.facebook.com/v22.0/{wa.phone_number_id}/messages"})
+    room, number = f"room-{uuid.uuid4().hex[:8]}", channels.driver("whatsapp").new_chat()
+    producer = Producer(make_celery(channels.stack.settings))
+    for channel, chat in (("webhook", room), ("whatsapp", number)):
+        producer.send(T_OUTBOUND_DELIVER, insert_row(channels, channel=channel, chat=chat, content="the answer"))
+        channels.settled(chat)
+    failed = {r["channel"]: (r["attempts"], r["lastError"])
+              for r in channels.api.get("/api/v1/outbox", params={"status": "failed"}).json()}
+    assert failed == {
+        "webhook": (1, f"webhook callback: HTTP 308: redirected to {receiver.callback_url}?…: "
+                       "set the final URL in NANOFLEET_CHANNELS__WEBHOOK__CALLBACK_URL"),
+        "whatsapp": (1, f"whatsapp messages: HTTP 301: redirected to https://graph.facebook.com/v22.0/"
+                        f"{wa.phone_number_id}/messages: set the final URL in NANOFLEET_CHANNELS__WHATSAPP__API_BASE")}
+    assert [c.status for c in receiver.arrived(room)] == [308] and [c.status for c in wa.arrived(number)] == [301]

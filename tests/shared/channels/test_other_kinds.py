@@ -5,7 +5,10 @@ history. Each used to be dropped without a word, or read as if the model had see
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
+
+import pytest
 
 from shared.channels.feishu import FeishuChannel
 from shared.channels.telegram import TelegramChannel
@@ -85,3 +88,27 @@ def test_feishu_other_kinds_in_a_private_chat_get_a_notice_and_system_messages_n
     assert sent("share_chat") == ["a shared group"]
     assert sent("hongbao") == ["that kind of message"]
     assert sent("system") == []
+
+
+def test_a_whatsapp_message_of_a_type_not_read_gets_the_notice_and_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    """An order, an interactive message other than a tapped button or list item, or a type Meta added
+    later got no answer and no log line (a QA pass): each gets the "that kind of message" notice, logged
+    at INFO; a reaction, a system message or someone opening the chat still gets nothing."""
+    ch = WhatsAppChannel(S)
+
+    def told(kind: str, part: dict[str, Any]) -> list[str | None]:
+        return [m.unsupported for m in ch.parse({}, body(whatsapp(kind, part))).messages]
+
+    other = ["that kind of message"]
+    with caplog.at_level(logging.INFO, logger="shared.channels.whatsapp"):
+        assert told("order", {"catalog_id": "c1", "product_items": [{"product_retailer_id": "p1", "quantity": 2}]}) \
+            == other
+        assert told("interactive", {"type": "nfm_reply", "nfm_reply": {"response_json": "{}"}}) == other
+        assert told("hologram", {"id": "h1"}) == other  # whatever Meta adds next
+        assert told("reaction", {"message_id": "wamid.earlier", "emoji": "👍"}) == []
+        assert told("system", {"body": "Ann changed her number", "type": "user_changed_number"}) == []
+        assert told("request_welcome", {}) == []
+    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(logged) == 3
+    assert all(f"wamid.{kind} is of type {kind!r}" in line for kind, line in zip(("order", "interactive", "hologram"),
+                                                                                  logged, strict=True))

@@ -3,6 +3,7 @@ then sent by its id, a JPEG or PNG within 5 MB as a photo and anything else as a
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -12,6 +13,7 @@ from shared.channels.whatsapp import PHOTO_LIMIT, WhatsAppChannel
 from shared.settings import Settings
 from tests.fakes.whatsapp import FakeWhatsApp
 from tests.support.documents import pdf
+from tests.support.platforms import ChannelStack
 
 CHAT = "15550001111"
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR" + b"pixels" * 100
@@ -106,3 +108,28 @@ def test_a_5xx_is_retried_and_the_retry_uploads_again(channel: WhatsAppChannel, 
         assert not isinstance(err.value, (Rejected, RateLimited)), op
     channel.send_file(CHAT, file, {})  # the retry after the message failed: a fresh upload, then the message
     assert fake.received_files(CHAT) == [("a.pdf", file.data)] and fake.uploads() == 2
+
+
+def test_a_file_whatsapp_will_not_hand_out_gets_a_plain_reason(channels: ChannelStack) -> None:
+    """A WhatsApp user was shown the Graph API's error body (an expired token's, with its trace id) and
+    asked to send the photo again (a QA pass). The notice gives a plain reason, and asks for nothing when
+    the fault is the bot's; the worker log keeps the status and the body, without the token."""
+    wa, w = channels.fakes["whatsapp"], channels.driver("whatsapp")
+    expired = {"error": {"message": f"Error validating access token: Session has expired ({wa.access_token})",
+                         "type": "OAuthException", "code": 190, "error_subcode": 463, "fbtrace_id": "AtRaCe42"}}
+    told = {}
+    for status, answer in ((401, expired), (404, {"error": {"message": "Unsupported get request", "code": 100}})):
+        number = w.new_chat()
+        wa.script("media", status, answer)
+        doc = wa.document(sender=number, wamid=f"wamid.{uuid.uuid4().hex}", content=b"notes", name="notes.txt",
+                          mime="text/plain")
+        assert channels.post("whatsapp", wa.signed(doc)).status_code == 200
+        channels.settled(number)
+        told[status] = w.replies(number)
+    assert told == {
+        401: ["Sorry, I couldn't get your file from whatsapp (I can't fetch it right now; the problem is on my "
+              "side, not yours)."],
+        404: ["Sorry, I couldn't get your file from whatsapp (it is no longer available). Could you send it again?"]}
+    logs = "".join(p.log() for p in channels.stack.procs)
+    assert "could not be fetched: whatsapp media: HTTP 401: " in logs and "AtRaCe42" in logs
+    assert wa.access_token not in logs
