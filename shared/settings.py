@@ -7,7 +7,7 @@ import tomllib
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -23,7 +23,7 @@ from shared.channel_settings import PLACEHOLDERS, ChannelsSettings, not_placehol
 from shared.redis_urls import redis_url_problem
 from shared.settings_errors import SettingsError as SettingsError  # raised here; callers import it from here
 from shared.settings_errors import describe_unparsable, describe_validation
-from shared.tool_settings import ToolsSettings
+from shared.tool_settings import ToolsSettings, env_names_as_given, looks_secret
 
 CONFIG_FILE_ENV = "NANOFLEET_CONFIG_FILE"
 POSTGRES_SCHEMES = ("postgresql+psycopg", "postgresql", "postgres")  # hosted Postgres URLs often say postgres://
@@ -245,6 +245,12 @@ class Settings(BaseSettings):
     heartbeat: HeartbeatSettings = Field(default_factory=HeartbeatSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _env_names(cls, data: Any) -> Any:
+        env_names_as_given(data, os.environ)
+        return data
+
     @field_validator("database_url")
     @classmethod
     def _check_db(cls, v: str) -> str:
@@ -309,7 +315,9 @@ class Settings(BaseSettings):
         return sources
 
     def secrets(self) -> list[str]:
-        """Every configured secret value, for log redaction."""
+        """Every configured secret value, for log redaction. Of the variables given to commands and MCP
+        servers and their HTTP headers, those that look like one: every `LOG_LEVEL=error` made each
+        "error" in the logs "***"."""
         found: list[str] = []
 
         def walk(obj: object) -> None:
@@ -319,8 +327,9 @@ class Settings(BaseSettings):
                 for name in type(obj).model_fields:
                     walk(getattr(obj, name))
             elif isinstance(obj, dict):
-                for item in obj.values():
-                    walk(item)
+                for name, item in obj.items():
+                    if not isinstance(item, SecretStr) or looks_secret(str(name), item.get_secret_value()):
+                        walk(item)
             elif isinstance(obj, list):
                 for item in obj:
                     walk(item)

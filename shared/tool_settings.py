@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Literal
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
@@ -69,6 +71,36 @@ class MCPServer(BaseModel):
         plain = {**self.model_dump(mode="json"), "env": self.plain_env(), "headers": self.plain_headers(),
                  "url": self.url.get_secret_value() if self.url else None}
         return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()
+
+
+# Variables for commands and MCP servers set one by one, whose names the environment's settings read
+# lowercased (NANOFLEET_TOOLS__EXEC__ENV__GH_TOKEN gave commands gh_token): (setting path, variable name)
+ONE_BY_ONE = re.compile(r"NANOFLEET_TOOLS__(?:EXEC|MCP_SERVERS__(?P<server>.+?))__ENV__(?P<name>.+)", re.IGNORECASE)
+
+
+def env_names_as_given(data: Any, environ: Mapping[str, str]) -> None:
+    """Give the variables in `data` (the settings as read, before validation) that were set one by one
+    the case of their names in `environ`: a server or command looks up GITHUB_TOKEN, not github_token."""
+    tools = data.get("tools") if isinstance(data, dict) else None
+    if not isinstance(tools, dict):
+        return
+    for key in environ:
+        if not (found := ONE_BY_ONE.fullmatch(key)):
+            continue
+        server = found["server"]
+        owner = tools.get("exec") if server is None else (tools.get("mcp_servers") or {}).get(server.lower())
+        env = owner.get("env") if isinstance(owner, dict) else None
+        name = found["name"]
+        if isinstance(env, dict) and name != name.lower() and name.lower() in env and name not in env:
+            env[name] = env.pop(name.lower())
+
+
+SECRET_NAMES = re.compile(r"token|key|secret|pass|auth|cred|cookie|session|sign|private|bearer", re.IGNORECASE)
+
+
+def looks_secret(name: str, value: str) -> bool:
+    """Whether a variable or header holds a secret: by its name, or a value long and unbroken as a token's."""
+    return bool(SECRET_NAMES.search(name)) or (len(value) >= 16 and not any(c.isspace() for c in value))
 
 
 PROTECTED_FILES = ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md", "HEARTBEAT.md", "skills")

@@ -100,6 +100,30 @@ def test_mcp_server_tokens_are_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.tools.mcp_servers["gh"].plain_env() == {"GITHUB_TOKEN": "ghp-env-secret"}
 
 
+def test_plain_variables_of_commands_and_servers_are_not_masked_in_logs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every value counted as a secret: `LOG_LEVEL=error` made every "error" in the logs "***"."""
+    monkeypatch.setenv("NANOFLEET_TOOLS__MCP_SERVERS", json.dumps({
+        "srv": {"command": "srv", "env": {"LOG_LEVEL": "error", "NAME": "linger", "API_KEY": "short",
+                                          "X": "k7Qp2Zr9Lm4Tn8Vw"},
+                "headers": {"User-Agent": "nanofleet", "X-Session": "abcd"}}}))
+    monkeypatch.setenv("NANOFLEET_TOOLS__EXEC__ENV", json.dumps({"LANG": "C.UTF-8", "GH_TOKEN": "ghp-1234"}))
+    secrets = set(load_settings().secrets())
+    assert {"short", "k7Qp2Zr9Lm4Tn8Vw", "abcd", "ghp-1234"} <= secrets  # by name, or a token's look
+    assert not {"error", "linger", "nanofleet", "C.UTF-8"} & secrets
+
+
+def test_variables_set_one_by_one_keep_the_case_of_their_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment's settings are read lowercased: a server got github_token, commands gh_token."""
+    monkeypatch.setenv("NANOFLEET_TOOLS__MCP_SERVERS__GitHub__COMMAND", "github-mcp")
+    monkeypatch.setenv("NANOFLEET_TOOLS__MCP_SERVERS__GitHub__ENV__GITHUB_TOKEN", "ghp-one-by-one")
+    monkeypatch.setenv("NANOFLEET_TOOLS__EXEC__ENV__GH_TOKEN", "ghp-for-commands")
+    monkeypatch.setenv("NANOFLEET_TOOLS__EXEC__ENV__http_proxy", "http://proxy:3128")
+    tools = load_settings().tools
+    assert tools.mcp_servers["github"].plain_env() == {"GITHUB_TOKEN": "ghp-one-by-one"}
+    assert {k: v.get_secret_value() for k, v in tools.exec.env.items()} == {
+        "GH_TOKEN": "ghp-for-commands", "http_proxy": "http://proxy:3128"}
+
+
 def test_a_price_needs_both_halves(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NANOFLEET_LLM__INPUT_COST_PER_TOKEN", "0.000001")
     with pytest.raises(SettingsError) as err:
