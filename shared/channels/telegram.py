@@ -39,12 +39,20 @@ GROUPS = ("group", "supergroup")
 # Messages without text a person sends in a private chat (service messages are not answered)
 MEDIA = {"voice": "a voice message", "audio": "an audio file", "video_note": "a video message",
          "video": "a video", "photo": "a photo", "animation": "a GIF", "document": "a file",
-         "sticker": "a sticker", "location": "a location", "contact": "a contact", "poll": "a poll"}
+         "sticker": "a sticker", "location": "a location", "contact": "a contact", "poll": "a poll",
+         "story": "a story", "game": "a game", "paid_media": "paid media", "giveaway": "a giveaway"}
+OTHER = "that kind of message"  # a kind the Bot API added since: answered, its keys logged
+# What Telegram, not a person, writes in a private chat: not answered
+SERVICE = frozenset({"write_access_allowed", "successful_payment", "refunded_payment", "pinned_message",
+                     "message_auto_delete_timer_changed", "users_shared", "chat_shared", "connected_website",
+                     "passport_data", "proximity_alert_triggered", "chat_background_set", "gift", "unique_gift",
+                     "invoice", "web_app_data", "new_chat_members", "left_chat_member", "group_chat_created"})
 UNSEEN = {"animation": "a GIF", "video": "a video"}  # what a caption may come with that nobody looks at
 AUDIO = ("voice", "audio")  # what a transcription model can turn into text
 QUOTE_CHARS = 500
 MAX_PHOTO = 10 * 1024 * 1024  # sendPhoto's limit; larger photos go as documents
 COMMAND = re.compile(r"/\w+(?:@(\w+))?(?![\w@])")  # /cmd or /cmd@bot_username
+LINK = re.compile(r'<a href="([^"]*)">(.*?)</a>', re.DOTALL)  # as telegram_html writes a link
 
 
 class TelegramChannel(BaseChannel):
@@ -95,6 +103,9 @@ class TelegramChannel(BaseChannel):
             if not group and (card := _card(msg)) is not None:
                 return InboundMessage(**sent, content=card)
             kind = next((label for key, label in MEDIA.items() if key in msg), None)
+            if kind is None and not group and not SERVICE & msg.keys():
+                log.info("telegram: a private message of a kind not read (its keys: %s)", ", ".join(sorted(msg)))
+                kind = OTHER
             if kind is None or (group and album is None):
                 return None  # in groups nothing without text is addressed to the bot (bar an album's other items)
             return InboundMessage(**sent, content="", unsupported=kind, media=_media(msg), follower=group)
@@ -156,7 +167,7 @@ class TelegramChannel(BaseChannel):
             if "can't parse entities" not in str(err):
                 raise
             payload.pop("parse_mode")  # our HTML is always balanced; this is a last resort
-            payload["text"] = html.unescape(re.sub(r"<[^>]+>", "", text))
+            payload["text"] = html.unescape(re.sub(r"<[^>]+>", "", LINK.sub(_link_as_text, text)))
             data = self.call("sendMessage", payload)
         return SendResult(str((data.get("result") or {}).get("message_id", "")) or None)
 
@@ -228,14 +239,19 @@ def _addressed_to(meta: dict[str, Any]) -> dict[str, Any]:
     return where
 
 
+def _link_as_text(link: re.Match[str]) -> str:
+    return link[2] if html.unescape(link[2]) == html.unescape(link[1]) else f"{link[2]} ({link[1]})"
+
+
 def _addressed(msg: dict[str, Any], text: str, username: str) -> bool:
     """In groups: a mention of the bot, a reply to it, or a command for it (`/cmd`, or
-    `/cmd@<our username>`: `/start@otherbot` is another bot's and would cost a turn)."""
+    `/cmd@<our username>`: `/start@otherbot` is another bot's and would cost a turn, even in a reply to us)."""
     replied = ((msg.get("reply_to_message") or {}).get("from") or {}).get("username") or ""
     command = COMMAND.match(text)
-    ours = command is not None and (command.group(1) or username).lower() == username
     mentioned = _mention(username).search(text) is not None
-    return mentioned or replied.lower() == username or ours
+    if command is not None and command.group(1) and command.group(1).lower() != username:
+        return mentioned  # another bot's command: ours only if it names us too
+    return mentioned or replied.lower() == username or command is not None
 
 
 def _mention(username: str) -> re.Pattern[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import pytest
@@ -50,6 +51,32 @@ def test_a_telegram_command_is_a_command_as_a_reply_and_addressed_in_a_private_c
     for text, seen in (("/stop@nanofleet_bot", "/stop"), ("/model@nanofleet_bot fast", "/model fast"),
                        ("mail me@example.com", "mail me@example.com")):
         assert unnamed.parse({}, body(tg.update(chat=5, sender=1, text=text))).messages[0].content == seen
+
+
+def test_a_telegram_message_of_a_kind_not_read_gets_the_notice_and_service_ones_nothing(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A story, a game or paid media got no answer at all in a private chat, as did any kind the Bot
+    API adds; what Telegram itself writes there still gets none."""
+    tg, ch = FakeTelegram("1:t", "s"), TelegramChannel(S)
+    told = []
+    with caplog.at_level(logging.INFO, logger="shared.channels.telegram"):
+        for key in ("story", "game", "paid_media", "a_kind_from_2027"):
+            [msg] = ch.parse({}, body(tg.update(chat=5, sender=1, text="", **{key: {"id": 3}}))).messages
+            told.append(msg.unsupported)
+    assert told == ["a story", "a game", "paid media", "that kind of message"]
+    assert "a_kind_from_2027" in caplog.text  # the log says which, for whoever adds it
+    for service in ("write_access_allowed", "successful_payment", "pinned_message"):
+        assert ch.parse({}, body(tg.update(chat=5, sender=1, text="", **{service: {}}))).messages == []
+    in_group = tg.update(chat=-7, sender=1, text="", story={"id": 3}, chat_type="group")
+    assert ch.parse({}, body(in_group)).messages == []
+
+
+def test_a_telegram_command_for_another_bot_is_not_ours_even_in_a_reply_to_us() -> None:
+    tg, ch = FakeTelegram("1:t", "s"), TelegramChannel(S)
+    ours = {"text": "echo: hi", "from": {"id": 9, "is_bot": True, "username": "nanofleet_bot"}}
+    for text, addressed in (("/stop@otherbot", False), ("/stop@nanofleet_bot", True), ("/stop", True)):
+        update = tg.update(chat=-7, sender=1, text=text, chat_type="group", reply_to_message=ours)
+        assert bool(ch.parse({}, body(update)).messages) is addressed, text
 
 
 def test_telegram_text_captions_replies_groups_and_topics() -> None:

@@ -179,3 +179,15 @@ def test_a_reply_to_a_group_that_became_a_supergroup_goes_to_the_supergroup(fake
         sent = [(str(c.body.get("chat_id")), c.status) for c in fake.calls if c.op == "sendMessage"][-2:]
     assert sent == [(old, 400), (str(new), 200)]
     assert [fake.text_of(c) for c in fake.sent(str(new))][-1] == "the codeword is tea"
+
+
+def test_a_reply_telegram_cannot_parse_goes_as_plain_text_with_its_links(fake: FakeTelegram) -> None:
+    """The last resort dropped every tag, a link's URL with it: "see the docs"."""
+    ch = without_username(fake)
+    fake.script("sendMessage", 400, {"ok": False, "error_code": 400,
+                                     "description": "Bad Request: can't parse entities: unsupported start tag"})
+    [html] = ch.chunks("see [the docs](https://example.com/setup?a=1&b=2), https://example.com/x and `a<b`")
+    ch.send("4002", html, {"chunk": 0, "outbox_id": "o-links"})
+    [sent] = fake.sent("4002")
+    assert "parse_mode" not in sent.body
+    assert sent.body["text"] == "see the docs (https://example.com/setup?a=1&b=2), https://example.com/x and a<b"
