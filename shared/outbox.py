@@ -3,7 +3,7 @@ the "typing..." loop a turn starts there."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy.dialects.postgresql import insert
@@ -30,8 +30,7 @@ def add_reply(
 ) -> list[Next]:
     """Chunk `text` for the channel and store one row per chunk, then one per file (`files`: the
     id, name and mime of SentFile rows), delivered in that order; a key seen before adds nothing."""
-    ch = get_channel(channel, settings)
-    parts = (ch.chunks(text) if ch else default_chunks(text, FALLBACK_LIMIT)) if text else []
+    parts = _chunks(settings, channel, text)
     items: list[tuple[str, dict[str, Any]]] = [(part, {}) for part in parts] + [("", {FILE: dict(f)}) for f in files]
     total = len(items)
     for i, (part, extra) in enumerate(items):
@@ -45,6 +44,20 @@ def add_reply(
     keys = [f"{key}:{i}" for i in range(total)]
     rows = s.exec(select(Outbox).where(col(Outbox.key).in_(keys), Outbox.status == OutboxStatus.PENDING)).all()
     return [Next(T_OUTBOUND_DELIVER, (row.id,)) for row in sorted(rows, key=lambda r: int(r.meta.get("chunk", 0)))]
+
+
+def _chunks(settings: Settings, channel: str, text: str) -> list[str]:
+    """`text` as the channel's chunks. A text with something in it that shows nothing once formatted (the
+    model answered an empty code block) goes as the notice a turn that answered nothing gets: a reply
+    that made no row would reach nobody, and leave Discord's "thinking..." as it was."""
+    ch = get_channel(channel, settings)
+    chunk: Callable[[str], list[str]] = ch.chunks if ch else lambda t: default_chunks(t, FALLBACK_LIMIT)
+    parts = chunk(text) if text else []
+    if parts or not text.strip():
+        return parts
+    from shared.agent.steps import EMPTY_ANSWER  # here: steps imports this module (through finish)
+
+    return chunk(EMPTY_ANSWER)
 
 
 def typing_loop(settings: Settings, origin: dict[str, Any], run_id: str) -> list[Next]:

@@ -16,6 +16,7 @@ from shared.models import (
     TERMINAL,
     Conversation,
     Message,
+    Outbox,
     Phase,
     Role,
     Run,
@@ -88,8 +89,10 @@ def _end_placeholders(rt: Runtime, s: Session, run: Run, channel: str, chat_id: 
     """On a platform that shows each message a placeholder until something is sent for it (Discord's
     "thinking..."), a turn ends every one it took: a stopped turn's own, which no reply replaces, and
     those of the messages it took in from the mailbox beside the one it answers (a second /ask while
-    it ran), each of which would otherwise think until the platform gives up on it."""
-    answered = bool(run.final_text) or run.suppress_reply
+    it ran), each of which would otherwise think until the platform gives up on it. The turn answered
+    if it made a row for its chat (its reply, or what the message tool sent there), not if it had a text."""
+    answered = s.exec(select(Outbox.id).where(Outbox.run_id == run.id, Outbox.channel == channel,
+                                              Outbox.chat_id == chat_id).limit(1)).first() is not None
     nexts: list[Next] = []
     if not answered:
         nexts += add_reply(s, rt.settings, key=run.id, channel=channel, chat_id=chat_id, text=STOPPED, meta=meta,

@@ -2,9 +2,10 @@
 Feishu's post markdown, plain text.
 
 Code blocks are found with the chunker's fence rules (shared/channels/text.py). On a line of prose,
-inline code, [text](url) links (and ![alt](url) images, which go as links) and bare URLs are set aside
+inline code, [text](url) links (and ![alt](url) images, which go as links), bare URLs and backslash
+escapes (a backslash before punctuation stands for that character, as in CommonMark) are set aside
 behind placeholders before any emphasis pass runs, so `https://x/pkg/__init__.py` keeps its
-underscores and a link target is never rewritten.
+underscores, a link target is never rewritten and an escaped mark marks nothing.
 """
 
 from __future__ import annotations
@@ -63,39 +64,55 @@ def _code_fence(seg: Segment) -> str:
 # --------------------------------------------------------------------------- spans kept whole
 
 _URL = r"https?://(?:[^\s()<>\"`]|\([^\s()<>\"`]*\))+"  # parentheses only in balanced pairs
-_SPAN = re.compile(rf"(?P<code>`[^`\n]+`)|!?\[(?P<label>[^\]\n]*)\]\((?P<target>{_URL})\)|(?P<url>{_URL})")
+_PUNCTUATION = r"[!-/:-@\[-`{-~]"  # ASCII's: what a backslash escapes
+_ESCAPE = re.compile(rf"\\({_PUNCTUATION})")
+_SPAN = re.compile(rf"(?P<code>`[^`\n]+`)|\\(?P<esc>{_PUNCTUATION})"  # (code first: a backslash there stays)
+                   rf"|!?\[(?P<label>[^\]\n]*)\]\((?P<target>{_URL})\)|(?P<url>{_URL})")
 _TRAILING = ".,:;!?*_~'"  # ends a sentence or emphasis, not the URL (as GitHub's autolinks)
 _PRIVATE_USE = range(0xE000, 0xF900)
+# An escaped character waits for the emphasis passes as a code point of its own, in plane 15's private
+# use area (a bold pass can tell an escaped `*` from the rest: see _star_bold).
+_ESCAPED = 0xF0000
+_HIDDEN_ESCAPE = re.compile("[\U000F0021-\U000F007E]")
+
+
+def _hidden(char: str) -> str:
+    return chr(_ESCAPED + ord(char))
 
 
 @dataclass(frozen=True)
 class Spans:
-    """How a platform writes inline code, a link and a bare URL."""
+    """How a platform writes inline code, a link, a bare URL and a character a backslash escaped."""
 
     code: Convert
     link: Callable[[str, str], str]  # (label, url)
     url: Convert
+    escaped: Convert  # (ASCII punctuation)
 
 
 def _inline(line: str, spans: Spans, prose: Convert) -> str:
     """Convert a line of prose: spans go behind placeholders, `prose` runs on the rest, spans come back."""
     mark = next(chr(c) for c in _PRIVATE_USE if chr(c) not in line)  # a character the line lacks
     kept: list[str] = []
+    escapes = not _HIDDEN_ESCAPE.search(line)  # (a line that has those code points keeps its backslashes)
 
     def hide(m: re.Match[str]) -> str:
         tail = ""
+        if m["esc"]:
+            return _hidden(m["esc"]) if escapes else m[0]
         if m["code"]:
             kept.append(spans.code(m["code"][1:-1]))
         elif m["target"]:  # a link, or an image: chats show no picture for a URL in text
-            kept.append(spans.link(m["label"], m["target"]) if m["label"] else spans.url(m["target"]))
+            label = _ESCAPE.sub(lambda e: _hidden(e[1]), m["label"]) if escapes else m["label"]
+            kept.append(spans.link(label, m["target"]) if label else spans.url(m["target"]))
         else:
             url = m["url"].rstrip(_TRAILING)
             kept.append(spans.url(url))
             tail = m["url"][len(url) :]
         return f"{mark}{len(kept) - 1}{mark}{tail}"
 
-    converted = prose(_SPAN.sub(hide, line))
-    return re.sub(f"{mark}([0-9]+){mark}", lambda m: kept[int(m[1])], converted)
+    converted = re.sub(f"{mark}([0-9]+){mark}", lambda m: kept[int(m[1])], prose(_SPAN.sub(hide, line)))
+    return _HIDDEN_ESCAPE.sub(lambda m: spans.escaped(chr(ord(m[0]) - _ESCAPED)), converted) if escapes else converted
 
 
 def _lines(text: str, convert: Convert, keep: Convert) -> str:
@@ -115,10 +132,18 @@ _BULLET = re.compile(r"^([ \t]*)[-*+][ \t]+", re.M)
 # (underscores open and close emphasis only at a word's edge, as in CommonMark: MY__SETTING__NAME stays whole)
 _STRONG_EM = re.compile(r"\*\*\*(?=\S)([^<>\n]+?)(?<=\S)\*\*\*|(?<!\w)___(?=\S)([^<>\n]+?)(?<=\S)___(?!\w)")
 _BOLD = re.compile(r"\*\*(?=\S)([^<>\n]+?)(?<=\S)\*\*|(?<!\w)__(?=\S)([^<>\n]+?)(?<=\S)__(?!\w)")
-_ITALIC = re.compile(
-    r"(?<![\w*])\*(?=[^\s*])([^*<>\n]+?)(?<=\S)\*(?![\w*])"  # *italic*, not **bold** nor 2*3*4
-    r"|(?<![\w_])_(?=\S)([^_<>\n]+?)(?<=\S)_(?!\w)"  # _italic_, not snake_case
-)
+
+
+def _italic(bold: str, underscored: str = "(?!)") -> re.Pattern[str]:
+    """*italic* (not **bold** nor 2*3*4) and _italic_ (not snake_case), holding whole `bold` spans
+    (CommonMark's `*a **b** c*`; `underscored`: the bold an _italic_ span holds that its text cannot)."""
+    return re.compile(rf"(?<![\w*])\*(?=[^\s*])((?:[^*<>\n]|{bold})+?)(?<=\S)\*(?![\w*])"
+                      rf"|(?<![\w_])_(?=\S)((?:[^_<>\n]|{underscored})+?)(?<=\S)_(?!\w)")
+
+
+_ITALIC = _italic(r"\*\*(?=\S)[^*<>\n]+?(?<=\S)\*\*")  # before the bold pass: Slack, WhatsApp, plain text
+_HTML_BOLD = r"<b>[^<>\n]+?</b>"
+_HTML_ITALIC = _italic(_HTML_BOLD, _HTML_BOLD)  # after it: Telegram
 _STRIKE = re.compile(r"~~(?=\S)([^~<>\n]+?)(?<=\S)~~")
 _TAG = re.compile(r"<(/?)(b|i|s|code|pre|a)\b[^>]*>")
 
@@ -134,14 +159,15 @@ def _escape(text: str) -> str:
 # --------------------------------------------------------------------------- Telegram
 
 _TELEGRAM = Spans(code=lambda c: f"<code>{_escape(c)}</code>",
-                  link=lambda label, url: f'<a href="{html.escape(url)}">{_escape(label)}</a>', url=_escape)
+                  link=lambda label, url: f'<a href="{html.escape(url)}">{_escape(label)}</a>', url=_escape,
+                  escaped=_escape)
 
 
 def _html_emphasis(text: str) -> str:
     text = _HEADING.sub(r"<b>\1</b>", _BULLET.sub(r"\1• ", _escape(text)))
     text = _STRONG_EM.sub(lambda m: f"<b><i>{_either(m)}</i></b>", text)
     text = _BOLD.sub(lambda m: f"<b>{_either(m)}</b>", text)
-    text = _ITALIC.sub(lambda m: f"<i>{_either(m)}</i>", text)
+    text = _HTML_ITALIC.sub(lambda m: f"<i>{_either(m)}</i>", text)
     return _STRIKE.sub(r"<s>\1</s>", text)
 
 
@@ -176,7 +202,7 @@ def telegram_html(markdown: str) -> str:
 # --------------------------------------------------------------------------- Slack
 
 _SLACK = Spans(code=lambda c: f"`{_escape(c)}`", link=lambda label, url: f"<{_escape(url)}|{_escape(label)}>",
-               url=_escape)
+               url=_escape, escaped=_escape)
 
 
 # Neither mrkdwn nor WhatsApp has an escape for `*` (mrkdwn escapes only &, < and >), and a literal one
@@ -188,7 +214,7 @@ _ZWSP = "\u200b"
 
 
 def _star_bold(text: str) -> str:
-    return f"*{text.replace('*', _STAR)}*"
+    return f"*{text.replace('*', _STAR).replace(_hidden('*'), _STAR)}*"
 
 
 def _star_emphasis(text: str, *, glue: str = "") -> str:
@@ -220,7 +246,8 @@ def slack_mrkdwn(markdown: str) -> str:
 
 # --------------------------------------------------------------------------- plain text
 
-_PLAIN = Spans(code=lambda c: f"`{c}`", link=lambda label, url: f"{label} ({url})", url=lambda url: url)
+_PLAIN = Spans(code=lambda c: f"`{c}`", link=lambda label, url: f"{label} ({url})", url=lambda url: url,
+               escaped=lambda char: char)
 
 
 def _plain_emphasis(text: str) -> str:
@@ -250,7 +277,9 @@ def whatsapp_text(markdown: str) -> str:
     )
 
 
-_AS_WRITTEN = Spans(code=lambda c: f"`{c}`", link=lambda label, url: f"[{label}]({url})", url=lambda url: url)
+# (Feishu reads markdown, backslash escapes with it: they go as written)
+_AS_WRITTEN = Spans(code=lambda c: f"`{c}`", link=lambda label, url: f"[{label}]({url})", url=lambda url: url,
+                    escaped=lambda char: "\\" + char)
 
 
 _FEISHU_MENTION = re.compile(r"<(?=\s*at\b)", re.IGNORECASE)  # <at user_id="all"></at>: a mention of everyone

@@ -1,5 +1,6 @@
 """Chunking shared by the platform modules: split markdown under a limit at paragraph, line,
-sentence boundaries, closing and reopening a code block cut in two. Fences follow CommonMark:
+sentence boundaries, closing and reopening a code block cut in two (and, once formatted, bold or
+struck-through text cut in two), never inside inline code or a link. Fences follow CommonMark:
 ``` or ~~~ (three or more), closed only by the same character, at least as long, with no info
 string. Lengths are measured in the platform's own unit (`measure`: characters by default; for
 Telegram, UTF-16 code units of the text it shows once its HTML is parsed). Conversion to each
@@ -7,9 +8,10 @@ platform's markup lives in shared/channels/markdown.py."""
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 Formatter = Callable[[str], str]
@@ -24,6 +26,14 @@ MIN_LIMIT = 16
 MAX_FENCE = 6
 _SENTENCE = re.compile("[.!?][\"')\\]]*[ \t]+|[\u3002\uff01\uff1f]")  # ". " and CJK full stops
 _SPACE = re.compile(r"\s")
+# Inline code, a link (its label taken from the last `[` before it: a scan that stops there stays linear)
+_WHOLE = re.compile(r"`[^`\n]+`|!?\[[^\[\]\n]*\]\([^()\s]*(?:\([^()\s]*\)[^()\s]*)*\)")
+# Bold and strike: where a span may open and close, as the converters pair them (shared/channels/markdown.py),
+# found in a line whose code, URLs and backslash escapes were blanked out (a mark there marks nothing).
+_MARKS = {"**": (re.compile(r"(?=\*\*\S)"), re.compile(r"(?<=\S)(?=\*\*)")),
+          "__": (re.compile(r"(?<!\w)(?=__\S)"), re.compile(r"(?<=\S)(?=__(?!\w))")),
+          "~~": (re.compile(r"(?=~~\S)"), re.compile(r"(?<=\S)(?=~~)"))}
+_LITERAL = re.compile(r"`[^`\n]+`|https?://\S+?(?=[.,:;!?*_~']*(?:\s|$))|\\[!-/:-@\[-`{-~]")
 
 
 @dataclass(frozen=True)
@@ -165,7 +175,7 @@ def _cut(text: str, end: int, opener: Fence | None) -> int:
                 return cut
         for cut in (sentence, word):
             if cut > floor:
-                return _before_fence_line(window, cut)
+                return _before_fence_line(window, _outside_spans(text, cut))
     return _before_fence_line(window, len(window))
 
 
@@ -174,6 +184,17 @@ def _word_outgrows(text: str, end: int) -> bool:
     tail = len(_SPACE.split(text[:end])[-1])
     space = _SPACE.search(text, end)
     return tail + (space.start() if space else len(text)) - end > end
+
+
+def _outside_spans(text: str, cut: int) -> int:
+    """Never cut inside inline code or a link (a label holds spaces): move the cut to where it starts,
+    when there is room before it."""
+    start = text.rfind("\n", 0, cut) + 1
+    end = text.find("\n", cut)
+    for m in _WHOLE.finditer(text, start, end if end >= 0 else len(text)):
+        if m.start() < cut < m.end():
+            return m.start() if m.start() > 0 else cut
+    return cut
 
 
 def _before_fence_line(window: str, cut: int) -> int:
@@ -188,18 +209,65 @@ def format_chunks(text: str, limit: int, fmt: Formatter, *, measure: Measure = l
     """`text` split and formatted into chunks that `measure` (which counts formatted text, as the
     platform does) finds under `limit`. The markdown is cut counting each character as the platform
     counts it alone; a piece whose formatting outgrows the limit is cut again, shorter by as much as
-    it outgrew, and the text after it goes on in the next piece (no tiny piece between). Pieces with
-    nothing visible are dropped. Formatting stays valid for limits of 200 and more (every
-    platform's is at least 2000)."""
+    it outgrew, and the text after it goes on in the next piece (no tiny piece between). Bold or
+    struck-through text cut in two is closed at the cut and reopened after it. Pieces with nothing
+    visible are dropped. Formatting stays valid for limits of 200 and more (every platform's is at
+    least 2000)."""
     _check(limit)
     units = _per_character(measure)
+    inside = _emphasis(text)
     out: list[str] = []
     pos, opener = 0, None
     while pos < len(text):
-        piece, opener, chunks = _fitted(text[pos:], opener, limit=limit, fmt=fmt, measure=measure, units=units)
+        piece, opener, chunks = _fitted(text[pos:], opener, limit=limit, fmt=fmt, measure=measure, units=units,
+                                        dress=functools.partial(_dressed, inside, pos))
         out += chunks
         pos += len(piece.body)
     return out
+
+
+Inside = Callable[[int], str]  # the marks of the bold or strike spans whose text goes on across a position
+
+
+def _emphasis(text: str) -> Inside:
+    """Where `text` is inside bold or struck-through spans of a line of prose (not in a code block)."""
+    spans: list[tuple[int, int, str]] = []
+    offset, opener = 0, None
+    for line in text.split("\n"):
+        if opener is None and not is_fence(line):
+            blank = _LITERAL.sub(lambda m: "x" * len(m[0]), line)
+            spans += [(offset + start, offset + end, mark) for mark in _MARKS for start, end in _spans(blank, mark)]
+        opener = step(opener, line)
+        offset += len(line) + 1
+    spans.sort()
+    return lambda pos: "".join(mark for start, end, mark in spans if start < pos < end)
+
+
+def _spans(line: str, mark: str) -> Iterator[tuple[int, int]]:
+    """Where the text of each `mark` span of `line` starts and ends: an opener takes the first closer
+    after it, as the converters' lazy patterns do (found in linear time: a line can be long)."""
+    opens, closes = _MARKS[mark]
+    ends = [m.start() for m in closes.finditer(line)]
+    pos = 0
+    for start in (m.start() for m in opens.finditer(line)):
+        if start < pos:  # inside the span found last
+            continue
+        i = bisect.bisect_left(ends, start + 2)
+        if i == len(ends):  # no closer after this opener: none after a later one either
+            return
+        yield start + 2, ends[i]
+        pos = ends[i] + 2
+
+
+def _dressed(inside: Inside, pos: int, piece: Piece) -> str:
+    """The markdown of the piece at `pos`: spans cut at its start reopened, those cut at its end closed
+    (innermost first) before the spaces it ends with (a mark after a space closes nothing)."""
+    if not piece.body.strip():
+        return str(piece)
+    text = inside(pos) + str(piece)
+    close = inside(pos + len(piece.body))[::-1]  # (each mark is two of one character)
+    bare = text.rstrip()
+    return bare + close + text[len(bare):] if close else text
 
 
 def _per_character(measure: Measure) -> Measure:
@@ -209,17 +277,18 @@ def _per_character(measure: Measure) -> Measure:
     return lambda text: sum(map(cost, text))
 
 
-def _fitted(rest: str, opener: Fence | None, *, limit: int, fmt: Formatter, measure: Measure,
-            units: Measure) -> tuple[Piece, Fence | None, list[str]]:
+def _fitted(rest: str, opener: Fence | None, *, limit: int, fmt: Formatter, measure: Measure, units: Measure,
+            dress: Callable[[Piece], str]) -> tuple[Piece, Fence | None, list[str]]:
     """The next piece, the block open after it and its formatted chunks (none if nothing shows)."""
     room = limit
     while True:
         piece, after = _next_piece(rest, opener, room, units)
-        formatted = fmt(str(piece)) if _visible(str(piece)) else ""
+        markdown = dress(piece)
+        formatted = fmt(markdown) if _visible(markdown) else ""
         size = measure(formatted)
         if size <= limit:
             return piece, after, [formatted] if formatted.strip() else []
-        room = units(str(piece)) * limit // size  # shorter than this piece: the loop ends
+        room = min(room - 1, units(markdown) * limit // size)  # shorter than this piece: the loop ends
         if room < MIN_LIMIT:  # unreachable for real limits; keeps the guarantee anyway
             return piece, after, _hard_split(formatted, limit, measure)
 

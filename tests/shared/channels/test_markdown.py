@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from shared.channels.markdown import plain_text, slack_mrkdwn, telegram_html, whatsapp_text
+from shared.channels.markdown import feishu_md, plain_text, slack_mrkdwn, telegram_html, whatsapp_text
+from tests.fakes.telegram import parse_entities
 
 ZWSP = "\u200b"
 
@@ -49,3 +53,68 @@ def test_double_underscores_inside_a_word_stay(convert: Callable[[str], str]) ->
     for text in ("set NANOFLEET_TOOLS__EXEC__RUN_AS_USER now", "my__var__name and ___x___y"):
         assert convert(text) == text, convert
     assert "bold" in convert("__bold__") and "__" not in convert("__bold__")  # at a word's edge: still bold
+
+
+# --------------------------------------------------------------------------- backslash escapes
+
+QA_REPLY = r"Use \*args and \*\*kwargs; *note: **always** check*"
+
+
+def test_escaped_marks_are_literal_and_bold_nests_in_italics() -> None:
+    """The reply reached WhatsApp as `Use \\_args and \\_\\*kwargs; *note: *always* check*`: escaped stars
+    paired as emphasis, backslashes shown, the bold inside the italics broken."""
+    assert whatsapp_text(QA_REPLY) == "Use *args and **kwargs; _note: *always* check_"
+    assert slack_mrkdwn(QA_REPLY) == "Use *args and **kwargs; _note: *always* check_"
+    assert telegram_html(QA_REPLY) == "Use *args and **kwargs; <i>note: <b>always</b> check</i>"
+    assert plain_text(QA_REPLY) == "Use *args and **kwargs; note: always check"
+    assert feishu_md(QA_REPLY) == QA_REPLY  # Feishu reads the markdown, escapes with it
+
+
+def test_an_escaped_character_is_written_as_the_format_needs() -> None:
+    md = r"\# not a heading, \<b\> \& 5\* \_x\_"
+    assert telegram_html(md) == "# not a heading, &lt;b&gt; &amp; 5* _x_"
+    assert slack_mrkdwn(md) == "# not a heading, &lt;b&gt; &amp; 5* _x_"
+    assert whatsapp_text(md) == plain_text(md) == "# not a heading, <b> & 5* _x_"
+    assert feishu_md(md) == md
+    assert [f(r"\- not a bullet") for f in (telegram_html, whatsapp_text)] == ["- not a bullet"] * 2
+    assert telegram_html(r"\\*it*") == "\\<i>it</i>"  # an escaped backslash: the star after it still marks
+
+
+def test_an_escaped_star_in_bold_is_the_look_alike_where_a_star_would_end_it() -> None:
+    assert slack_mrkdwn(r"**2 \* 3 = 6**") == whatsapp_text(r"**2 \* 3 = 6**") == "*2 \u2217 3 = 6*"
+    assert slack_mrkdwn(r"# Rated 5\* overall") == "*Rated 5\u2217 overall*"
+    assert telegram_html(r"**2 \* 3 = 6**") == "<b>2 * 3 = 6</b>"
+
+
+def test_a_backslash_in_code_stays() -> None:
+    md = "`a\\*b` and \\*\n```\nx = a\\*b\n```"
+    assert telegram_html(md) == "<code>a\\*b</code> and *\n<pre><code>x = a\\*b</code></pre>"
+    assert whatsapp_text(md) == slack_mrkdwn(md) == plain_text(md) == "`a\\*b` and *\n```\nx = a\\*b\n```"
+    assert feishu_md(md) == md
+
+
+def test_a_link_label_loses_its_escapes_and_its_target_keeps_them() -> None:
+    md = r"see [a\_b \<c\>](https://x.io/a\_b) now"
+    assert telegram_html(md) == 'see <a href="https://x.io/a\\_b">a_b &lt;c&gt;</a> now'
+    assert slack_mrkdwn(md) == "see <https://x.io/a\\_b|a_b &lt;c&gt;> now"
+    assert whatsapp_text(md) == "see a_b <c> (https://x.io/a\\_b) now"
+    assert feishu_md(md) == md
+
+
+ESCAPABLE = "!\"#$%&'()*+,-./:;<=>?@[\\]^_{|}"  # ASCII punctuation but ` and ~ (a line of them is a fence)
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(st.one_of(st.sampled_from(ESCAPABLE).map(lambda c: "\\" + c),
+                                st.sampled_from(["a", "word", " ", "\n"])), max_size=40))
+def test_escaped_punctuation_shows_as_itself_in_every_format(parts: list[str]) -> None:
+    md = "".join(parts)
+    shown = md.replace("\\\\", "\x00").replace("\\", "").replace("\x00", "\\")
+    assert parse_entities(telegram_html(md)) == (shown, None)
+    assert html.unescape(slack_mrkdwn(md)) == whatsapp_text(md) == plain_text(md) == shown
+
+
+def test_italics_hold_bold_in_telegram_too() -> None:
+    assert telegram_html("_a **b** c_ and *d __e__ f*") == "<i>a <b>b</b> c</i> and <i>d <b>e</b> f</i>"
+    assert whatsapp_text("_a **b** c_") == "_a *b* c_"
+    assert telegram_html("**a *b* c**") == "<b>a <i>b</i> c</b>"  # and bold italics, as before

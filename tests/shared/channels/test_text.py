@@ -327,3 +327,52 @@ def test_a_long_tilde_block_is_closed_and_reopened_and_never_converted() -> None
     html_chunks = format_chunks(text, 300, telegram_html)
     assert "".join(html_chunks).count("<b>") == 1  # only "After **b**": nothing inside the block
     assert all(c.startswith("<pre>") for c in html_chunks[1:-1])
+
+
+# --------------------------------------------------------------------------- emphasis and links cut in two
+
+WORDS = " ".join(["word"] * 1200)
+
+
+def test_bold_cut_in_two_is_closed_and_reopened() -> None:
+    """A bold paragraph longer than a message went out as `**word ...` and `... word**`: each half
+    unpaired, its marks shown as written."""
+    chunks = WhatsAppChannel(Settings()).chunks(f"**{WORDS}**")
+    assert len(chunks) == 2 and "**" not in "".join(chunks)
+    assert all(c.startswith("*word") and c.rstrip().endswith("word*") for c in chunks)
+    telegram = TelegramChannel(Settings()).chunks(f"Intro.\n\n**{WORDS * 2}** and after")
+    assert len(telegram) == 3 and "**" not in "".join(telegram)
+    assert all(parse_entities(c)[1] is None for c in telegram)
+    assert telegram[1].startswith("<b>word") and telegram[2].endswith("word</b> and after")
+
+
+def test_bold_and_strike_nested_are_closed_innermost_first() -> None:
+    chunks = DiscordChannel(Settings()).chunks(f"**bold ~~{WORDS}~~ bold** ~~{WORDS}~~")
+    ends = [(c[:4], c.rstrip()[-4:]) for c in chunks]
+    assert ends[0] == ("**bo", "~~**") and ends[1] == ("**~~", "~~**")  # the inner mark closes first
+    assert ends[-1] == ("~~wo", "rd~~") and all(c.count("**") % 2 == 0 == c.count("~~") % 2 for c in chunks)
+
+
+def test_marks_in_code_escapes_and_urls_are_not_reopened() -> None:
+    for text in (f"`**` {WORDS} `**`", f"\\*\\* {WORDS} \\*\\*", f"https://x.io/**a {WORDS} b**c/",
+                 f"```\n**{WORDS}**\n```"):
+        chunks = format_chunks(text, 2000, identity)
+        assert len(chunks) > 1 and "".join(chunks).count("*") == 4, text[:12]  # no mark added
+
+
+def test_a_link_or_inline_code_is_not_cut_inside() -> None:
+    link = "[the " + "label " * 30 + "](https://x.io/a_(b))"
+    code = "`" + "x " * 60 + "`"
+    for inline in (link, code):
+        chunks = DiscordChannel(Settings()).chunks("y " * 950 + inline + " z" * 950)
+        assert sum(inline in c for c in chunks) == 1, inline[:10]
+
+
+@settings(max_examples=200, deadline=None)
+@given(words=st.lists(st.sampled_from(["a", "bb", "ccc dd", "é", "😀"]), min_size=200, max_size=600).map(" ".join),
+       mark=st.sampled_from(["**", "~~", "__"]), limit=st.integers(200, 400),
+       fmt=st.sampled_from(["whatsapp", "slack"]))
+def test_a_long_emphasis_span_shows_no_marks_in_any_chunk(words: str, mark: str, limit: int, fmt: str) -> None:
+    chunks = format_chunks(f"{mark}{words}{mark}", limit, FORMATS[fmt])
+    assert len(chunks) > 1 and not any(m in c for c in chunks for m in ("**", "~~", "__")), chunks
+    assert all(len(c) <= limit for c in chunks)
