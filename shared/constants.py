@@ -12,6 +12,8 @@ QUEUES = (Q_AGENT, Q_TOOLS, Q_SUBAGENTS, Q_OUTBOUND, Q_SCHEDULER)
 MODEL_QUEUES = (Q_AGENT, Q_SUBAGENTS)  # the queues whose tasks call the model (see TASK_ROUTES)
 
 INTERNAL = "internal"  # the channel of sessions nobody chats in (cron jobs, subagents, the heartbeat)
+EMPTY_ANSWER = "I've completed processing but have no response to give."  # for an answer with nothing to show
+HEARTBEAT_QUIET = "HEARTBEAT_OK"  # a heartbeat run's answer when it has nothing to tell anyone
 
 # Task names. Each prefix maps to one task module under workers/tasks and (but for two) to one queue.
 T_PING = "nanofleet.scheduler.ping"

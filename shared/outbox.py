@@ -12,7 +12,7 @@ from sqlmodel import Session, col, select
 from shared.agent.runtime import Next
 from shared.channels import get_channel
 from shared.channels.base import default_chunks
-from shared.constants import T_OUTBOUND_DELIVER, T_OUTBOUND_TYPING
+from shared.constants import EMPTY_ANSWER, T_OUTBOUND_DELIVER, T_OUTBOUND_TYPING
 from shared.models import Outbox, OutboxStatus, new_id, utcnow
 from shared.settings import Settings
 
@@ -55,8 +55,6 @@ def _chunks(settings: Settings, channel: str, text: str) -> list[str]:
     parts = chunk(text) if text else []
     if parts or not text.strip():
         return parts
-    from shared.agent.steps import EMPTY_ANSWER  # here: steps imports this module (through finish)
-
     return chunk(EMPTY_ANSWER)
 
 

@@ -18,7 +18,7 @@ from shared.agent import conversations, events, lease, memory, prompt, usage
 from shared.agent.finish import NOT_RUN, finish, publish_final, recorded, settle, tool_message
 from shared.agent.runtime import Next, Runtime
 from shared.aio import run_sync
-from shared.constants import T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EXECUTE
+from shared.constants import EMPTY_ANSWER, T_AGENT_STEP, T_COMPACT, T_SUBAGENT_STEP, T_TOOL_EXECUTE
 from shared.contracts import without_nul
 from shared.db import Inserting, returning_row, table_of, unavailable, updated_row
 from shared.errors import Retryable
@@ -47,7 +47,6 @@ NO_NUL_ARGS = ("the arguments hold a NUL character (\\u0000) or a lone surrogate
                "call it again without them")
 DONE = (ToolStatus.SUCCESS, ToolStatus.REJECTED, ToolStatus.FAILED)
 # A chat turn whose model answered nothing (and sent nothing with the message tool) still gets a reply
-EMPTY_ANSWER = "I've completed processing but have no response to give."
 FAILED_STEP = ("Sorry, I had to stop: something went wrong on my side each time I tried to go on with this. "
                "Send your message again; if it keeps happening, the operator can find the error in the worker log.")
 # Errors another try may well not meet (the database or the broker was unreachable or busy): the task

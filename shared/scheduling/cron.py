@@ -26,7 +26,7 @@ from sqlmodel.sql.expression import SelectOfScalar
 from shared.agent import conversations
 from shared.agent.finish import deliver
 from shared.agent.runtime import Next, Runtime
-from shared.constants import INTERNAL, T_AGENT_STEP, T_CRON_FIRE, T_CRON_RECONCILE, T_DAILY_SUMMARY
+from shared.constants import HEARTBEAT_QUIET, INTERNAL, T_AGENT_STEP, T_CRON_FIRE, T_CRON_RECONCILE, T_DAILY_SUMMARY
 from shared.models import (
     TERMINAL,
     Conversation,
@@ -255,7 +255,8 @@ def post_result(s: Session, run: Run) -> list[Next]:
     call. A conversation in the middle of a turn gets them later (reconciliation), so they never
     land between a tool call and its result."""
     origin = run.origin or {}
-    if run.announced:
+    if run.announced or (run.kind == RunKind.HEARTBEAT and (run.final_text or "").strip().upper().startswith(
+            HEARTBEAT_QUIET)):  # (a quiet one of a worker from before 0015, which left it unannounced)
         return []
     conv = _target(s, origin)
     if conv is not None and conv.id != run.conversation_id:

@@ -25,7 +25,7 @@ from sqlmodel import Session, col, select
 from shared.agent import conversations
 from shared.agent.finish import deliver
 from shared.agent.runtime import Next, Runtime
-from shared.constants import INTERNAL, T_AGENT_STEP
+from shared.constants import HEARTBEAT_QUIET, INTERNAL, T_AGENT_STEP
 from shared.errors import Retryable
 from shared.llm_types import LLMError
 from shared.models import Conversation, CronReceipt, Message, Role, Run, RunKind, utcnow
@@ -38,7 +38,7 @@ SESSION = "heartbeat"
 RECEIPT_JOB = "system:heartbeat"
 KEEP_MESSAGES = 20
 MAX_CHARS = 8000
-QUIET = "HEARTBEAT_OK"
+QUIET = HEARTBEAT_QUIET
 DECIDE_RETRIES = 3  # then this heartbeat is given up; the next interval brings another
 KEYED_BY_ID = datetime(1970, 1, 1, tzinfo=UTC)  # a heartbeat's receipt is unique by its job id alone
 _EMPTY_LINE = re.compile(r"^\s*(#.*|[-*+]\s*(\[\s?\])?\s*|<!--.*-->)?\s*$")

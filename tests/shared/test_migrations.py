@@ -85,6 +85,30 @@ def test_api_conversations_made_before_0014_get_their_own_id_as_chat_id(empty_db
     engine.dispose()
 
 
+def test_heartbeat_runs_made_before_0015_are_not_posted_to_a_chat(empty_db: str) -> None:
+    """0015 posts a heartbeat's result that waited for its chat, as a cron job's: the heartbeat runs
+    from before were never posted, and the quiet ones would have been ("HEARTBEAT_OK" in a chat)."""
+    from sqlmodel import Session, select
+
+    from shared.models import Conversation, Run, RunKind, RunStatus
+
+    upgrade(empty_db)
+    command.downgrade(alembic_config(empty_db), "0014")
+    engine = create_engine(empty_db)
+    with Session(engine) as s:
+        s.add(Conversation(id="hb", session_key="heartbeat", channel="internal", chat_id="heartbeat"))
+        s.flush()
+        for kind, text_ in ((RunKind.HEARTBEAT, "HEARTBEAT_OK"), (RunKind.HEARTBEAT, "done"), (RunKind.CRON, "tea")):
+            s.add(Run(conversation_id="hb", kind=kind, status=RunStatus.SUCCEEDED, final_text=text_,
+                      origin={"channel": "api", "chat_id": "c1"}))
+        s.commit()
+    upgrade(empty_db)
+    with Session(engine) as s:
+        waiting = {(r.kind, r.final_text) for r in s.exec(select(Run).where(Run.announced == False))}  # noqa: E712
+    assert waiting == {(RunKind.CRON, "tea")}  # a cron result from before still waits, as it did
+    engine.dispose()
+
+
 def test_the_migrations_build_exactly_what_the_models_declare(empty_db: str) -> None:
     import shared.models  # noqa: F401  (registers every table on SQLModel.metadata)
 

@@ -18,6 +18,9 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    # The heartbeat runs from before: none of them was ever posted to a chat, and the quiet ones would be
+    # posted now ("HEARTBEAT_OK" in a user's conversation)
+    op.execute("update runs set announced = true where kind = 'heartbeat' and announced is false")
     # CONCURRENTLY and IF (NOT) EXISTS, as 0004: writes to runs go on, and a retry keeps what an earlier try did.
     with op.get_context().autocommit_block():
         op.create_index("ix_runs_results_unannounced", "runs", ["finished_at"],

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text as sql
 
 from shared.agent.service import dollars
-from shared.agent.steps import EMPTY_ANSWER
+from shared.constants import EMPTY_ANSWER
 from shared.db import get_engine
 from tests.fakes.llm import FakeLLM, Reply, default_handler
 from tests.support.processes import wait_until

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.agent.steps import EMPTY_ANSWER
+from shared.constants import EMPTY_ANSWER
 from tests.fakes.llm import FakeLLM, Reply
 from tests.support.platforms import ChannelStack, started_channel_stack
 

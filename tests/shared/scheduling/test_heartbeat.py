@@ -16,7 +16,7 @@ from shared.agent import conversations
 from shared.agent.local import drain
 from shared.agent.runtime import Runtime
 from shared.constants import T_CRON_RECONCILE, T_HEARTBEAT
-from shared.models import Conversation, Message, Outbox, Role, RunKind, RunStatus, utcnow
+from shared.models import Conversation, Message, Outbox, Role, Run, RunKind, RunStatus, utcnow
 from shared.queueing import Producer, beat_schedule, make_celery
 from shared.scheduling import cron, heartbeat
 from shared.scheduling.beat import BeatMirror
@@ -126,6 +126,9 @@ def test_a_quiet_heartbeat_says_nothing_then_or_later(core: Core, fake_llm: Fake
     assert kept_results(stack, chat.id) == []
     with db(stack) as s:
         assert s.exec(select(func.count()).select_from(Outbox)).one() == 0
+        s.get_one(Run, run.id).announced = False  # as a worker from before 0015 left a quiet one
+    drain(rt, cron.reconcile(rt, mirror))
+    assert kept_results(stack, chat.id) == []
 
 
 def decisions_in(body: dict[str, Any]) -> bool:
