@@ -1,7 +1,8 @@
 """Markdown converted to what each platform renders: Telegram HTML, Slack mrkdwn, WhatsApp's marks,
 Feishu's post markdown, plain text.
 
-Code blocks are found with the chunker's fence rules (shared/channels/text.py). On a line of prose,
+Code blocks and tables are found with the chunker's rules (shared/channels/text.py); a table goes as a
+code block of its cells lined up, as chats draw no tables. On a line of prose,
 inline code, [text](url) links (and ![alt](url) images, which go as links), bare URLs and backslash
 escapes (a backslash before punctuation stands for that character, as in CommonMark) are set aside
 behind placeholders before any emphasis pass runs, so `https://x/pkg/__init__.py` keeps its
@@ -10,12 +11,15 @@ underscores, a link target is never rewritten and an escaped mark marks nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import html
+import itertools
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shared.channels.text import FENCE, Fence, fence_of, is_fence
+from shared.channels.text import FENCE, Fence, cells, fence_of, is_fence, tables
 
 Convert = Callable[[str], str]
 
@@ -33,20 +37,32 @@ class Segment:
         return re.sub(r"[^\w+#.-]", "", words[0])[:20] if words else ""
 
 
-def segments(markdown: str) -> list[Segment]:
+# A table's code block: ~~~, so that _code_fence writes ``` unless a row would end that
+_TABLE = Fence("~", 3, "", "~~~")
+
+
+def segments(markdown: str, *, with_tables: bool = True) -> list[Segment]:
+    """Prose, code blocks and (`with_tables`) tables, as code blocks of their cells lined up."""
     out: list[Segment] = []
     buf: list[str] = []
     opener: Fence | None = None
-    for line in markdown.split("\n"):
-        if opener is None and (fence := fence_of(line)) is not None:
+    lines = markdown.split("\n")
+    found = tables(lines) if with_tables else {}
+    i = 0
+    while i < len(lines):
+        line, end = lines[i], found.get(i)
+        if end is not None or (opener is None and is_fence(line)):
             if buf:
                 out.append(Segment("\n".join(buf)))
-            opener, buf = fence, []
+            if end is not None:
+                out.append(Segment(_table(lines[i:end]), _TABLE))
+            opener, buf = None if end is not None else fence_of(line), []
         elif opener is not None and opener.closed_by(line):
             out.append(Segment("\n".join(buf), opener))
             opener, buf = None, []
         else:
             buf.append(line)
+        i = end or i + 1
     if opener is not None or buf:
         out.append(Segment("\n".join(buf), opener))
     return out
@@ -156,6 +172,57 @@ def _escape(text: str) -> str:
     return html.escape(text, quote=False)
 
 
+# --------------------------------------------------------------------------- tables and quotes
+
+
+def _table(rows: list[str]) -> str:
+    """A table's cells without their markup, lined up: each column as wide as its widest cell, aligned
+    as the delimiter row says, a rule under the header (GFM: a short row is filled, a long one cut)."""
+    head, delimiter, *body = rows
+    aligns = [_align(cell) for cell in cells(delimiter)]
+    grid = [([_plain_cell(cell) for cell in cells(row)] + [""] * len(aligns))[: len(aligns)] for row in [head, *body]]
+    widths = [max(1, *(_width(row[col]) for row in grid)) for col in range(len(aligns))]
+    lines = [" | ".join(map(_pad, row, widths, aligns)) for row in grid]
+    lines.insert(1, "-+-".join("-" * width for width in widths))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _plain_cell(cell: str) -> str:
+    return _inline(cell.replace("\\|", "|"), _CELL, _plain_emphasis)
+
+
+def _align(delimiter: str) -> str:
+    if delimiter.endswith(":"):
+        return "center" if delimiter.startswith(":") else "right"
+    return "left"
+
+
+def _width(text: str) -> int:
+    """The columns a monospace font gives `text`: two for a wide East Asian character, none for a mark."""
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in ("W", "F") else 1
+               for c in text)
+
+
+def _pad(cell: str, width: int, align: str) -> str:
+    space = width - _width(cell)
+    left = {"left": 0, "right": space, "center": space // 2}[align]
+    return " " * left + cell + " " * (space - left)
+
+
+# CommonMark's quote marks: `>` and a space, up to three spaces before (a quote in a quote goes as one
+# quote: chats nest none)
+_QUOTE = re.compile(r"^ {0,3}(?:>[ \t]?)+")
+
+
+def _quoted(convert: Convert, mark: str) -> Convert:
+    """`convert` for a line that may be quoted: its `>` marks become `mark`, the platform's (which is
+    no text to escape), and its content is converted."""
+    def line(text: str) -> str:
+        quote = _QUOTE.match(text)
+        return convert(text) if quote is None else mark + convert(text[quote.end() :])
+    return line
+
+
 # --------------------------------------------------------------------------- Telegram
 
 _TELEGRAM = Spans(code=lambda c: f"<code>{_escape(c)}</code>",
@@ -187,12 +254,21 @@ def _telegram_line(line: str) -> str:
     return rich if _balanced(rich) else _inline(line, _TELEGRAM, _escape)
 
 
+def _telegram_prose(text: str) -> str:
+    """Lines of prose as HTML, each run of quoted lines in one blockquote (unless it shows nothing)."""
+    out = []
+    for quoted, run in itertools.groupby(text.split("\n"), key=lambda line: _QUOTE.match(line) is not None):
+        body = "\n".join(_telegram_line(_QUOTE.sub("", line, count=1) if quoted else line) for line in run)
+        out.append(f"<blockquote>{body}</blockquote>" if quoted and body.strip() else body)
+    return "\n".join(out)
+
+
 def telegram_html(markdown: str) -> str:
     """Markdown as Telegram's HTML parse mode: escaped, tags always properly nested."""
     out = []
     for seg in segments(markdown):
         if seg.fence is None:
-            out.append("\n".join(_telegram_line(line) for line in seg.text.split("\n")))
+            out.append(_telegram_prose(seg.text))
         else:
             attr = f' class="language-{seg.lang}"' if seg.lang else ""
             out.append(f"<pre><code{attr}>{_escape(seg.text)}</code></pre>")
@@ -239,7 +315,8 @@ def slack_mrkdwn(markdown: str) -> str:
     """Markdown as Slack mrkdwn: *bold*, _italic_, ~strike~, <url|text>, &, < and > escaped."""
     return "\n".join(
         f"{_code_fence(seg)}\n{_escape(seg.text)}\n{_code_fence(seg)}" if seg.fence
-        else _lines(seg.text, lambda s: _inline(s, _SLACK, lambda t: _star_emphasis(_escape(t), glue=_ZWSP)), _escape)
+        else _lines(seg.text, _quoted(lambda s: _inline(s, _SLACK, lambda t: _star_emphasis(_escape(t), glue=_ZWSP)),
+                                      "> "), _escape)
         for seg in segments(markdown)
     )
 
@@ -248,6 +325,7 @@ def slack_mrkdwn(markdown: str) -> str:
 
 _PLAIN = Spans(code=lambda c: f"`{c}`", link=lambda label, url: f"{label} ({url})", url=lambda url: url,
                escaped=lambda char: char)
+_CELL = dataclasses.replace(_PLAIN, code=lambda c: c)  # (a table is all code already)
 
 
 def _plain_emphasis(text: str) -> str:
@@ -268,11 +346,11 @@ def plain_text(markdown: str) -> str:
 
 
 def whatsapp_text(markdown: str) -> str:
-    """Markdown as WhatsApp writes it: *bold*, _italic_, ~strike~, ``` blocks and `code` as they are,
-    links as "text (url)"; nothing to escape (WhatsApp has no markup but these marks)."""
+    """Markdown as WhatsApp writes it: *bold*, _italic_, ~strike~, ``` blocks, `code` and `> ` quotes as
+    they are, links as "text (url)"; nothing to escape (WhatsApp has no markup but these marks)."""
     return "\n".join(
         f"{_code_fence(seg)}\n{seg.text}\n{_code_fence(seg)}" if seg.fence
-        else _lines(seg.text, lambda s: _inline(s, _PLAIN, _star_emphasis), lambda s: s)
+        else _lines(seg.text, _quoted(lambda s: _inline(s, _PLAIN, _star_emphasis), "> "), lambda s: s)
         for seg in segments(markdown)
     )
 
@@ -294,7 +372,7 @@ def feishu_md(markdown: str) -> str:
         f"{seg.fence.line.strip()}\n{seg.text}\n{seg.fence.marker}" if seg.fence
         else _lines(_FEISHU_MENTION.sub("<" + _ZWSP, seg.text), lambda s: _inline(s, _AS_WRITTEN, _bold_headings),
                     lambda s: s)
-        for seg in segments(markdown)
+        for seg in segments(markdown, with_tables=False)  # (whether a post's md draws tables is unknown)
     )
 
 

@@ -1,6 +1,7 @@
 """Chunking shared by the platform modules: split markdown under a limit at paragraph, line,
 sentence boundaries, closing and reopening a code block cut in two (and, once formatted, bold or
-struck-through text cut in two), never inside inline code or a link. Fences follow CommonMark:
+struck-through text cut in two; a table cut in two goes on under its header repeated), never inside
+inline code, a link or a table's header. Fences follow CommonMark:
 ``` or ~~~ (three or more), closed only by the same character, at least as long, with no info
 string. Lengths are measured in the platform's own unit (`measure`: characters by default; for
 Telegram, UTF-16 code units of the text it shows once its HTML is parsed). Conversion to each
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,6 +36,10 @@ _MARKS = {"**": (re.compile(r"(?=\*\*\S)"), re.compile(r"(?<=\S)(?=\*\*)")),
           "__": (re.compile(r"(?<!\w)(?=__\S)"), re.compile(r"(?<=\S)(?=__(?!\w))")),
           "~~": (re.compile(r"(?=~~\S)"), re.compile(r"(?<=\S)(?=~~)"))}
 _LITERAL = re.compile(r"`[^`\n]+`|https?://\S+?(?=[.,:;!?*_~']*(?:\s|$))|\\[!-/:-@\[-`{-~]")
+# A table (GFM): a row with a pipe, a delimiter row of as many cells (dashes, a colon at an end to align),
+# then rows while lines hold a pipe (GFM goes on to a blank line; a model's table ends where its pipes do).
+_DELIMITER = re.compile(r"\|?[ \t]*:?-+:?[ \t]*(?:\|[ \t]*:?-+:?[ \t]*)*\|?")
+_PIPE = re.compile(r"(?<!\\)\|")
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,37 @@ def fence_of(line: str) -> Fence | None:
 def is_fence(line: str) -> bool:
     """A line that opens or closes a code block."""
     return fence_of(line) is not None
+
+
+def cells(row: str) -> list[str]:
+    """A table row's cells, stripped (pipes at its ends are optional; `\\|` is a pipe inside a cell)."""
+    row = row.strip()
+    row = row[1:] if row.startswith("|") else row
+    row = row[:-1] if row.endswith("|") and not row.endswith("\\|") else row
+    return [cell.strip() for cell in _PIPE.split(row)]
+
+
+def _table_head(header: str, delimiter: str) -> bool:
+    return ("|" in header and "|" in delimiter and not is_fence(header)
+            and _DELIMITER.fullmatch(delimiter.strip()) is not None and len(cells(header)) == len(cells(delimiter)))
+
+
+def _is_row(line: str) -> bool:
+    return "|" in line and not is_fence(line)
+
+
+def tables(lines: list[str]) -> dict[int, int]:
+    """The tables outside code blocks: the index of the line each starts at -> that of the line after it."""
+    found: dict[int, int] = {}
+    opener, end = None, 0
+    for i, line in enumerate(lines):
+        if opener is None and i >= end and i + 1 < len(lines) and _table_head(line, lines[i + 1]):
+            end = i + 2
+            while end < len(lines) and _is_row(lines[end]):
+                end += 1
+            found[i] = end
+        opener = step(opener, line)
+    return found
 
 
 def step(opener: Fence | None, line: str) -> Fence | None:
@@ -164,6 +201,8 @@ def _cut(text: str, end: int, opener: Fence | None) -> int:
     for raw in window.split("\n")[:-1]:
         offset += len(raw) + 1
         opener = step(opener, raw)
+        if opener is None and _parts_table_head(text, offset):
+            continue
         line = offset
         if opener is None and (not raw.strip() or is_fence(raw)):
             para = offset
@@ -177,6 +216,17 @@ def _cut(text: str, end: int, opener: Fence | None) -> int:
             if cut > floor:
                 return _before_fence_line(window, _outside_spans(text, cut))
     return _before_fence_line(window, len(window))
+
+
+def _parts_table_head(text: str, at: int) -> bool:
+    """Whether a cut at `at` (a line's start) parts a table's header from its delimiter row, or those
+    two from its first row (rows that go without them are no table)."""
+    above, below = text.rfind("\n", 0, at - 1) + 1, text.find("\n", at)  # the lines around the cut
+    prev, after = text[above : at - 1], text[at : below if below >= 0 else len(text)]
+    if _table_head(prev, after):
+        return True
+    top = text.rfind("\n", 0, max(above - 1, 0)) + 1
+    return above > 0 and _is_row(after) and _table_head(text[top : above - 1], prev)
 
 
 def _word_outgrows(text: str, end: int) -> bool:
@@ -210,17 +260,17 @@ def format_chunks(text: str, limit: int, fmt: Formatter, *, measure: Measure = l
     platform does) finds under `limit`. The markdown is cut counting each character as the platform
     counts it alone; a piece whose formatting outgrows the limit is cut again, shorter by as much as
     it outgrew, and the text after it goes on in the next piece (no tiny piece between). Bold or
-    struck-through text cut in two is closed at the cut and reopened after it. Pieces with nothing
-    visible are dropped. Formatting stays valid for limits of 200 and more (every platform's is at
-    least 2000)."""
+    struck-through text cut in two is closed at the cut and reopened after it; a table's rows go on
+    under its header (when that takes an eighth of the limit at most). Pieces with nothing visible are
+    dropped. Formatting stays valid for limits of 200 and more (every platform's is at least 2000)."""
     _check(limit)
     units = _per_character(measure)
-    inside = _emphasis(text)
+    inside, heads = _emphasis(text), _table_heads(text, limit // 8, units)
     out: list[str] = []
     pos, opener = 0, None
     while pos < len(text):
         piece, opener, chunks = _fitted(text[pos:], opener, limit=limit, fmt=fmt, measure=measure, units=units,
-                                        dress=functools.partial(_dressed, inside, pos))
+                                        dress=functools.partial(_dressed, inside, heads(pos), pos))
         out += chunks
         pos += len(piece.body)
     return out
@@ -259,12 +309,24 @@ def _spans(line: str, mark: str) -> Iterator[tuple[int, int]]:
         pos = ends[i] + 2
 
 
-def _dressed(inside: Inside, pos: int, piece: Piece) -> str:
-    """The markdown of the piece at `pos`: spans cut at its start reopened, those cut at its end closed
-    (innermost first) before the spaces it ends with (a mark after a space closes nothing)."""
+def _table_heads(text: str, most: int, units: Measure) -> Callable[[int], str]:
+    """The header and delimiter rows of the table whose rows a piece at a position goes on with, if
+    they take `most` units at most ("" if none, or if the piece starts inside a row: the rest of a row
+    cut in two, under a header, would show as cells it is not)."""
+    lines = text.split("\n")
+    starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
+    heads = [(starts[i + 2], starts[end] - 1, f"{lines[i]}\n{lines[i + 1]}\n") for i, end in tables(lines).items()]
+    heads = [(start, end, head) for start, end, head in heads if units(head) <= most]
+    return lambda pos: next((head for start, end, head in heads if start <= pos < end and text[pos - 1] == "\n"), "")
+
+
+def _dressed(inside: Inside, head: str, pos: int, piece: Piece) -> str:
+    """The markdown of the piece at `pos`: under `head` (a table's, if it starts in the table's rows),
+    spans cut at its start reopened, those cut at its end closed (innermost first) before the spaces it
+    ends with (a mark after a space closes nothing)."""
     if not piece.body.strip():
         return str(piece)
-    text = inside(pos) + str(piece)
+    text = head + inside(pos) + str(piece)
     close = inside(pos + len(piece.body))[::-1]  # (each mark is two of one character)
     bare = text.rstrip()
     return bare + close + text[len(bare):] if close else text

@@ -1,8 +1,10 @@
-"""Markdown as LLMs write it, converted without stray marks: bold italic, images, bold inside a word."""
+"""Markdown as LLMs write it, converted without stray marks: bold italic, images, bold inside a word,
+tables and quotes."""
 
 from __future__ import annotations
 
 import html
+import unicodedata
 from collections.abc import Callable
 
 import pytest
@@ -118,3 +120,105 @@ def test_italics_hold_bold_in_telegram_too() -> None:
     assert telegram_html("_a **b** c_ and *d __e__ f*") == "<i>a <b>b</b> c</i> and <i>d <b>e</b> f</i>"
     assert whatsapp_text("_a **b** c_") == "_a *b* c_"
     assert telegram_html("**a *b* c**") == "<b>a <i>b</i> c</b>"  # and bold italics, as before
+
+
+# --------------------------------------------------------------------------- tables
+
+QA_TABLE = "| a | b |\n|---|---|\n| x<y | **bold** |"
+
+
+def test_a_table_goes_as_a_monospace_block_of_lined_up_cells() -> None:
+    """QA saw the model's tables reach Telegram as raw pipe rows: chats draw no tables."""
+    assert telegram_html(QA_TABLE) == "<pre><code>a   | b\n----+-----\nx&lt;y | bold</code></pre>"
+    assert slack_mrkdwn(QA_TABLE) == "```\na   | b\n----+-----\nx&lt;y | bold\n```"
+    assert whatsapp_text(QA_TABLE) == plain_text(QA_TABLE) == "```\na   | b\n----+-----\nx<y | bold\n```"
+    assert feishu_md(QA_TABLE) == QA_TABLE  # whether a post's md element draws tables is unknown: as written
+
+
+def test_a_table_keeps_the_prose_around_it_and_ends_where_its_pipes_do() -> None:
+    md = "Prices:\n| item | € |\n|:-|-:|\n| tea | 3 |\n| [cake](https://x.io) | 12 |\nThat is all, **ok**?"
+    assert whatsapp_text(md) == ("Prices:\n```\nitem                |  €\n"
+                                 "--------------------+---\n"
+                                 "tea                 |  3\n"
+                                 "cake (https://x.io) | 12\n```\nThat is all, *ok*?")
+
+
+def test_cells_line_up_by_what_a_monospace_font_shows() -> None:
+    """A CJK character takes two columns; cells lose their marks (code, escapes) and are aligned as the
+    delimiter row says; a short row is filled, a long one cut (as GFM does)."""
+    md = "| 名前 | note | n |\n|:-:|---|--:|\n| 東京都 | `a\\|b` \\* x | 7 |\n| é |\n| a | b | 10 | extra |"
+    assert plain_text(md).split("\n") == ["```",
+                                          " 名前  | note    |  n",
+                                          "-------+---------+---",
+                                          "東京都 | a|b * x |  7",
+                                          "  é    |         |",
+                                          "  a    | b       | 10",
+                                          "```"]
+
+
+@pytest.mark.parametrize("md", ["a | b\nnot a delimiter", "| a | b |\n|---|", "a | b\n---", "| a |\n| -x- |",
+                                "text\n\n|---|---|\n| 1 | 2 |"])
+def test_what_is_not_a_table_is_left_as_prose(md: str) -> None:
+    assert plain_text(md) == md
+    assert "<pre>" not in telegram_html(md)
+
+
+def test_a_table_inside_a_code_block_is_code() -> None:
+    md = "```\n| a | b |\n|---|---|\n| **x** | > y |\n```"
+    assert telegram_html(md) == "<pre><code>| a | b |\n|---|---|\n| **x** | &gt; y |</code></pre>"
+    assert slack_mrkdwn(md) == "```\n| a | b |\n|---|---|\n| **x** | &gt; y |\n```"
+    assert whatsapp_text(md) == plain_text(md) == feishu_md(md) == md
+
+
+ROW_TEXT = st.text(st.sampled_from("ab é中😀*_ -:<&"), max_size=8)
+
+
+def _columns(line: str) -> list[int]:
+    """The display column of each `|` in a line (a wide East Asian character takes two)."""
+    width = [2 if unicodedata.east_asian_width(c) in ("W", "F") else 1 for c in line]
+    return [sum(width[:i]) for i, c in enumerate(line) if c == "|"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(grid=st.integers(1, 4).flatmap(lambda n: st.lists(st.lists(ROW_TEXT, min_size=n, max_size=n), min_size=1,
+                                                          max_size=5)))
+def test_every_row_of_a_table_lines_up(grid: list[list[str]]) -> None:
+    md = "\n".join(["| " + " | ".join(f"h{i}" for i in range(len(grid[0]))) + " |",
+                    "|" + "---|" * len(grid[0])] + ["| " + " | ".join(row) + " |" for row in grid])
+    lines = plain_text(md).split("\n")[1:-1]
+    lines[1] = lines[1].replace("+", "|")  # the rule under the header crosses the column lines
+    assert len(lines) == len(grid) + 2 and len(_columns(lines[0])) == len(grid[0]) - 1
+    assert all(_columns(line) == _columns(lines[0]) for line in lines)
+    assert parse_entities(telegram_html(md))[1] is None
+
+
+# --------------------------------------------------------------------------- quotes
+
+QUOTE = "> quoted **b** & <x>\n> two\nafter a > b"
+
+
+def test_a_quote_is_a_quote_in_each_format() -> None:
+    """Telegram showed `&gt; quoted line`: its HTML has a blockquote. Slack's quote is a `>` at a line's
+    start, which must not be escaped; WhatsApp's is `> `."""
+    assert telegram_html(QUOTE) == "<blockquote>quoted <b>b</b> &amp; &lt;x&gt;\ntwo</blockquote>\nafter a &gt; b"
+    assert slack_mrkdwn(QUOTE) == "> quoted *b* &amp; &lt;x&gt;\n> two\nafter a &gt; b"
+    assert whatsapp_text(QUOTE) == "> quoted *b* & <x>\n> two\nafter a > b"
+    assert plain_text(QUOTE) == "> quoted b & <x>\n> two\nafter a > b"
+    assert feishu_md(QUOTE) == QUOTE
+
+
+def test_quote_marks_as_commonmark_reads_them() -> None:
+    """No space after `>`, up to three before, a quote in a quote (chats nest none: one quote)."""
+    md = ">tight\n   > indented\n>> nested *it*"
+    assert telegram_html(md) == "<blockquote>tight\nindented\nnested <i>it</i></blockquote>"
+    assert slack_mrkdwn(md) == whatsapp_text(md) == "> tight\n> indented\n> nested _it_"
+    assert telegram_html("> a\n\n> b") == "<blockquote>a</blockquote>\n\n<blockquote>b</blockquote>"
+    assert telegram_html(">\n> ") == "\n"  # a quote of nothing: no empty blockquote
+    assert telegram_html("    > code-like") == "    &gt; code-like"  # four spaces: not a quote mark
+
+
+def test_a_quote_mark_inside_a_code_block_is_code() -> None:
+    md = "```\n> not a quote\n```"
+    assert telegram_html(md) == "<pre><code>&gt; not a quote</code></pre>"
+    assert slack_mrkdwn(md) == "```\n&gt; not a quote\n```"
+    assert whatsapp_text(md) == md

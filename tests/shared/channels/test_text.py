@@ -5,6 +5,7 @@ and examples."""
 from __future__ import annotations
 
 import html
+import itertools
 import re
 from collections.abc import Callable
 
@@ -376,3 +377,67 @@ def test_a_long_emphasis_span_shows_no_marks_in_any_chunk(words: str, mark: str,
     chunks = format_chunks(f"{mark}{words}{mark}", limit, FORMATS[fmt])
     assert len(chunks) > 1 and not any(m in c for c in chunks for m in ("**", "~~", "__")), chunks
     assert all(len(c) <= limit for c in chunks)
+
+
+# --------------------------------------------------------------------------- tables and quotes cut in two
+
+HEADER = "| # | Name | Note |\n|--:|:--|---|\n"
+TABLE = "Results:\n\n" + HEADER + "".join(f"| {i:03} | item {i:03} | a<b & **{i}** |\n" for i in range(400)) + "\nDone."
+
+
+def test_a_long_table_goes_on_under_its_header_in_every_telegram_chunk() -> None:
+    """Each chunk is a message of its own: a table cut in two goes on in a <pre> of its own, under its
+    header again, every tag balanced."""
+    chunks = TelegramChannel(Settings()).chunks(TABLE)
+    assert len(chunks) >= 3 and all(parse_entities(c)[1] is None for c in chunks)
+    assert all(utf16(visible(c)) <= TelegramChannel.max_chars for c in chunks)
+    assert all(c.count("<pre>") == 1 and "<pre><code>  # | Name     | Note\n" in c for c in chunks)
+    assert re.findall(r"item \d+", "".join(chunks)) == [f"item {i:03}" for i in range(400)]  # each row once
+    assert "|--" not in "".join(chunks) and chunks[-1].endswith("</pre>\n\nDone.")
+
+
+@pytest.mark.parametrize("channel", [SlackChannel, WhatsAppChannel])
+def test_a_long_table_goes_on_under_its_header_in_every_chunk(channel: type[SlackChannel]) -> None:
+    chunks = channel(Settings()).chunks(TABLE)
+    assert len(chunks) >= 3 and all(balanced(c) and c.count("```") == 2 for c in chunks)
+    assert all("```\n  # | Name     | Note\n" in c for c in chunks)
+    assert re.findall(r"item \d+", "".join(chunks)) == [f"item {i:03}" for i in range(400)]  # each row once
+
+
+@pytest.mark.parametrize("limit", range(40, 80))
+def test_a_cut_never_parts_a_table_header_from_its_rows(limit: int) -> None:
+    """Rows without the header and delimiter rows above them are no table: they would go as raw pipes."""
+    text = "Intro line here.\n" + HEADER + "| 1 | one | x |\n| 2 | two | y |\nOutro."
+    bodies = [p.body for p in split_text(text, limit)]
+    assert "".join(bodies) == text
+    for before, after in itertools.pairwise(bodies):
+        assert not before.endswith("|---|\n") and not after.startswith(("|--:|", "| 1 |")), bodies
+
+
+def test_a_long_quote_is_a_blockquote_in_every_telegram_chunk() -> None:
+    chunks = TelegramChannel(Settings()).chunks("".join(f"> line {i} of the **quote**\n" for i in range(400)))
+    assert len(chunks) >= 2 and all(parse_entities(c)[1] is None for c in chunks)
+    assert all(c.startswith("<blockquote>line") and c.rstrip().endswith("</blockquote>") for c in chunks)
+
+
+BLOCKS = [*FRAGMENTS, "| a | b |\n", "|---|:-:|\n", "| x<y | **b** |\n", "| 中文 | 😀 |\n", "|", "> ", ">> ",
+          HEADER, "a|b\n-|-\n"]
+with_blocks = st.lists(st.one_of(st.sampled_from(BLOCKS), st.text(max_size=20)), max_size=60).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=with_blocks, limit=st.integers(200, 600), fmt=st.sampled_from(sorted(FORMATS)),
+       unit=st.sampled_from(sorted(MEASURES)))
+def test_chunks_of_tables_and_quotes_fit_and_stay_valid(text: str, limit: int, fmt: str, unit: str) -> None:
+    for chunk in format_chunks(text, limit, FORMATS[fmt], measure=MEASURES[unit]):
+        assert 0 < MEASURES[unit](chunk) <= limit and chunk.strip()
+        if fmt == "telegram":
+            assert parse_entities(chunk)[1] is None and visible(chunk).strip(), chunk
+        else:
+            assert balanced(chunk), chunk
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=with_blocks)
+def test_telegram_html_of_tables_and_quotes_always_parses(text: str) -> None:
+    assert parse_entities(telegram_html(text))[1] is None
