@@ -80,27 +80,43 @@ ONE_BY_ONE = re.compile(r"NANOFLEET_TOOLS__(?:EXEC|MCP_SERVERS__(?P<server>.+?))
 
 def env_names_as_given(data: Any, environ: Mapping[str, str]) -> None:
     """Give the variables in `data` (the settings as read, before validation) that were set one by one
-    the case of their names in `environ`: a server or command looks up GITHUB_TOKEN, not github_token."""
+    the case of their names in `environ`: a server or command looks up GITHUB_TOKEN, not github_token.
+    The environment's value wins over a config file's of the same name, as for every setting."""
     tools = data.get("tools") if isinstance(data, dict) else None
     if not isinstance(tools, dict):
         return
     for key in environ:
         if not (found := ONE_BY_ONE.fullmatch(key)):
             continue
-        server = found["server"]
-        owner = tools.get("exec") if server is None else (tools.get("mcp_servers") or {}).get(server.lower())
+        servers = tools.get("mcp_servers")
+        owner = tools.get("exec") if found["server"] is None else \
+            servers.get(found["server"].lower()) if isinstance(servers, dict) else None
         env = owner.get("env") if isinstance(owner, dict) else None
         name = found["name"]
-        if isinstance(env, dict) and name != name.lower() and name.lower() in env and name not in env:
+        if isinstance(env, dict) and name != name.lower() and name.lower() in env:
             env[name] = env.pop(name.lower())
 
 
-SECRET_NAMES = re.compile(r"token|key|secret|pass|auth|cred|cookie|session|sign|private|bearer", re.IGNORECASE)
+# What names a secret: a word of its name (GITHUB_PAT, DB_PWD), or a part of one (APIKEY, ACCESSTOKEN)
+SECRET_WORDS = frozenset({"pw", "pwd", "pass", "pin", "otp", "pat", "salt", "hmac", "seed", "dsn", "auth", "cred",
+                          "creds", "cookie", "session", "sid", "sig", "jwt", "private", "bearer", "license", "proxy"})
+SECRET_PARTS = ("token", "key", "secret", "passw", "credential", "signature", "signing", "authoriz")
+# Variables and headers that hold no secret, and values that are none (a level, a switch, a stage)
+PLAIN_NAMES = frozenset({"log_level", "loglevel", "log_format", "lang", "language", "lc_all", "lc_ctype", "tz",
+                         "path", "home", "term", "shell", "node_env", "env", "environment", "debug", "verbose",
+                         "port", "host", "pythonunbuffered", "pythonioencoding", "user_agent", "accept",
+                         "content_type", "accept_language"})
+PLAIN_VALUES = frozenset({"true", "false", "yes", "no", "on", "off", "trace", "debug", "info", "warn", "warning",
+                          "error", "critical", "fatal", "production", "development", "staging", "test"})
 
 
 def looks_secret(name: str, value: str) -> bool:
-    """Whether a variable or header holds a secret: by its name, or a value long and unbroken as a token's."""
-    return bool(SECRET_NAMES.search(name)) or (len(value) >= 16 and not any(c.isspace() for c in value))
+    """Whether a variable or header given to commands or MCP servers may hold a secret: all do but
+    those named or valued as plainly none (LOG_LEVEL=error masked every "error" in the logs)."""
+    lowered = name.lower()
+    if any(part in lowered for part in SECRET_PARTS) or SECRET_WORDS & set(re.split(r"[^a-z0-9]+", lowered)):
+        return True
+    return lowered.replace("-", "_") not in PLAIN_NAMES and value.strip().lower() not in PLAIN_VALUES
 
 
 PROTECTED_FILES = ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md", "HEARTBEAT.md", "skills")

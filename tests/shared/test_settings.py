@@ -103,16 +103,17 @@ def test_mcp_server_tokens_are_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_plain_variables_of_commands_and_servers_are_not_masked_in_logs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every value counted as a secret: `LOG_LEVEL=error` made every "error" in the logs "***"."""
     monkeypatch.setenv("NANOFLEET_TOOLS__MCP_SERVERS", json.dumps({
-        "srv": {"command": "srv", "env": {"LOG_LEVEL": "error", "NAME": "linger", "API_KEY": "short",
-                                          "X": "k7Qp2Zr9Lm4Tn8Vw"},
-                "headers": {"User-Agent": "nanofleet", "X-Session": "abcd"}}}))
+        "srv": {"command": "srv", "env": {"LOG_LEVEL": "error", "MODE": "production", "API_KEY": "short",
+                                          "X": "k7Qp2Zr9", "ADMIN_PW": "hunter22", "PIN": "123456"},
+                "headers": {"User-Agent": "nanofleet", "X-Session": "abcd", "X-Upstream": "Basic dXNlcjpwYXNz"}}}))
     monkeypatch.setenv("NANOFLEET_TOOLS__EXEC__ENV", json.dumps({"LANG": "C.UTF-8", "GH_TOKEN": "ghp-1234"}))
     secrets = set(load_settings().secrets())
-    assert {"short", "k7Qp2Zr9Lm4Tn8Vw", "abcd", "ghp-1234"} <= secrets  # by name, or a token's look
-    assert not {"error", "linger", "nanofleet", "C.UTF-8"} & secrets
+    assert {"short", "k7Qp2Zr9", "abcd", "ghp-1234", "hunter22", "123456", "Basic dXNlcjpwYXNz"} <= secrets
+    assert not {"error", "production", "nanofleet", "C.UTF-8"} & secrets
 
 
-def test_variables_set_one_by_one_keep_the_case_of_their_names(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_variables_set_one_by_one_keep_the_case_of_their_names(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
     """The environment's settings are read lowercased: a server got github_token, commands gh_token."""
     monkeypatch.setenv("NANOFLEET_TOOLS__MCP_SERVERS__GitHub__COMMAND", "github-mcp")
     monkeypatch.setenv("NANOFLEET_TOOLS__MCP_SERVERS__GitHub__ENV__GITHUB_TOKEN", "ghp-one-by-one")
@@ -122,6 +123,13 @@ def test_variables_set_one_by_one_keep_the_case_of_their_names(monkeypatch: pyte
     assert tools.mcp_servers["github"].plain_env() == {"GITHUB_TOKEN": "ghp-one-by-one"}
     assert {k: v.get_secret_value() for k, v in tools.exec.env.items()} == {
         "GH_TOKEN": "ghp-for-commands", "http_proxy": "http://proxy:3128"}
+    config = tmp_path / "nanofleet.toml"  # the environment wins over a file, as for every setting
+    config.write_text('[tools.exec.env]\nGH_TOKEN = "from-the-file"\nLANG = "C.UTF-8"\n')
+    monkeypatch.setenv("NANOFLEET_CONFIG_FILE", str(config))
+    env = {k: v.get_secret_value() for k, v in load_settings().tools.exec.env.items()}
+    assert env == {"GH_TOKEN": "ghp-for-commands", "http_proxy": "http://proxy:3128", "LANG": "C.UTF-8"}
+    with pytest.raises(SettingsError):  # not an AttributeError of the renaming
+        load_settings(tools={"mcp_servers": ["x"]})
 
 
 def test_a_price_needs_both_halves(monkeypatch: pytest.MonkeyPatch) -> None:
