@@ -267,6 +267,7 @@ def test_ordinary_commands_pass(parts: list[str], seps: list[str]) -> None:
     'sh -ec "wipefs --version"', 'bash -lc "wipefs --version"', 'bash -c -- "wipefs --version"', 'sh -xec "reboot"',
     'bash -o pipefail -c "reboot"', 'bash -c -o pipefail "reboot"', 'bash -eo pipefail -c "reboot"',
     'bash --login -c "reboot"', 'bash --rcfile ~/.rc -c "reboot"', 'zsh -c - "reboot"', 'busybox sh -ec "halt"',
+    "fish --command 'reboot'", "fish --command='rm -rf /'", "fish --init-command reboot",
 ])
 def test_the_string_of_any_shell_option_with_c_is_checked(command: str) -> None:
     """`-ec`, `-lc` and `-c --` run a command string as `-c` does: the deny list looked only behind `-c`."""
