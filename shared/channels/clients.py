@@ -82,7 +82,7 @@ def check(response: httpx.Response, *, what: str, wait: float | None = None) -> 
     delivery), or PlatformError (retried). Messages never carry the request's URL: Telegram's holds the
     bot token."""
     status = response.status_code
-    if response.is_success:
+    if response.is_success or status == 303:  # See Other: the receiver took the POST (and says where to look)
         return
     if 300 <= status < 400:
         raise Rejected(redirected(response, what=what, setting=_url_setting(what)), status)

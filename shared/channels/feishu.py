@@ -54,7 +54,7 @@ MAX_PHOTO = 10 * 1024 * 1024  # im/v1/images' cap: a larger photo goes as a file
 FILE_TYPES = ("pdf", "doc", "xls", "ppt")  # im/v1/files' file_type for these extensions; any other is "stream"
 # Refusals of a call that are not of its content (the bot not in the chat, its bot ability or a permission
 # not granted): a post refused for anything else (230001 invalid parameter, ...) may pass as text
-NOT_CONTENT = {230002, 230006, 230027, 99991672}
+NOT_CONTENT = {230002, 230006, 230013, 230027, 99991672}  # (230013: the bot is not available to the user)
 
 
 class BadContent(Rejected):

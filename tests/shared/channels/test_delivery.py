@@ -339,3 +339,10 @@ def test_a_redirect_is_no_delivery_and_is_not_followed(channels: ChannelStack) -
         "whatsapp": (1, f"whatsapp messages: HTTP 301: redirected to https://graph.facebook.com/v22.0/"
                         f"{wa.phone_number_id}/messages: set the final URL in NANOFLEET_CHANNELS__WHATSAPP__API_BASE")}
     assert [c.status for c in receiver.arrived(room)] == [308] and [c.status for c in wa.arrived(number)] == [301]
+    # A 303 (See Other) is how a receiver says it took a POST and where to look: a delivery
+    receiver.script("callback", 303, {}, headers={"Location": "/thanks"})
+    taken = f"room-{uuid.uuid4().hex[:8]}"
+    producer.send(T_OUTBOUND_DELIVER, insert_row(channels, channel="webhook", chat=taken, content="the answer"))
+    channels.settled(taken)
+    delivered = channels.api.get("/api/v1/outbox", params={"status": "delivered"}).json()
+    assert [r["chatId"] for r in delivered if r["chatId"] == taken] == [taken]
