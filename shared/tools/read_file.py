@@ -95,7 +95,7 @@ class ReadFileTool(Tool):
         if b"\x00" in data[:8192]:
             return ToolResult.fail(ErrorCode.INVALID_ARGS, f"{args.path} looks like a binary file")
         text = data.decode("utf-8", errors="replace")
-        total = len(text.splitlines())  # select_lines' count: as in wc -l, a last newline starts no line
+        total = len(text.splitlines())  # select_lines' count: a last newline starts no line
         if args.start_line and args.start_line > max(total, 1):  # line 1 of an empty file is just empty
             return ToolResult.fail(ErrorCode.INVALID_ARGS, f"start_line {args.start_line} is past the end: "
                                    f"{args.path} has {total} line{'' if total == 1 else 's'}")
