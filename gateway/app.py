@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -30,6 +31,7 @@ from shared.errors import NanofleetError
 from shared.logs import configure_logging, new_request_id, request_id_var
 from shared.process_guard import guard_or_warn
 from shared.settings import Settings, get_settings
+from shared.tools import mcp
 
 log = logging.getLogger("gateway")
 ECHO_CHARS = 100  # of a string input a 422 quotes back
@@ -46,9 +48,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state: AppState = app.state.nanofleet
         yield
-        await state.ledger.drain(timeout=LATE_RECORDS)
-        await state.aredis.aclose()
-        state.redis.close()
+        try:
+            await state.ledger.drain(timeout=LATE_RECORDS)
+            await state.aredis.aclose()
+            state.redis.close()
+        finally:
+            # The runtime's MCP servers: a stdio one that does not exit when its stdin closes would outlive
+            # the gateway. In a thread: the sessions run on the process's background loop, not this one.
+            await asyncio.to_thread(mcp.shutdown)
 
     # /docs and /redoc with their scripts and styles served from here (fastapi-offline ships them):
     # FastAPI's own pages load them from a CDN, which an air-gapped host cannot reach.

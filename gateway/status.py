@@ -5,6 +5,7 @@ setting to fix."""
 from __future__ import annotations
 
 import errno
+import logging
 import re
 import socket
 from collections.abc import Callable
@@ -170,7 +171,7 @@ def _failures_line(url: str) -> str:
 
 
 def report(settings: Settings, echo: Callable[[str], None]) -> bool:
-    """Print the database, Redis, live workers and queue depths; True when all is well."""
+    """Print the database, Redis, live workers, queue depths, plugins and MCP servers; True when all is well."""
     from shared.queueing import make_celery
 
     ok, line = _database_line(settings.database_url)
@@ -192,7 +193,8 @@ def report(settings: Settings, echo: Callable[[str], None]) -> bool:
     client.close()
     echo("beat       ok" if beat else f"beat       NOT RUNNING: nobody holds {BEAT_LOCK}: {NO_BEAT}")
     plugins = _plugins_line(settings, echo)
-    return ok and bool(names) and taken.issuperset(QUEUES) and beat and plugins
+    servers = _mcp_lines(settings, echo)
+    return ok and bool(names) and taken.issuperset(QUEUES) and beat and plugins and servers
 
 
 def _plugins_line(settings: Settings, echo: Callable[[str], None]) -> bool:
@@ -209,3 +211,27 @@ def _plugins_line(settings: Settings, echo: Callable[[str], None]) -> bool:
         return False
     echo(f"plugins    ok ({len(settings.tools.plugins)})")
     return True
+
+
+def _mcp_lines(settings: Settings, echo: Callable[[str], None]) -> bool:
+    """`nanofleet status`'s line per MCP server in NANOFLEET_TOOLS__MCP_SERVERS, when it names any: up
+    with its tool count, or down and why, as this process finds it, connecting to each once (all at
+    once, within NANOFLEET_TOOLS__MCP_CONNECT_TIMEOUT; the workers record their own sessions' state
+    only in their logs). Whether they are all up."""
+    servers = settings.tools.mcp_servers
+    if not servers:  # before the import: the tools and the MCP SDK take seconds to import
+        return True
+    if "mcp" in settings.tools.disabled_groups:
+        echo(f"mcp        {len(servers)} server(s) not used: NANOFLEET_TOOLS__DISABLED_GROUPS names mcp")
+        return True
+    from shared.logs import RedactingFormatter
+    from shared.tools import mcp
+    from shared.tools.mcp.connection import State
+
+    masked = RedactingFormatter(logging.Formatter(), settings.secrets())  # as the workers log the same errors
+    found = mcp.probe(settings)
+    for conn in found:
+        tools = f"{len(conn.tools)} tool{'' if len(conn.tools) == 1 else 's'}"
+        state = f"ok ({tools})" if conn.state == State.UP else f"DOWN: {masked.redact(conn.error)}"
+        echo(f"mcp        {conn.name}: {state}")
+    return all(conn.state == State.UP for conn in found)

@@ -1,4 +1,5 @@
-"""Celery signal handlers: logging set-up and the request id carried in task headers."""
+"""Celery signal handlers: logging set-up, the request id carried in task headers, start-up checks
+and warm-up, and closing the MCP sessions at shutdown."""
 
 from __future__ import annotations
 
@@ -6,7 +7,15 @@ import logging
 from typing import Any
 
 from celery import Task
-from celery.signals import celeryd_after_setup, setup_logging, task_postrun, task_prerun, worker_init
+from celery.signals import (
+    celeryd_after_setup,
+    setup_logging,
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_process_shutdown,
+    worker_shutdown,
+)
 from celery.worker import WorkController
 from sqlalchemy import text
 
@@ -85,6 +94,19 @@ def _warn(settings: Settings) -> None:
     startup_checks.warn(settings, names, at_start=True)
 
 
+def _close_mcp(**_: Any) -> None:
+    """Stop the MCP servers this process started: a stdio server runs in a session of its own, and one
+    that does not exit when its stdin closes would outlive the worker. They live where the tasks run:
+    the worker's own process with a threads or solo pool (worker_shutdown, after the pool stopped),
+    each child of a prefork pool (worker_process_shutdown, as it exits); elsewhere there are none."""
+    from shared.tools import mcp
+
+    try:
+        mcp.shutdown()
+    except Exception:  # the worker is stopping either way
+        log.exception("closing the MCP sessions failed")
+
+
 def connect() -> None:
     health.connect()
     setup_logging.connect(_setup_logging, weak=False)
@@ -93,3 +115,5 @@ def connect() -> None:
     worker_init.connect(_guard, weak=False)
     worker_init.connect(_check_plugins, weak=False)
     celeryd_after_setup.connect(_warm, weak=False)
+    worker_shutdown.connect(_close_mcp, weak=False)
+    worker_process_shutdown.connect(_close_mcp, weak=False)

@@ -64,6 +64,12 @@ def _size(obj: Any) -> int:
     return len(text.encode(errors="surrogatepass"))  # a page may hold a lone surrogate (cleaned when stored)
 
 
+def _truncated(text: str, limit: int) -> str:
+    """The first `limit` bytes of `text` (whole characters), with a note saying so."""
+    keep = text.encode(errors="surrogatepass")[:limit].decode(errors="ignore")
+    return keep + f"\n[output truncated at {limit} bytes]"
+
+
 class ToolRegistry:
     """Every tool this process knows, by name."""
 
@@ -161,17 +167,21 @@ class ToolRegistry:
             return ToolResult.fail(ErrorCode.TIMEOUT, f"'{name}' did not finish within {timeout:g} s", retryable=True)
         except Exception as err:  # a tool must never take the run down
             log.exception("tool %s raised", name)
-            return ToolResult.fail(ErrorCode.FAILED, f"'{name}' failed: {type(err).__name__}: {err}")
+            result = ToolResult.fail(ErrorCode.FAILED, f"'{name}' failed: {type(err).__name__}: {err}")
         return self._cap(tool, result)
 
     @staticmethod
     def _cap(tool: Tool, result: ToolResult) -> ToolResult:
-        if result.ok and _size(result.output) > tool.max_output_bytes:
-            if isinstance(result.output, str):
-                keep = result.output.encode(errors="surrogatepass")[: tool.max_output_bytes].decode(errors="ignore")
-                result.output = keep + f"\n[output truncated at {tool.max_output_bytes} bytes]"
-            else:
-                return ToolResult.fail(ErrorCode.TOO_LARGE, f"output exceeds {tool.max_output_bytes} bytes")
+        """The result within the tool's max_output_bytes: a failure's message too (an MCP server's
+        error text can be megabytes, stored with the call and read again by the model every step)."""
+        limit = tool.max_output_bytes
+        if not result.ok:
+            if _size(result.message) > limit:
+                result.message = _truncated(result.message, limit)
+        elif _size(result.output) > limit:
+            if not isinstance(result.output, str):
+                return ToolResult.fail(ErrorCode.TOO_LARGE, f"output exceeds {limit} bytes")
+            result.output = _truncated(result.output, limit)
         return result
 
 

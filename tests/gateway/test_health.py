@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -21,7 +23,7 @@ from gateway.status import NOT_TAKEN
 from shared.constants import BEAT_LOCK
 from shared.db import get_engine
 from tests.support.databases import database_in, reason
-from tests.support.processes import wait_until
+from tests.support.processes import ROOT, wait_until
 from tests.support.stack import Stack, answers, api_client, gateway_process
 
 
@@ -135,6 +137,32 @@ def test_status_names_a_queue_no_worker_takes_and_a_beat_that_is_not_running(
     assert "beat       ok" in done.stdout and "NO WORKER" not in done.stdout
     assert "failures   1 reply dead-lettered (GET /api/v1/outbox?status=failed), 2 inbound messages set aside" \
         in done.stdout
+
+
+def test_status_names_each_mcp_server_and_its_state(make_stack: Callable[..., Stack]) -> None:
+    """An MCP server's state was only in the workers' logs: `status` said nothing of a broken one."""
+    demo = {"command": sys.executable, "args": ["-m", "tests.support.mcp_server"], "cwd": str(ROOT)}
+    servers = {"demo": demo, "broken": {"command": "/nonexistent/mcp-server"}}
+    s = make_stack(TOOLS__MCP_SERVERS=json.dumps(servers))
+    s.worker(concurrency=2)
+    s.beat()
+    done = wait_until(_status_once(s, lambda run: "1 alive" in run.stdout and "beat       ok" in run.stdout),
+                      timeout=60, message="the worker and beat to be seen")
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert "mcp        demo: ok (5 tools)\n" in done.stdout, done.stdout
+    assert "mcp        broken: DOWN: FileNotFoundError: [Errno 2] No such file or directory" in done.stdout
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr  # all is well but the server
+
+
+def test_status_without_mcp_servers_does_not_import_the_sdk() -> None:
+    code = ("import sys; from shared.settings import Settings; from gateway.status import _mcp_lines; "
+            "assert _mcp_lines(Settings(), print); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mcp', 'mcp_types') "
+            "or m.startswith('shared.tools'))[:3])")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NANOFLEET_")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
 
 
 def test_the_api_docs_load_nothing_from_outside(make_stack: Callable[..., Stack]) -> None:

@@ -5,9 +5,13 @@ any tool. The MCP SDK is imported only when a server is configured."""
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from shared.settings import Settings
 from shared.tools.registry import ToolRegistry
+
+if TYPE_CHECKING:
+    from shared.tools.mcp.connection import MCPConnection
 
 GROUP = "mcp"
 PROVIDER = "shared.tools.mcp.provider"
@@ -20,6 +24,13 @@ def attach(settings: Settings, registry: ToolRegistry) -> None:
     from shared.tools.mcp import provider
 
     provider.attach(settings, registry)
+
+
+def probe(settings: Settings) -> list[MCPConnection]:
+    """Each configured server as found now: connected once and closed again (`nanofleet status`)."""
+    from shared.tools.mcp import provider
+
+    return provider.probe(settings)
 
 
 def shutdown() -> None:

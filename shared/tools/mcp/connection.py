@@ -1,5 +1,6 @@
 """One persistent session per MCP server and worker process, supervised on the background loop:
-connect, list tools, check health periodically, reconnect with backoff, mark down on failure."""
+connect, list tools, check health periodically (and at once when the server says its tools
+changed), reconnect with backoff, mark down on failure."""
 
 from __future__ import annotations
 
@@ -10,13 +11,18 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from enum import StrEnum
+from http import HTTPStatus
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types
 from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.session import IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import SubscriptionLost
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from shared.tool_settings import MCPServer
 from shared.tools.base import ErrorCode, ToolResult
@@ -77,6 +83,9 @@ class MCPConnection:
         self.connect_timeout, self.health_interval = connect_timeout, health_interval
         self.state = State.CONNECTING
         self.error = ""
+        self._error_external = False  # `error` quotes an exception, which may carry the server's own text
+        self._http_status: int | None = None  # of the last POST to an HTTP server, when it failed
+        self._quiet = False  # a probe's outcome is reported by its caller, not logged
         self.tools: dict[str, mcp_types.Tool] = {}
         self.first_attempt = threading.Event()  # set once the first connection attempt has ended
         self._client: Client | None = None
@@ -123,7 +132,8 @@ class MCPConnection:
             self._session.cancel()
 
     def kick(self) -> None:
-        """Check health now (a call saw the connection fail)."""
+        """Check health, listing the tools again, now: a call saw the connection fail, or the server
+        said its tools changed."""
         if self._wake is not None:
             self._wake.set()
 
@@ -132,24 +142,78 @@ class MCPConnection:
         cfg = self.config
         if cfg.command:
             params = StdioServerParameters(command=cfg.command, args=cfg.args, env=cfg.plain_env(), cwd=cfg.cwd)
-            async with Client(params) as client:
+            async with Client(params, message_handler=self._on_message) as client:
                 yield client
         elif cfg.url:
-            async with create_mcp_http_client(headers=cfg.plain_headers()) as http, \
-                    Client(streamable_http_client(cfg.url.get_secret_value(), http_client=http)) as client:
-                yield client
+            async with create_mcp_http_client(headers=cfg.plain_headers()) as http:
+                http.event_hooks["response"].append(self._note_http)
+                transport = streamable_http_client(cfg.url.get_secret_value(), http_client=http)
+                async with Client(transport, message_handler=self._on_message) as client:
+                    yield client
         else:
             raise ValueError(f"NANOFLEET_TOOLS__MCP_SERVERS__{self.name.upper()}: set command (stdio) or url (HTTP)")
 
+    async def _note_http(self, response: httpx2.Response) -> None:
+        """Keep the status of a failed POST: the SDK's error says only "Server returned an error response"."""
+        if response.request.method == "POST":
+            self._http_status = response.status_code if response.status_code >= 400 else None
+
+    def _http_note(self) -> str:
+        """' (the server answered HTTP 401 Unauthorized; ...)' after a refused POST, else ''."""
+        if (code := self._http_status) is None:
+            return ""
+        try:
+            phrase = f" {HTTPStatus(code).phrase}"
+        except ValueError:
+            phrase = ""
+        hint = f"; check the headers of NANOFLEET_TOOLS__MCP_SERVERS__{self.name.upper()}" if code in (401, 403) else ""
+        return f" (the server answered HTTP {code}{phrase}{hint})"
+
+    async def _on_message(self, message: IncomingMessage) -> None:
+        """A server that says its tools changed is listed again at once, not at the next health check."""
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            self.kick()
+
+    async def _follow(self, client: Client) -> None:
+        """Ask a server on the 2026-07-28 protocol for its tool-list changes (on earlier versions it
+        sends them unasked, to _on_message), for as long as the session lasts: a stream that ends (an
+        HTTP one idle past the client's 5-minute read timeout) is opened again. Each time, the tools
+        are listed once it is open: a change before it is not replayed. A server that refuses is
+        listed at each health check only."""
+        if client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            return
+        loop, delay = asyncio.get_running_loop(), BACKOFF_START
+        while True:
+            opened = loop.time()
+            try:
+                async with client.listen(tools_list_changed=True) as changes:
+                    if not changes.honored.tools_list_changed:
+                        return
+                    self.kick()
+                    async for _ in changes:
+                        self.kick()
+            except SubscriptionLost:
+                pass
+            except Exception as err:  # refused; the session's health is _watch's to judge
+                log.debug("MCP server %s: no tool-list changes (%s)", self.name, _describe(err))
+                return
+            delay = BACKOFF_START if loop.time() - opened > BACKOFF_MAX else min(delay * 2, BACKOFF_MAX)
+            await asyncio.sleep(delay)
+
     async def _attempt(self, ready: asyncio.Future[None]) -> None:
-        """Own one session from connect to loss: list the tools, report ready, watch its health."""
+        """Own one session from connect to loss: list the tools, report ready, watch its health
+        (and follow its tool-list changes meanwhile)."""
+        self._http_status = None
         with anyio.CancelScope() as self._scope:
             try:
                 async with self._open() as client:
                     self._set_tools(await list_tools(client))
                     self._client = client
                     ready.set_result(None)
-                    await self._watch(client)
+                    async with anyio.create_task_group() as follow:
+                        follow.start_soon(self._follow, client)
+                        await self._watch(client)
+                        follow.cancel_scope.cancel()
             finally:
                 self._client = None
                 self._scope = None
@@ -163,15 +227,17 @@ class MCPConnection:
             self._wake.clear()
             if self._stopping:
                 return
+            self._http_status = None  # a refusal noted now is this check's (or a call's meanwhile)
             try:
                 tools = await asyncio.wait_for(list_tools(client, refresh=True), self.config.timeout)
             except Exception as err:
                 raise Unhealthy(f"health check failed: {type(err).__name__}: {err}") from err
             self._set_tools(tools)
 
-    async def _connect(self, wait: float) -> asyncio.Task[None] | bool:
+    async def _connect(self, wait: float, *, again: bool = True) -> asyncio.Task[None] | bool:
         """Start a session, waiting `wait` seconds for its tool list; the task that owns it once it is
-        up, else DOWN and whether it was too slow (rather than failed)."""
+        up, else DOWN and whether it was too slow (rather than failed). `again`: the supervisor will
+        try again (with a longer wait, if this one was too short)."""
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._scope = None
         attempt = self._session = asyncio.create_task(self._attempt(ready))
@@ -184,10 +250,17 @@ class MCPConnection:
             self._end_session()
             await asyncio.wait({attempt})  # its server process is being stopped
             self._mark(State.DOWN, f"no answer within {wait:g} s" + (
-                "; waiting longer next time" if wait < CONNECT_WAIT_MAX else ""))
+                "; waiting longer next time" if again and wait < CONNECT_WAIT_MAX else ""))
             return True
-        self._mark(State.DOWN, _outcome(attempt))
+        self._mark_lost(attempt)
         return False
+
+    async def probe(self) -> None:
+        """Connect once, within the connect timeout, and close again: `state`, `error` and `tools`
+        then say what a worker would find now (`nanofleet status`, which keeps no sessions)."""
+        self._quiet, self._wake = True, asyncio.Event()
+        await self._connect(self.connect_timeout, again=False)
+        await self.stop()
 
     async def _supervise(self) -> None:
         """Connect, and again after each loss, with backoff. A server too slow to start within the
@@ -200,17 +273,21 @@ class MCPConnection:
             if isinstance(session, asyncio.Task):
                 backoff, wait = BACKOFF_START, self.connect_timeout
                 await asyncio.wait({session})  # unlike `await session`, never passes a cancellation on
-                self._mark(State.DOWN, _outcome(session))
+                self._mark_lost(session)
             elif session:  # too slow
                 wait = min(wait * 2, max(CONNECT_WAIT_MAX, self.connect_timeout))
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
 
-    def _mark(self, state: State, error: str) -> None:
-        if state != self.state or error != self.error:
+    def _mark(self, state: State, error: str, *, external: bool = False) -> None:
+        if not self._quiet and (state != self.state or error != self.error):
             (log.info if state == State.UP else log.warning)(
                 "MCP server %s is %s%s", self.name, state.value, f": {error}" if error else "")
-        self.state, self.error = state, error
+        self.state, self.error, self._error_external = state, error, external
+
+    def _mark_lost(self, session: asyncio.Task[None]) -> None:
+        """DOWN, saying why the session ended (with the HTTP status of a refused request, if one was)."""
+        self._mark(State.DOWN, _outcome(session) + self._http_note(), external=not session.cancelled())
 
     def _set_tools(self, tools: list[mcp_types.Tool]) -> None:
         """Keep the listing; tell the listeners when a tool came, went, or changed its description or schema."""
@@ -231,7 +308,8 @@ class MCPConnection:
         if self.state != State.UP or client is None:
             why = f" ({self.error})" if self.error else ""
             return ToolResult.fail(ErrorCode.FAILED, f"MCP server '{self.name}' is not connected{why}; it "
-                                   "reconnects by itself, try again shortly", retryable=True)
+                                   "reconnects by itself, try again shortly", retryable=True,
+                                   untrusted=bool(why) and self._error_external)
         timeout = self.config.timeout
         try:
             result = await asyncio.wait_for(client.call_tool(tool, arguments, read_timeout_seconds=timeout),
@@ -245,13 +323,14 @@ class MCPConnection:
                 self.kick()
                 return ToolResult.fail(ErrorCode.FAILED, f"MCP server '{self.name}' closed the connection "
                                        "during the call; it reconnects by itself", retryable=True)
-            return ToolResult.fail(ErrorCode.FAILED, f"MCP error from '{self.name}': {err}")
-        except Exception as err:
+            return ToolResult.fail(ErrorCode.FAILED, f"MCP error from '{self.name}': {err}", untrusted=True)
+        except Exception as err:  # its text may quote what the server sent
             self.kick()
-            return ToolResult.fail(ErrorCode.FAILED, f"MCP call failed: {_describe(err)}", retryable=True)
+            return ToolResult.fail(ErrorCode.FAILED, f"MCP call failed: {_describe(err)}", retryable=True,
+                                   untrusted=True)
         text = result_text(result)
         if result.is_error:
-            return ToolResult.fail(ErrorCode.FAILED, text or f"'{tool}' reported an error")
+            return ToolResult.fail(ErrorCode.FAILED, text or f"'{tool}' reported an error", untrusted=bool(text))
         return ToolResult.success(text, untrusted=True)
 
 

@@ -18,7 +18,7 @@ from shared.tools.mcp.connection import MCPConnection, State
 from shared.tools.mcp.tool import MCPTool, make_tool, schema_problem, tool_name
 from shared.tools.registry import ToolRegistry
 
-__all__ = ["MCPConnection", "MCPTool", "State", "attach", "connections", "shutdown"]
+__all__ = ["MCPConnection", "MCPTool", "State", "attach", "connections", "probe", "shutdown"]
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _connections: dict[str, MCPConnection] = {}
@@ -166,6 +166,20 @@ def attach(settings: Settings, registry: ToolRegistry) -> None:
     deadline = time.monotonic() + settings.tools.mcp_connect_timeout
     for conn in conns:
         conn.first_attempt.wait(max(0.0, deadline - time.monotonic()))
+
+
+async def _probe_all(conns: list[MCPConnection]) -> None:
+    await asyncio.gather(*(c.probe() for c in conns))
+
+
+def probe(settings: Settings) -> list[MCPConnection]:
+    """Each configured server as this process finds it now, all at once, each connected within
+    NANOFLEET_TOOLS__MCP_CONNECT_TIMEOUT and closed again (these are not the process's sessions)."""
+    tools = settings.tools
+    conns = [MCPConnection(name, cfg, connect_timeout=tools.mcp_connect_timeout,
+                           health_interval=tools.mcp_health_interval) for name, cfg in tools.mcp_servers.items()]
+    run_sync(_probe_all(conns))
+    return conns
 
 
 async def _stop_all(conns: list[MCPConnection]) -> None:
