@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from gateway.status import NOT_TAKEN
 from shared.constants import BEAT_LOCK
 from shared.db import get_engine
 from tests.support.databases import database_in, reason
-from tests.support.processes import ROOT, wait_until
+from tests.support.processes import ROOT, last_line_printed, wait_until
 from tests.support.stack import Stack, answers, api_client, gateway_process
 
 
@@ -159,10 +158,7 @@ def test_status_without_mcp_servers_does_not_import_the_sdk() -> None:
             "assert _mcp_lines(Settings(), print); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mcp', 'mcp_types') "
             "or m.startswith('shared.tools'))[:3])")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NANOFLEET_")}
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
+    assert last_line_printed(code) == "[]"
 
 
 def test_the_api_docs_load_nothing_from_outside(make_stack: Callable[..., Stack]) -> None:

@@ -92,3 +92,12 @@ def start_beat(env: dict[str, str], log_dir: Path) -> Proc:
     argv = [sys.executable, "-m", "celery", "-A", "workers.beat:app", "beat", "-S", "workers.beat:Scheduler",
             "--max-interval", "1", "-l", "INFO"]
     return Proc(argv, env, log_dir / f"beat-{uuid.uuid4().hex[:6]}.log")
+
+
+def last_line_printed(code: str) -> str:
+    """The last line `code` prints, run by a fresh interpreter without NANOFLEET_ settings (what a
+    command imports, say)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NANOFLEET_")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
