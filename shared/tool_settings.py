@@ -101,22 +101,23 @@ def env_names_as_given(data: Any, environ: Mapping[str, str]) -> None:
 SECRET_WORDS = frozenset({"pw", "pwd", "pass", "pin", "otp", "pat", "salt", "hmac", "seed", "dsn", "auth", "cred",
                           "creds", "cookie", "session", "sid", "sig", "jwt", "private", "bearer", "license", "proxy"})
 SECRET_PARTS = ("token", "key", "secret", "passw", "credential", "signature", "signing", "authoriz")
-# Variables and headers that hold no secret, and values that are none (a level, a switch, a stage)
-PLAIN_NAMES = frozenset({"log_level", "loglevel", "log_format", "lang", "language", "lc_all", "lc_ctype", "tz",
-                         "path", "home", "term", "shell", "node_env", "env", "environment", "debug", "verbose",
-                         "port", "host", "pythonunbuffered", "pythonioencoding", "user_agent", "accept",
-                         "content_type", "accept_language"})
-PLAIN_VALUES = frozenset({"true", "false", "yes", "no", "on", "off", "trace", "debug", "info", "warn", "warning",
-                          "error", "critical", "fatal", "production", "development", "staging", "test"})
-
 
 def looks_secret(name: str, value: str) -> bool:
-    """Whether a variable or header given to commands or MCP servers may hold a secret: all do but
-    those named or valued as plainly none (LOG_LEVEL=error masked every "error" in the logs)."""
+    """Whether a variable or header given to commands or MCP servers may hold a secret, and is masked in
+    logs: by its name, or a word of its value that looks like a token (long, of letters and digits or
+    of both cases), or a URL with a login. Plain words, numbers, hosts and paths are not (LOG_LEVEL=error
+    masked every "error" in the logs)."""
     lowered = name.lower()
     if any(part in lowered for part in SECRET_PARTS) or SECRET_WORDS & set(re.split(r"[^a-z0-9]+", lowered)):
         return True
-    return lowered.replace("-", "_") not in PLAIN_NAMES and value.strip().lower() not in PLAIN_VALUES
+    return ("://" in value and "@" in value) or any(_token_like(word) for word in value.split())
+
+
+def _token_like(word: str) -> bool:
+    if len(word) < 8 or "/" in word:
+        return False
+    digits, letters = any(c.isdigit() for c in word), any(c.isalpha() for c in word)
+    return (digits and letters) or (any(c.isupper() for c in word) and any(c.islower() for c in word))
 
 
 PROTECTED_FILES = ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md", "HEARTBEAT.md", "skills")

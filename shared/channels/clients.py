@@ -77,12 +77,13 @@ def body(response: httpx.Response) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def check(response: httpx.Response, *, what: str, wait: float | None = None) -> None:
-    """Raise for any answer but a 2xx: RateLimited, Rejected (a redirect, which is not followed, is no
+def check(response: httpx.Response, *, what: str, wait: float | None = None, see_other: bool = False) -> None:
+    """Raise for any answer but a 2xx (or, with `see_other`, a 303: how a receiver of ours says it
+    took a POST, and where to look): RateLimited, Rejected (a redirect, which is not followed, is no
     delivery), or PlatformError (retried). Messages never carry the request's URL: Telegram's holds the
     bot token."""
     status = response.status_code
-    if response.is_success or status == 303:  # See Other: the receiver took the POST (and says where to look)
+    if response.is_success or (see_other and status == 303):
         return
     if 300 <= status < 400:
         raise Rejected(redirected(response, what=what, setting=_url_setting(what)), status)

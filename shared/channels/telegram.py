@@ -103,7 +103,7 @@ class TelegramChannel(BaseChannel):
             if not group and (card := _card(msg)) is not None:
                 return InboundMessage(**sent, content=card)
             kind = next((label for key, label in MEDIA.items() if key in msg), None)
-            if kind is None and not group and not SERVICE & msg.keys():
+            if kind is None and not group and not (SERVICE | {"text", "caption"}) & msg.keys():  # (blank: no answer)
                 log.info("telegram: a private message of a kind not read (its keys: %s)", ", ".join(sorted(msg)))
                 kind = OTHER
             if kind is None or (group and album is None):

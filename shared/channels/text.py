@@ -350,7 +350,9 @@ def _fitted(rest: str, opener: Fence | None, *, limit: int, fmt: Formatter, meas
         size = measure(formatted)
         if size <= limit:
             return piece, after, [formatted] if formatted.strip() else []
-        room = min(room - 1, units(markdown) * limit // size)  # shorter than this piece: the loop ends
+        # Shorter by as much as it outgrew (a table's head, which `room` leaves out, may be what did), and
+        # shorter than this piece: the loop ends, in a few passes
+        room = min(room - max(1, (size - limit) * units(markdown) // size), units(markdown) * limit // size)
         if room < MIN_LIMIT:  # unreachable for real limits; keeps the guarantee anyway
             return piece, after, _hard_split(formatted, limit, measure)
 

@@ -88,5 +88,5 @@ class WebhookChannel(BaseChannel):
                    "Idempotency-Key": str(meta.get("outbox_id", ""))}
         response = http(self.settings.channels.delivery.send_timeout).post(
             str(self.cfg.callback_url), content=raw, headers=headers)
-        check(response, what="webhook callback")
+        check(response, what="webhook callback", see_other=True)
         return SendResult(str(body(response).get("id") or "") or None)

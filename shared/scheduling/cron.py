@@ -246,6 +246,11 @@ def on_finish(rt: Runtime, s: Session, run: Run) -> list[Next]:
     return nexts
 
 
+def quiet(run: Run) -> bool:
+    """Whether a heartbeat run had nothing to tell anyone."""
+    return (run.final_text or "").strip().upper().startswith(HEARTBEAT_QUIET)
+
+
 def post_result(s: Session, run: Run) -> list[Next]:
     """A job's result goes into the conversation of the chat it was sent to, once (run.announced,
     set in the same transaction): what the run sent that chat with the `message` tool, then its
@@ -255,8 +260,7 @@ def post_result(s: Session, run: Run) -> list[Next]:
     call. A conversation in the middle of a turn gets them later (reconciliation), so they never
     land between a tool call and its result."""
     origin = run.origin or {}
-    if run.announced or (run.kind == RunKind.HEARTBEAT and (run.final_text or "").strip().upper().startswith(
-            HEARTBEAT_QUIET)):  # (a quiet one of a worker from before 0015, which left it unannounced)
+    if run.announced or (run.kind == RunKind.HEARTBEAT and quiet(run)):  # (a worker from before 0015 left it so)
         return []
     conv = _target(s, origin)
     if conv is not None and conv.id != run.conversation_id:

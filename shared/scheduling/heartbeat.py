@@ -29,7 +29,7 @@ from shared.constants import HEARTBEAT_QUIET, INTERNAL, T_AGENT_STEP
 from shared.errors import Retryable
 from shared.llm_types import LLMError
 from shared.models import Conversation, CronReceipt, Message, Role, Run, RunKind, utcnow
-from shared.scheduling.cron import post_result, receipt
+from shared.scheduling.cron import post_result, quiet, receipt
 from shared.tools.workspace import OutsideWorkspace, read_text_start
 
 log = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ def on_finish(rt: Runtime, s: Session, run: Run) -> list[Next]:
     """Deliver the heartbeat's result, unless it had nothing to say, and keep it in the chat's
     conversation, as a cron job's, so that a reply to it is read with it (a chat in the middle of a
     turn gets it once the turn has ended, as a cron result)."""
-    if (run.final_text or "").strip().upper().startswith(QUIET):
+    if quiet(run):
         run.announced = True  # nothing to keep: not a result waiting for its chat
         s.add(run)
         return []

@@ -129,7 +129,7 @@ def _command_string(args: list[str]) -> str | None:
             elif word in VALUED_LONG_OPTIONS:
                 next(rest, None)
         elif word[:1] in ("-", "+") and len(word) > 1:
-            has_c = has_c or (word[0] == "-" and "c" in word)
+            has_c = has_c or (word[0] == "-" and ("c" in word or "C" in word))  # (fish: -C, an init command)
             for _ in range(word.count("o") + word.count("O")):
                 next(rest, None)
         else:

@@ -104,12 +104,15 @@ def test_plain_variables_of_commands_and_servers_are_not_masked_in_logs(monkeypa
     """Every value counted as a secret: `LOG_LEVEL=error` made every "error" in the logs "***"."""
     monkeypatch.setenv("NANOFLEET_TOOLS__MCP_SERVERS", json.dumps({
         "srv": {"command": "srv", "env": {"LOG_LEVEL": "error", "MODE": "production", "API_KEY": "short",
-                                          "X": "k7Qp2Zr9", "ADMIN_PW": "hunter22", "PIN": "123456"},
+                                          "X": "k7Qp2Zr9", "ADMIN_PW": "hunter22", "PIN": "123456", "NAME": "linger",
+                                          "GITHUB_HOST": "github.com", "PORT": "8080", "PYTHONPATH": "/app",
+                                          "DATABASE_URL": "postgresql://app:pw4@db/app"},
                 "headers": {"User-Agent": "nanofleet", "X-Session": "abcd", "X-Upstream": "Basic dXNlcjpwYXNz"}}}))
     monkeypatch.setenv("NANOFLEET_TOOLS__EXEC__ENV", json.dumps({"LANG": "C.UTF-8", "GH_TOKEN": "ghp-1234"}))
     secrets = set(load_settings().secrets())
-    assert {"short", "k7Qp2Zr9", "abcd", "ghp-1234", "hunter22", "123456", "Basic dXNlcjpwYXNz"} <= secrets
-    assert not {"error", "production", "nanofleet", "C.UTF-8"} & secrets
+    assert {"short", "k7Qp2Zr9", "abcd", "ghp-1234", "hunter22", "123456", "Basic dXNlcjpwYXNz",
+            "postgresql://app:pw4@db/app"} <= secrets  # by name, a token's look, a URL's login
+    assert not {"error", "production", "nanofleet", "C.UTF-8", "linger", "github.com", "8080", "/app"} & secrets
 
 
 def test_variables_set_one_by_one_keep_the_case_of_their_names(monkeypatch: pytest.MonkeyPatch,

@@ -32,6 +32,7 @@ BACKOFF_START = 0.5
 BACKOFF_MAX = 30.0
 CONNECT_WAIT_MAX = 300.0  # the longest wait for a slow server's start, doubled from the connect timeout
 LIST_PAGES = 20
+PROBE_STOP = 5.0  # seconds `probe` waits for a session to close
 
 
 class State(StrEnum):
@@ -260,7 +261,8 @@ class MCPConnection:
         then say what a worker would find now (`nanofleet status`, which keeps no sessions)."""
         self._quiet, self._wake = True, asyncio.Event()
         await self._connect(self.connect_timeout, again=False)
-        await self.stop()
+        with contextlib.suppress(TimeoutError):  # an HTTP server may hold the session's DELETE for minutes
+            await asyncio.wait_for(self.stop(), PROBE_STOP)
 
     async def _supervise(self) -> None:
         """Connect, and again after each loss, with backoff. A server too slow to start within the

@@ -169,7 +169,7 @@ def attach(settings: Settings, registry: ToolRegistry) -> None:
 
 
 async def _probe_all(conns: list[MCPConnection]) -> None:
-    await asyncio.gather(*(c.probe() for c in conns))
+    await asyncio.gather(*(c.probe() for c in conns), return_exceptions=True)
 
 
 def probe(settings: Settings) -> list[MCPConnection]:
