@@ -21,11 +21,9 @@ log = logging.getLogger(__name__)
 
 RETRYABLE_4XX = (408, 409, 425)
 # The setting (NANOFLEET_CHANNELS__<PLATFORM>__...) the URLs of a platform's calls start with, which a redirect's
-# error names; the first word of a call's `what` is its platform. A URL the platform handed out comes from no
-# setting: a file's (download()), Slack's upload URL (HANDED_OUT).
+# error names; the first word of a call's `what` is its platform (a URL the platform handed out has none)
 URL_SETTINGS = {"telegram": "API_BASE", "slack": "API_BASE", "whatsapp": "API_BASE", "feishu": "API_BASE",
                 "discord": "API_BASE", "webhook": "CALLBACK_URL"}
-HANDED_OUT = ("slack file upload",)
 # A path segment this long may be a secret (Telegram's bot token, Discord's interaction token): a redirect's
 # error shows it as "…".
 LONG_SEGMENT = re.compile(r"[^/]{24,}")
@@ -77,16 +75,17 @@ def body(response: httpx.Response) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def check(response: httpx.Response, *, what: str, wait: float | None = None, see_other: bool = False) -> None:
+def check(response: httpx.Response, *, what: str, wait: float | None = None, see_other: bool = False,
+          handed_out: bool = False) -> None:
     """Raise for any answer but a 2xx (or, with `see_other`, a 303: how a receiver of ours says it
     took a POST, and where to look): RateLimited, Rejected (a redirect, which is not followed, is no
-    delivery), or PlatformError (retried). Messages never carry the request's URL: Telegram's holds the
-    bot token."""
+    delivery; its error names the setting the URL came from, unless the platform `handed_out` the URL),
+    or PlatformError (retried). Messages never carry the request's URL: Telegram's holds the bot token."""
     status = response.status_code
     if response.is_success or (see_other and status == 303):
         return
     if 300 <= status < 400:
-        raise Rejected(redirected(response, what=what, setting=_url_setting(what)), status)
+        raise Rejected(redirected(response, what=what, setting=None if handed_out else _url_setting(what)), status)
     if status == 429:
         raise RateLimited(wait if wait is not None else retry_after(response))
     if status < 500 and status not in RETRYABLE_4XX:
@@ -106,7 +105,7 @@ def redirected(response: httpx.Response, *, what: str, setting: str | None) -> s
 def _url_setting(what: str) -> str | None:
     """The setting the URL of the call `what` came from (its first word names the platform)."""
     platform = what.split(" ", 1)[0]
-    if what in HANDED_OUT or platform not in URL_SETTINGS:
+    if platform not in URL_SETTINGS:
         return None
     return f"NANOFLEET_CHANNELS__{platform.upper()}__{URL_SETTINGS[platform]}"
 
@@ -133,9 +132,7 @@ def download(url: str, *, limit: int, what: str, headers: dict[str, str] | None 
     with http(DOWNLOAD_TIMEOUT).stream("GET", url, headers=headers) as response:
         if not response.is_success:
             response.read()
-            if 300 <= response.status_code < 400:  # not the file: a URL the platform handed out names no setting
-                raise Rejected(redirected(response, what=what, setting=None), response.status_code)
-            check(response, what=what)
+            check(response, what=what, handed_out=True)
         data = bytearray()
         for chunk in response.iter_bytes():
             data += chunk

@@ -140,7 +140,7 @@ class SlackChannel(BaseChannel):
             raise PlatformError("slack files.getUploadURLExternal: no upload_url or file_id in the answer")
         # A large file takes a while to send: the download's patience, not a send's.
         check(http(DOWNLOAD_TIMEOUT).post(url, files={"file": (file.name, file.data, file.mime)}),
-              what="slack file upload")
+              what="slack file upload", handed_out=True)
         self._call("files.completeUploadExternal",
                    json={"files": [{"id": file_id, "title": file.name}], "channel_id": chat_id, **_thread(meta)})
         return SendResult(file_id)
