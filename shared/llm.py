@@ -30,6 +30,7 @@ os.environ.setdefault("EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER", "True")
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+DEFAULT_CONTEXT_WINDOW = 128_000  # tokens: a model's whose profile and litellm's map do not say (and the most assumed)
 # litellm's own handler builds a pydantic schema that warns, once per process, about a ReadOnly item
 warnings.filterwarnings("ignore", message="Item .* is using the `ReadOnly` qualifier", category=UserWarning)
 
@@ -276,6 +277,14 @@ class LLMClient:
             log.debug("LLM warm-up skipped: %s", err)
         self.count_tokens(messages)
 
+    def prompt_budget(self, model: str | None = None, answer: int = 4096) -> int:
+        """The tokens a prompt may take: the model's context window less room for the answer (its
+        max_tokens; else `answer`, at most a quarter of a small window). The window is the profile's
+        context_window or, unset, litellm's figure for the model, at most DEFAULT_CONTEXT_WINDOW."""
+        profile = self.profile(model)
+        window = profile.context_window or min(DEFAULT_CONTEXT_WINDOW, _known_window(profile.model))
+        return max(window // 4, window - (profile.max_tokens or min(answer, window // 4)))
+
     def count_tokens(self, messages: list[dict[str, Any]], model: str | None = None,
                      tools: list[dict[str, Any]] | None = None) -> int:
         """Prompt tokens for these messages (tool calls included) and tool schemas, as the model would count."""
@@ -284,6 +293,16 @@ class LLMClient:
             return int(counted)
         except Exception:  # unknown tokenizer: a safe over-estimate
             return sum(len(json.dumps(m, default=str)) for m in [*messages, *(tools or [])]) // 3
+
+
+@functools.lru_cache(maxsize=256)
+def _known_window(model: str) -> int:
+    """The prompt tokens litellm's model map gives the model, DEFAULT_CONTEXT_WINDOW when it has none."""
+    try:
+        info = _litellm().get_model_info(model=model)
+        return int(info.get("max_input_tokens") or info.get("max_tokens") or DEFAULT_CONTEXT_WINDOW)
+    except Exception:  # a model the map cannot place
+        return DEFAULT_CONTEXT_WINDOW
 
 
 def _vision(model: str) -> bool:

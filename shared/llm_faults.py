@@ -13,7 +13,9 @@ HINTS = {
     "AuthenticationError": "check the API key configured for the model",
     "PermissionDeniedError": "check the API key configured for the model",
     "NotFoundError": "check the model name and API base",
-    "ContextWindowExceededError": "the conversation is too long for the model: send /new to start afresh",
+    "ContextWindowExceededError": ("the conversation is too long for the model: send /new to start afresh, or "
+                                   "a shorter message (if short ones fail too, the configured context_window is "
+                                   "larger than the model's)"),
     "ContentPolicyViolationError": "the provider's content policy refused this request",
 }
 

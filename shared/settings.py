@@ -60,7 +60,9 @@ class LLMProfile(BaseModel):
     api_key: SecretStr | None = None
     temperature: float | None = Field(default=None, ge=0)
     max_tokens: int | None = Field(default=None, ge=1)
-    context_window: int = Field(default=128_000, ge=1)
+    # Prompt tokens the model takes. Unset: what litellm's model map says, at most 128,000 (and
+    # 128,000 for a model it does not know).
+    context_window: int | None = Field(default=None, ge=1)
     # USD per token, for a model litellm's price map does not know (self-hosted, or newer than the
     # map; such a model's usage is otherwise recorded at no cost), or to override it. Both or neither.
     input_cost_per_token: float | None = Field(default=None, ge=0)
@@ -75,9 +77,12 @@ class LLMProfile(BaseModel):
         return not_placeholder(v)
 
     @model_validator(mode="after")
-    def _both_prices(self) -> LLMProfile:
+    def _consistent(self) -> LLMProfile:
         if (self.input_cost_per_token is None) != (self.output_cost_per_token is None):
             raise ValueError("set input_cost_per_token and output_cost_per_token together, or neither")
+        if self.max_tokens and self.context_window and self.max_tokens >= self.context_window:
+            raise ValueError(f"max_tokens ({self.max_tokens}) leaves no room for a prompt in context_window "
+                             f"({self.context_window}): make it smaller")
         return self
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
     from shared.agent.runtime import Runtime
 
 log = logging.getLogger(__name__)
-RESERVE_TOKENS = 4096  # room for the answer
 TRIM_CHARS = 2000
 # What a photo is counted as: a high-detail tile grid of a phone photo costs about this much (OpenAI:
 # 765 tokens at 1024x1024); the tokenizers' own counts want the pixels, or fail on a data URL.
@@ -148,8 +148,7 @@ def _summary_request(rt: Runtime, conversation_id: str, previous: str, old: list
     """The request for a summary of `old`, cut to the newest messages that fit the model's context
     window: a backlog (compactions that failed for a while, a small local model) would otherwise be
     refused every time, and the summary never move on. What is cut is left out of the summary."""
-    profile = rt.llm.profile(None)
-    budget = profile.context_window - (profile.max_tokens or RESERVE_TOKENS)
+    budget = rt.llm.prompt_budget()
     lines = [f"{m.role.value}: {_photos(m)}{prompt.said(m)[:TRIM_CHARS]}".rstrip()
              for m in old if m.content or m.meta.get(IMAGES)]
 
@@ -285,38 +284,52 @@ def fit(rt: Runtime, messages: list[dict[str, Any]], model: str | None,
     """Trim the history so the prompt fits the model's context window, tool calls and the tools'
     schemas (sent with every call) counted. The newest user message (the request being answered)
     is kept whole while anything else can give way: older history goes first, then every other
-    message is shortened (`hard_trim` starts there), then the request itself, then the oldest tool
-    rounds after it. An assistant message and its tool
-    results go or stay together. Returns the messages and, when history was cut, how many history
-    messages were kept (the `summarize` strategy then compacts what was left out)."""
-    profile = rt.llm.profile(model)
-    budget = profile.context_window - (profile.max_tokens or RESERVE_TOKENS)
+    message is shortened, its start and end kept, to less and less (`hard_trim` starts at the least),
+    then the request itself (its photos' caption too), then the oldest tool rounds after it. An
+    assistant message and its tool results go or stay together. Returns the messages and, when
+    history was cut, how many history messages were kept (the `summarize` strategy then compacts
+    what was left out)."""
+    budget = rt.llm.prompt_budget(model)
     if _bytes(messages) + _bytes(tools or []) <= budget or _tokens(rt, messages, model, tools) <= budget:
         return messages, None
     head = [m for m in messages[:2] if m["role"] == "system"]
     rounds, tail = _rounds(messages[len(head):-1]), messages[-1:]
 
     def fits() -> bool:
-        return _tokens(rt, head + [m for r in rounds for m in r] + tail, model, tools) <= budget
+        sent = head + [m for r in rounds for m in r] + tail
+        return _bytes(sent) + _bytes(tools or []) <= budget or _tokens(rt, sent, model, tools) <= budget
 
     request = max((i for i, r in enumerate(rounds) if r[0]["role"] == "user"), default=len(rounds) - 1)
 
-    def shorten(request_too: bool = False) -> list[list[dict[str, Any]]]:
-        return [r if i == request and not request_too else [_shorten(m) for m in r] for i, r in enumerate(rounds)]
+    def shorten(limit: int, request_too: bool = False) -> list[list[dict[str, Any]]]:
+        return [r if i == request and not request_too else [_shorten(m, limit) for m in r]
+                for i, r in enumerate(rounds)]
 
     if rt.settings.memory.context_strategy == "hard_trim":
-        rounds = shorten()
+        rounds = shorten(TRIM_CHARS)
     while request > 0 and not fits():
         rounds.pop(0)
         request -= 1
     for request_too in (False, True):
-        if not fits():
-            rounds = shorten(request_too)
+        for limit in _limits(budget):
+            if fits():
+                break
+            rounds = shorten(limit, request_too)
     while len(rounds) > request + 2 and not fits():  # the request and the newest round stay
         rounds.pop(request + 1)
     body = [m for r in rounds for m in r]
     log.info("trimmed prompt to %d history messages to fit %d tokens", len(body), budget)
     return head + body + tail, len(body)
+
+
+def _limits(budget: int) -> Iterator[int]:
+    """The lengths long messages are cut to, one after another until the prompt fits: from half the
+    budget's worth of characters down to TRIM_CHARS."""
+    limit = budget * CHARS_PER_TOKEN // 2
+    while limit > TRIM_CHARS:
+        yield limit
+        limit //= 4
+    yield TRIM_CHARS
 
 
 def _rounds(history: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -357,8 +370,18 @@ def _without_images(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]
     return out, images
 
 
-def _shorten(message: dict[str, Any]) -> dict[str, Any]:
+def _shorten(message: dict[str, Any], limit: int) -> dict[str, Any]:
+    """The message with its text (a photo's caption too) cut to about `limit` characters."""
     content = message.get("content")
-    if isinstance(content, str) and len(content) > TRIM_CHARS:
-        return {**message, "content": content[:TRIM_CHARS] + " [trimmed]"}
+    if isinstance(content, str) and len(content) > limit:
+        return {**message, "content": _cut(content, limit)}
+    if isinstance(content, list):
+        return {**message, "content": [{**part, "text": _cut(part["text"], limit)}
+                                       if len(part.get("text") or "") > limit else part for part in content]}
     return message
+
+
+def _cut(text: str, limit: int) -> str:
+    """The start and the end of `text` (where a tool's result says how to read on) in about `limit` characters."""
+    end = limit // 4
+    return f"{text[:limit - end]} [... {len(text) - limit} characters trimmed ...] {text[-end:]}"

@@ -194,7 +194,7 @@ def _call(rt: Runtime, run: Run, seq: int, messages: list[dict[str, Any]], tools
     elapsed = (time.perf_counter() - started) * 1000
     nexts = _record(rt, run.id, seq, response, elapsed)
     if kept is not None and rt.settings.memory.context_strategy == "summarize":  # summarise what was cut
-        nexts.append(Next(T_COMPACT, (run.conversation_id, False, kept)))
+        nexts.append(Next(T_COMPACT, (run.conversation_id, False, kept + 1)))  # and keep the answer just stored
     return nexts
 
 

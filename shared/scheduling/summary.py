@@ -65,8 +65,7 @@ def plan(rt: Runtime, until: datetime) -> list[Next]:
 
 def _transcript(rt: Runtime, rows: list[Message], since: str, until: str) -> str:
     """The prompt for the newest of `rows` (oldest first) that fit the model's context window."""
-    profile = rt.llm.profile()
-    budget = profile.context_window - (profile.max_tokens or ANSWER_TOKENS)
+    budget = rt.llm.prompt_budget(answer=ANSWER_TOKENS)
     kept: list[str] = []
     chars = len(PROMPT)
     for m in reversed(rows):

@@ -145,6 +145,16 @@ def test_a_price_needs_both_halves(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (llm.input_cost_per_token, llm.output_cost_per_token) == (1e-6, 4e-6)
 
 
+def test_max_tokens_must_leave_room_for_a_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NANOFLEET_LLM__CONTEXT_WINDOW", "8192")
+    monkeypatch.setenv("NANOFLEET_LLM__MAX_TOKENS", "8192")
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert "max_tokens (8192) leaves no room for a prompt in context_window (8192)" in str(err.value)
+    monkeypatch.setenv("NANOFLEET_LLM__MAX_TOKENS", "2000")
+    assert load_settings().llm.max_tokens == 2000
+
+
 @pytest.mark.parametrize(("var", "value", "expected"), [
     ("NANOFLEET_API_KEYS", "[a-long-random-key]", "single-quote it"),  # `set -a; . ./.env` dropped the quotes
     ("NANOFLEET_API_KEYS", "a-long-random-key", "a JSON list is expected"),

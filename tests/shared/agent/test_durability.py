@@ -399,6 +399,14 @@ def test_the_summarize_strategy_summarises_what_the_token_guard_cut(make_stack: 
                 return db.exec(select(Message).where(Message.type == MessageType.SUMMARY)).first()
 
         assert wait_until(summary, timeout=30, message="a SUMMARY message").content.startswith("SUMMARY:")  # type: ignore[union-attr]
+
+        def covered_role(cid: str = cid) -> Role | None:  # a question is summarised with its answer
+            with Session(get_engine(s.settings.database_url)) as db:
+                found = summary()
+                seq = found.meta.get("covers_until_seq") if found else None
+                return db.exec(select(Message.role).where(Message.conversation_id == cid, Message.seq == seq)).first()
+
+        wait_until(lambda: covered_role() == Role.ASSISTANT, timeout=30, message="a summary up to an answer")
         api.post(f"/api/v1/conversations/{cid}/chat", json={"message": "what do you remember?"})
         # the turn's request: a compaction the turns enqueued may call the model after it
         turn = [r for r in fake_llm.requests

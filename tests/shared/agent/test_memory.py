@@ -113,10 +113,58 @@ def test_the_request_being_answered_is_never_cut(strategy: str) -> None:
 
 def test_one_message_over_the_budget_is_shortened() -> None:
     rt = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini", "context_window": 1500, "max_tokens": 500}))
-    msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "word " * 5000},
+    msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "word " * 5000 + "END"},
             {"role": "user", "content": "[runtime context]"}]
     fitted, kept = memory.fit(rt, msgs, None)
-    assert kept == 1 and rt.llm.count_tokens(fitted) <= 1000 and fitted[1]["content"].endswith("[trimmed]")
+    assert kept == 1 and rt.llm.count_tokens(fitted) <= 1000
+    assert "characters trimmed ...]" in fitted[1]["content"] and fitted[1]["content"].endswith("END")
+
+
+def test_a_long_tool_result_is_cut_to_what_fits_and_keeps_its_end() -> None:
+    """Cut to the room there is, not to 2,000 characters whatever the window: and its end, where
+    read_file says how to read on, stays."""
+    rt = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini", "context_window": 8192}))
+    call = {"id": "c0", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
+    result = "a line of a long file\n" * 2000 + "(read on from start_line 2001)"
+    msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "read big.txt"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c0", "name": "read_file", "content": result},
+            {"role": "user", "content": "[runtime context]"}]
+    fitted, _ = memory.fit(rt, msgs, None)
+    cut = fitted[3]["content"]
+    assert rt.llm.count_tokens(fitted) <= rt.llm.prompt_budget() and "characters trimmed" in cut
+    assert cut.endswith("(read on from start_line 2001)") and len(cut) > 8000
+
+
+def test_a_long_caption_of_a_photo_is_shortened_too() -> None:
+    """A request with a photo is a list of parts: its text was never cut, and the prompt overflowed."""
+    rt = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini", "context_window": 16_000}))
+    photo = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 1000}}
+    msgs = [{"role": "system", "content": "sys"},
+            {"role": "user", "content": [{"type": "text", "text": "word " * 14_000 + "END"}, photo]},
+            {"role": "user", "content": "[runtime context]"}]
+    fitted, _ = memory.fit(rt, msgs, None)
+    text, shown = fitted[1]["content"]
+    assert "characters trimmed" in text["text"] and text["text"].endswith("END") and shown == photo
+    assert memory._tokens(rt, fitted, None, None) <= rt.llm.prompt_budget()
+
+
+def test_a_small_context_window_keeps_its_history() -> None:
+    """A 4,096-token model (a small local one) and no max_tokens: the answer's room is a quarter of the
+    window, not 4,096 tokens, which left no room for any history."""
+    rt = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini", "context_window": 4096}))
+    msgs = conversation(1)
+    assert rt.llm.prompt_budget() == 3072
+    assert memory.fit(rt, msgs, None) == (msgs, None)
+
+
+def test_an_unset_context_window_is_the_models_own_at_most_128000() -> None:
+    rt = Runtime.build(load_settings(llm={"model": "gpt-4", "profiles": {
+        "big": {"model": "openai/gpt-4.1-mini"}, "own": {"model": "openai/a-model-litellm-does-not-know"},
+        "set": {"model": "gpt-4", "context_window": 6000, "max_tokens": 1000}}}))
+    assert rt.llm.prompt_budget() == 8192 - 2048  # litellm's figure for gpt-4
+    assert rt.llm.prompt_budget("big") == rt.llm.prompt_budget("own") == 128_000 - 4096
+    assert rt.llm.prompt_budget("set") == 5000
 
 
 _RT = Runtime.build(load_settings(llm={"model": "openai/gpt-4o-mini"}))
