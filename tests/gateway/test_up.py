@@ -81,12 +81,6 @@ def _up_and_down(env: dict[str, str], log: Path, *extra: str, while_up: WhileUp 
     return log.read_text()
 
 
-def test_up_on_configured_services(make_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    s: Stack = make_stack()
-    output = _up_and_down(s.env, tmp_path / "up.log")
-    assert "embedded" not in output
-
-
 def _kill_beat(up: psutil.Process, log: Path, _port: int) -> None:
     """Beat exits by design when it loses its lock (a Redis restart): `up` starts it again."""
     def beats() -> list[psutil.Process]:
@@ -103,9 +97,10 @@ def _kill_beat(up: psutil.Process, log: Path, _port: int) -> None:
     assert "beat exited with code -9; starting it again" in log.read_text()
 
 
-def test_up_starts_a_child_again_when_it_exits(make_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_up_on_configured_services_starts_a_child_again_when_it_exits(make_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     s: Stack = make_stack()
-    _up_and_down(s.env, tmp_path / "up.log", while_up=_kill_beat)
+    output = _up_and_down(s.env, tmp_path / "up.log", while_up=_kill_beat)
+    assert "embedded" not in output
 
 
 @pytest.fixture
