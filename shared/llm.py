@@ -30,7 +30,7 @@ os.environ.setdefault("EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER", "True")
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-DEFAULT_CONTEXT_WINDOW = 128_000  # tokens: a model's whose profile and litellm's map do not say (and the most assumed)
+DEFAULT_CONTEXT_WINDOW = 128_000  # tokens: a model's that neither its profile nor litellm's map sizes; the most assumed
 # litellm's own handler builds a pydantic schema that warns, once per process, about a ReadOnly item
 warnings.filterwarnings("ignore", message="Item .* is using the `ReadOnly` qualifier", category=UserWarning)
 

@@ -109,6 +109,9 @@ class LLMSettings(LLMProfile):
 
     @model_validator(mode="after")
     def _known_models(self) -> LLMSettings:
+        for name, profile in self.profiles.items():  # (a misspelt "model" key left the built-in default)
+            if "model" not in profile.model_fields_set:
+                raise ValueError(f"profile {name!r} names no model: give it one (a litellm model string)")
         named = [("fallback", name) for name in self.fallbacks]
         if self.transcription_model:
             named.append(("transcription_model", self.transcription_model))
@@ -263,6 +266,7 @@ class Settings(BaseSettings):
         if not sep or scheme not in POSTGRES_SCHEMES:
             raise ValueError("must be a PostgreSQL URL: postgresql+psycopg://, postgresql:// or postgres:// "
                              "(the last two are read as postgresql+psycopg://)")
+        no_fragment(v)
         shipped_password(v, compose_variable="POSTGRES_PASSWORD")
         return f"postgresql+psycopg://{rest}"
 
@@ -276,6 +280,7 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _check_redis(cls, v: str) -> str:
+        no_fragment(v)
         if problem := redis_url_problem(v):
             raise ValueError(problem)
         shipped_password(v, compose_variable="REDIS_PASSWORD")
@@ -292,6 +297,14 @@ class Settings(BaseSettings):
             if not value or value != "".join(value.split()):
                 raise ValueError("an API key must not be empty or hold spaces (make one: python -c \"import "
                                  "secrets;print(secrets.token_urlsafe(32))\")")
+        return v
+
+    @field_validator("workspace", "data_dir", mode="before")
+    @classmethod
+    def _not_blank(cls, v: Any) -> Any:
+        """An empty path is the current directory: files written wherever the command was started."""
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("is empty: name a directory, or leave it unset for the default")
         return v
 
     @field_validator("workspace", "data_dir")
@@ -343,6 +356,13 @@ class Settings(BaseSettings):
         passwords = [p for p in (urlsplit(url).password for url in (self.database_url, self.redis_url)) if p]
         found += [form for p in passwords for form in (p, unquote(p))]  # in a URL, as given and decoded
         return [s for s in found if len(s) >= 4]
+
+
+def no_fragment(url: str) -> None:
+    """A '#' in a URL starts its fragment for every reader but SQLAlchemy, which took it for part of a
+    password: that password was then printed whole in errors, or split into a 'port'."""
+    if "#" in url:
+        raise ValueError("holds a '#': percent-encode it (%23), in a password say")
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -81,7 +81,8 @@ def _holds(table: dict[str, Any], names: list[str]) -> bool:
 def describe_validation(err: ValidationError, *, environ: Mapping[str, str] | None = None,
                         config_file: str | None = None) -> str:
     table = config_table(config_file)
-    lines = [f"{_source(e['loc'], environ or {}, config_file, table)}: {e['msg']}" for e in err.errors()]
+    lines = [f"{_source(e['loc'], environ or {}, config_file, table)}: {e['msg'].removeprefix('Value error, ')}"
+             for e in err.errors()]
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 

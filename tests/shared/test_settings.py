@@ -145,6 +145,34 @@ def test_a_price_needs_both_halves(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (llm.input_cost_per_token, llm.output_cost_per_token) == (1e-6, 4e-6)
 
 
+@pytest.mark.parametrize(("var", "value"), [
+    ("NANOFLEET_DATABASE_URL", "postgresql://postgres:Secret#Hash@127.0.0.1:5432/x"),
+    ("NANOFLEET_REDIS_URL", "redis://:Secret#Hash@127.0.0.1:6379/0"),
+])
+def test_a_hash_in_a_url_is_refused_without_repeating_it(monkeypatch: pytest.MonkeyPatch, var: str, value: str) -> None:
+    """SQLAlchemy read 'Secret#Hash' as the password and printed the URL whole in errors; Redis's
+    readers took 'Secret' for a port and died with a traceback showing it."""
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert f"{var}: holds a '#': percent-encode it (%23)" in str(err.value) and "Secret" not in str(err.value)
+
+
+@pytest.mark.parametrize("var", ["NANOFLEET_WORKSPACE", "NANOFLEET_DATA_DIR"])
+def test_an_empty_path_is_refused_not_taken_for_the_current_directory(monkeypatch: pytest.MonkeyPatch,
+                                                                      var: str) -> None:
+    monkeypatch.setenv(var, " ")
+    with pytest.raises(SettingsError, match=f"{var}: is empty: name a directory"):
+        load_settings()
+
+
+def test_a_profile_without_a_model_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A misspelt key inside the JSON ("modle") left the built-in default model, with no word said."""
+    monkeypatch.setenv("NANOFLEET_LLM__PROFILES", '{"cheap": {"modle": "openai/gpt-4.1-nano"}}')
+    with pytest.raises(SettingsError, match="profile 'cheap' names no model"):
+        load_settings()
+
+
 def test_max_tokens_must_leave_room_for_a_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NANOFLEET_LLM__CONTEXT_WINDOW", "8192")
     monkeypatch.setenv("NANOFLEET_LLM__MAX_TOKENS", "8192")

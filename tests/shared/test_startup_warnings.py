@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gateway.app import create_app
-from shared.settings import load_settings
+from shared.settings import SettingsError, load_settings
 from shared.startup_checks import half_configured, unknown_variables, warn_model_key
 from shared.tools import build_registry
 from tests.support.processes import ROOT, wait_until
@@ -76,6 +76,9 @@ def test_a_misspelt_variable_is_named_with_the_setting_meant(caplog: pytest.LogC
     for var, (value, _) in TYPOS.items():
         monkeypatch.setenv(var, value)
     monkeypatch.setenv("NANOFLEET_SHOE_SIZE", "44")
+    with pytest.raises(SettingsError, match="profile 'fast' names no model"):  # not the built-in default model
+        load_settings()
+    monkeypatch.setenv("NANOFLEET_LLM__PROFILES__FAST__MODEL", "openai/gpt-4.1-nano")  # the typo: only warned of
     warnings = warnings_at_gateway_start(caplog)
     for var, (value, meant) in TYPOS.items():
         [line] = [w for w in warnings if w.startswith(f"{var} ")]
