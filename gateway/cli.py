@@ -17,7 +17,8 @@ from shared.process_guard import guard_or_warn, start_resource_tracker
 from shared.settings import Settings, SettingsError, get_settings
 
 if TYPE_CHECKING:
-    from shared.migrate import MigrationBlocked, UnknownRevision
+    from shared.db import DatabaseRefused
+    from shared.migrate import ForeignDatabase, MigrationBlocked, UnknownRevision
 
 POOLS = ("threads", "prefork", "solo")  # Celery pools the workers are built and tested for
 MAX_CONCURRENCY = 5000  # threads (or processes) a worker starts: more is a typo, not a deployment
@@ -97,12 +98,16 @@ def migrated_or_exit(settings: Settings) -> Settings:
     return settings
 
 
-def _not_migrated(err: UnknownRevision | MigrationBlocked) -> NoReturn:
-    """A database a newer nanofleet migrated, or a migration another transaction's lock stopped."""
+def _not_migrated(err: UnknownRevision | ForeignDatabase | DatabaseRefused | MigrationBlocked) -> NoReturn:
+    """A database a newer nanofleet migrated or another application's, a privilege or a table name
+    Postgres refused migrations, or a migration another transaction's lock stopped."""
     from gateway.status import masked
-    from shared.migrate import UnknownRevision
+    from shared.db import DatabaseRefused
+    from shared.migrate import MigrationBlocked
 
-    refuse(f"the database at {masked(err.url)} {err}" if isinstance(err, UnknownRevision) else err)
+    if isinstance(err, MigrationBlocked):
+        refuse(err)
+    refuse(f"the database at {masked(err.url)}{':' if isinstance(err, DatabaseRefused) else ''} {err}")
 
 
 @app.command()
@@ -221,7 +226,8 @@ def beat() -> None:
 def migrate() -> None:
     """Create the database if needed and apply migrations (safe to run again)."""
     from gateway.status import masked
-    from shared.migrate import MigrationBlocked, UnknownRevision, current, upgrade
+    from shared.db import DatabaseRefused
+    from shared.migrate import ForeignDatabase, MigrationBlocked, UnknownRevision, current, upgrade
 
     settings = database_or_exit(settings_or_exit(misspelt=True), may_create=True)
     try:
@@ -231,7 +237,7 @@ def migrate() -> None:
         typer.echo(f"nanofleet: the database at {masked(err.url)} is at revision {err.revision}, which a newer "
                    "nanofleet migrated: left as it is (this version serves it, as in a rollback)", err=True)
         return
-    except MigrationBlocked as err:
+    except (ForeignDatabase, DatabaseRefused, MigrationBlocked) as err:
         _not_migrated(err)
     typer.echo(f"database at revision {current(settings.database_url)}")
 
@@ -258,7 +264,8 @@ def up(
     <data dir>/embedded.env for other terminals). One per data dir."""
     from gateway.status import ServiceDown, Unavailable
     from gateway.supervisor import run_all
-    from shared.migrate import MigrationBlocked, UnknownRevision
+    from shared.db import DatabaseRefused
+    from shared.migrate import ForeignDatabase, MigrationBlocked, UnknownRevision
 
     settings = settings_or_exit()
     try:
@@ -269,7 +276,7 @@ def up(
         if field is not None and field not in settings.model_fields_set and not embedded:
             typer.echo("nanofleet: or run `nanofleet up --embedded` to use servers of its own", err=True)
         raise typer.Exit(1) from None
-    except (UnknownRevision, MigrationBlocked) as err:
+    except (UnknownRevision, ForeignDatabase, DatabaseRefused, MigrationBlocked) as err:
         _not_migrated(err)
     raise typer.Exit(code)
 
@@ -301,8 +308,9 @@ def agent(
 ) -> None:
     """One turn in-process: needs PostgreSQL, not Redis or workers. Prints the reply; exits 1 when
     the turn failed."""
-    from gateway.local_agent import one_turn
-    from shared.migrate import MigrationBlocked, UnknownRevision
+    from gateway.local_agent import log_to_stderr, one_turn
+    from shared.db import DatabaseRefused
+    from shared.migrate import ForeignDatabase, MigrationBlocked, UnknownRevision
 
     if said := _agent_problems(message=message, session=session, model=model):
         bad_argument(*said)
@@ -310,9 +318,10 @@ def agent(
     if model and (refusal := settings.llm.refuses(model)):  # the REST API's check: 422 there
         bad_argument(refusal)
     settings = database_or_exit(settings, may_create=True)
+    log_to_stderr(settings)
     try:
         answer = one_turn(settings, message=message, session=session, model=model)
-    except (UnknownRevision, MigrationBlocked) as err:
+    except (UnknownRevision, ForeignDatabase, DatabaseRefused, MigrationBlocked) as err:
         _not_migrated(err)
     typer.echo(answer.text)
     raise typer.Exit(0 if answer.ok else 1)

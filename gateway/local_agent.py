@@ -14,6 +14,7 @@ from shared.agent.recovery import sweep
 from shared.agent.runtime import Runtime
 from shared.agent.service import after_commit, submit
 from shared.constants import REPORT
+from shared.logs import configure_logging
 from shared.migrate import upgrade
 from shared.models import ACTIVE, TERMINAL, Message, Role, Run, RunKind, RunStatus
 from shared.scheduling import hooks
@@ -33,6 +34,14 @@ def _stalled(rt: Runtime, conversation_id: str) -> bool:
     with rt.session() as s:
         return s.exec(select(Run.id).where(Run.conversation_id == conversation_id, col(Run.status).in_(ACTIVE),
                                            Run.lease_owner == lease.STALLED)).first() is not None
+
+
+def log_to_stderr(settings: Settings) -> None:
+    """The workers' logging, secrets masked (a provider's error may repeat the API key), in plain lines
+    and warnings only unless NANOFLEET_LOG_JSON / NANOFLEET_LOG_LEVEL say otherwise: the reply is the output."""
+    chosen = settings.model_fields_set
+    configure_logging(level=settings.log_level if "log_level" in chosen else "WARNING",
+                      json=settings.log_json if "log_json" in chosen else False, secrets=settings.secrets())
 
 
 def one_turn(settings: Settings, *, message: str, session: str, model: str | None = None) -> Answer:

@@ -87,15 +87,15 @@ def database_problem(url: str, *, may_create: bool = False) -> str | None:
 
 def migration_problem(url: str) -> str | None:
     """Why this nanofleet cannot work on the database at `url` as it is (missing, never migrated, at
-    an older revision; a newer nanofleet's is served, see revision_problem), in a line naming it and
-    what to run; None when it is usable. One connection; None too when the server does not answer:
+    an older revision, another application's; a newer nanofleet's is served, see problem_at), in a
+    line naming it and what to run; None when it is usable. One connection; None too when the server does not answer:
     a process may start before it and wait for it, and /readyz reports it meanwhile."""
-    from shared.migrate import revision_at, revision_problem
+    from shared.migrate import problem_at, revision_at
 
     engine = _engine(url)
     try:
         with engine.connect() as conn:
-            problem = revision_problem(revision_at(conn), serving=True)
+            problem = problem_at(conn, revision_at(conn))
     except DBAPIError as err:
         if not NO_DATABASE.fullmatch(_pg_reason(err)):
             return None
@@ -145,15 +145,20 @@ def port_problem(host: str, port: int) -> str | None:
 
 def _database_line(url: str) -> tuple[bool, str]:
     """`nanofleet status`'s database line, and whether all is well there."""
-    from shared.migrate import current, revision_problem
+    from shared.migrate import problem_at, revision_at
 
     if (problem := database_problem(url)) is not None:
         return False, f"database   DOWN: {masked(url)}: {problem} (check {DB_SETTING})"
+    engine = _engine(url)
     try:
-        revision = current(url)
+        with engine.connect() as conn:
+            revision = revision_at(conn)
+            problem = problem_at(conn, revision)
     except Exception as err:
         return False, f"database   DOWN: {type(err).__name__}: {str(err).splitlines()[0]}"
-    if (problem := revision_problem(revision, serving=True)) is not None:
+    finally:
+        engine.dispose()
+    if problem is not None:
         return False, f"database   NOT READY: {problem}"
     return True, f"database   ok (revision {revision})"
 

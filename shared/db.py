@@ -11,7 +11,7 @@ from functools import lru_cache, partial
 from typing import Any, TypeVar
 
 import psycopg
-from sqlalchemy import Dialect, Engine, Table, Update, bindparam, create_engine, event, insert, text
+from sqlalchemy import Connection, Dialect, Engine, Table, Update, bindparam, create_engine, event, insert, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError, InterfaceError, OperationalError
@@ -163,6 +163,30 @@ def session_scope(url: str) -> Iterator[Session]:
 
 
 UNIQUE_VIOLATION = "23505"  # CREATE DATABASE beside another one: pg_database's unique name index
+INSUFFICIENT_PRIVILEGE = "42501"
+
+
+class DatabaseRefused(Exception):
+    """Postgres refused what setting up nanofleet's database needs, for a reason only its operator can
+    fix (a privilege, another application's tables): said in a line, not a traceback. `reason` is the
+    database's own message (its first line: the rest is detail, and none of it holds the password)."""
+
+    def __init__(self, *, url: str, reason: str, advice: str) -> None:
+        super().__init__(url, reason, advice)
+        self.url, self.reason, self.advice = url, reason, advice
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.advice}"
+
+
+def sqlstate(err: DBAPIError) -> str | None:
+    """The SQLSTATE of what the database raised, None when it raised none (a lost connection)."""
+    return getattr(err.orig, "sqlstate", None)
+
+
+def first_line(err: DBAPIError) -> str:
+    """The database's own message for `err`, without its DETAIL and HINT lines."""
+    return (str(err.orig).strip().splitlines() or [type(err.orig).__name__])[0]
 
 
 def ensure_database(url: str) -> bool:
@@ -188,12 +212,22 @@ def ensure_database(url: str) -> bool:
             ).scalar()
             if exists:
                 return False
-            try:
-                conn.execute(text(f'create database "{target.database}"'))
-            except IntegrityError as err:  # another migrate created it meanwhile: theirs, then
-                if getattr(err.orig, "sqlstate", None) != UNIQUE_VIOLATION:
-                    raise
-                return False
-            return True
+            return _create(conn, url=url, name=str(target.database))
     finally:
         admin.dispose()
+
+
+def _create(conn: Connection, *, url: str, name: str) -> bool:
+    """CREATE DATABASE `name`; False when another migrate created it meanwhile (theirs, then)."""
+    try:
+        conn.execute(text(f'create database "{name}"'))
+    except IntegrityError as err:
+        if sqlstate(err) != UNIQUE_VIOLATION:
+            raise
+        return False
+    except DBAPIError as err:
+        if sqlstate(err) != INSUFFICIENT_PRIVILEGE:
+            raise
+        raise DatabaseRefused(url=url, reason=first_line(err), advice=(
+            f"grant the role CREATEDB, or create the database {name} yourself (owned by the role)")) from None
+    return True

@@ -10,9 +10,10 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, create_engine, inspect, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
-from shared.db import ensure_database, get_engine
+from shared.db import INSUFFICIENT_PRIVILEGE, DatabaseRefused, ensure_database, first_line, get_engine, sqlstate
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -37,6 +38,15 @@ class UnknownRevision(Exception):
 
     def __init__(self, url: str, revision: str) -> None:
         super().__init__(revision_problem(revision))
+        self.url, self.revision = url, revision
+
+
+class ForeignDatabase(Exception):
+    """The database is at an alembic revision this code does not know and holds none of nanofleet's
+    tables: another application's, not one a newer nanofleet migrated. Nothing here may touch it."""
+
+    def __init__(self, url: str, revision: str) -> None:
+        super().__init__(foreign_problem(revision))
         self.url, self.revision = url, revision
 
 
@@ -76,19 +86,61 @@ def revision_problem(revision: str | None, *, serving: bool = False) -> str | No
     return f"is at revision {revision}, this nanofleet needs {head()}: run `nanofleet migrate`"
 
 
+def foreign_problem(revision: str) -> str:
+    """What is said, after "the database", of another application's (see ForeignDatabase)."""
+    return (f"belongs to another application (alembic revision {revision}, no nanofleet tables): "
+            "point NANOFLEET_DATABASE_URL at a database of its own")
+
+
+# Tables every nanofleet revision has had: a database at an unknown revision with them is a newer
+# nanofleet's; without them, another application's that uses alembic too.
+OWN_TABLES = ("runs", "conversations", "messages", "outbox")
+_HAS_OWN_TABLES = text("select " + " and ".join(f"to_regclass('{name}') is not null" for name in OWN_TABLES))
+
+
+def foreign(conn: Connection, revision: str | None) -> bool:
+    """Whether the database of `conn`, at `revision`, is another application's (see ForeignDatabase)."""
+    return revision is not None and revision not in _known() and not conn.execute(_HAS_OWN_TABLES).scalar()
+
+
+def problem_at(conn: Connection, revision: str | None) -> str | None:
+    """revision_problem for serving (a newer nanofleet's revision is fine), unless the database of
+    `conn` is another application's: that is refused."""
+    if revision is not None and foreign(conn, revision):
+        return foreign_problem(revision)
+    return revision_problem(revision, serving=True)
+
+
+# What Postgres refuses in a migration that only the operator can fix, and what to do about it
+REFUSALS = {
+    INSUFFICIENT_PRIVILEGE: "grant the role CREATE on schema public, or migrate as the database's owner",
+    "42P07": "the database holds another application's tables: point NANOFLEET_DATABASE_URL at an empty database",
+    "42710": "the database holds another application's objects: point NANOFLEET_DATABASE_URL at an empty database",
+}
+
+
 def upgrade(url: str, revision: str = "head") -> bool:
     """Create the database if missing, then upgrade it to `revision`; True when it was created.
-    Raises UnknownRevision for a database a newer nanofleet migrated (this one cannot tell what it holds)."""
+    Raises UnknownRevision for a database a newer nanofleet migrated (this one cannot tell what it
+    holds), ForeignDatabase for another application's, DatabaseRefused for a privilege missing or a
+    table taken."""
     created = ensure_database(url)
     engine = create_engine(url, poolclass=NullPool)  # as the migrations connect: nothing kept open after
     try:
         with engine.connect() as conn:
             found = revision_at(conn)
+            if foreign(conn, found):
+                raise ForeignDatabase(url, str(found))
     finally:
         engine.dispose()
     if found is not None and found not in _known():
         raise UnknownRevision(url, found)
-    command.upgrade(alembic_config(url), revision)
+    try:
+        command.upgrade(alembic_config(url), revision)
+    except DBAPIError as err:
+        if (advice := REFUSALS.get(sqlstate(err) or "")) is None:
+            raise
+        raise DatabaseRefused(url=url, reason=first_line(err), advice=advice) from None
     return created
 
 
@@ -112,6 +164,7 @@ def current(url: str) -> str | None:
 
 
 def schema_problem(url: str) -> str | None:
-    """Why this code cannot use the database at `url` as it is (see revision_problem), or None.
+    """Why this code cannot use the database at `url` as it is (see problem_at), or None.
     Raises what connecting raises when the database does not answer."""
-    return revision_problem(current(url), serving=True)
+    with get_engine(url).connect() as conn:
+        return problem_at(conn, revision_at(conn))

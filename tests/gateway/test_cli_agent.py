@@ -4,6 +4,7 @@ before any conversation is made or the model is called."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator
 
@@ -29,8 +30,10 @@ def stack(make_stack: Callable[..., Stack], fake_llm: FakeLLM) -> Stack:
 
 @pytest.fixture
 def cli(stack: Stack) -> Iterator[Callable[..., Result]]:
-    """Invoke `nanofleet` in-process with the stack's environment (and `env` on top)."""
-    saved = dict(os.environ)
+    """Invoke `nanofleet` in-process with the stack's environment (and `env` on top). `agent` sets up
+    logging as its process's: the test process's is put back after."""
+    saved, root = dict(os.environ), logging.getLogger()
+    handlers, level = root.handlers[:], root.level
 
     def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
         os.environ.clear()
@@ -44,6 +47,8 @@ def cli(stack: Stack) -> Iterator[Callable[..., Result]]:
         os.environ.clear()
         os.environ.update(saved)
         get_settings.cache_clear()
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 def refused(out: Result) -> str:

@@ -13,11 +13,16 @@ from typing import Any
 import redis
 from sqlalchemy import text
 from sqlmodel import Session, select
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from shared.agent.events import stream_key
 from shared.db import get_engine
 from shared.models import Message, MessageType
 from tests.fakes.llm import FakeLLM
+from tests.fakes.server import ThreadServer
 from tests.support.processes import ROOT, wait_until
 from tests.support.stack import Stack
 
@@ -176,3 +181,22 @@ def test_agent_command_runs_one_turn_in_process(stack: Stack) -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().startswith("done: ")
+
+
+def test_agent_command_masks_secrets_in_what_it_logs(stack: Stack) -> None:
+    """A provider that repeats the API key in its refusal: the workers log it masked, and `nanofleet
+    agent` printed it whole (it set up no logging of its own)."""
+    async def refuse(request: Request) -> JSONResponse:
+        said = f"Incorrect API key provided: {request.headers.get('authorization')}"
+        return JSONResponse({"error": {"message": said, "type": "invalid_request_error"}}, status_code=401)
+
+    server = ThreadServer(Starlette(routes=[Route("/v1/chat/completions", refuse, methods=["POST"])])).start()
+    key = "sk-must-not-leak-0123456789abcdef"
+    env = {**stack.env, "NANOFLEET_LLM__API_BASE": f"{server.url}/v1", "NANOFLEET_LLM__API_KEY": key}
+    try:
+        done = subprocess.run([sys.executable, "-m", "gateway.cli", "agent", "-m", "hi"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        server.stop()
+    assert done.returncode == 1 and "check the API key" in done.stdout, done.stdout + done.stderr
+    assert "Incorrect API key provided: Bearer ***" in done.stderr and key not in done.stdout + done.stderr
