@@ -27,6 +27,11 @@ M = TypeVar("M", bound=SQLModel)
 IDLE_PING = 1.0  # seconds a pooled connection may sit unused before it is pinged on checkout
 CONNECT_TIMEOUT = 10  # seconds; libpq waits as long as the network does (a host that drops packets)
 APP_NAME = "nanofleet"  # what pg_stat_activity shows for a process that did not say its role (configure)
+# Seconds a transaction may sit open with nothing to do before Postgres ends it and its session. Only
+# a process that froze (SIGSTOP, a paused VM or container) or lost its network mid-transaction does:
+# nanofleet's transactions are short, none open across a model call or a tool. Its row locks
+# held every other worker's steps on those rows, a thread each, until all were stuck.
+IDLE_IN_TRANSACTION = 60
 
 
 @dataclass(frozen=True)
@@ -80,9 +85,18 @@ def get_engine(url: str, pool_size: int | None = None) -> Engine:
                            pool_recycle=1800,
                            pool_use_lifo=True,  # the warm connection first; idle ones age and are pinged
                            connect_args=connect_args(url))
+    event.listen(engine, "connect", _end_idle_transactions)
     event.listen(engine, "checkin", _checked_in)
     event.listen(engine, "checkout", partial(_ping_if_idle, engine.dialect))
     return engine
+
+
+def _end_idle_transactions(dbapi: Any, _record: ConnectionPoolEntry) -> None:
+    """Set as a statement, not a startup option, which a connection pooler (PgBouncer) may refuse;
+    committed, as a SET inside a transaction that rolls back is undone."""
+    with dbapi.cursor() as cursor:
+        cursor.execute(f"set idle_in_transaction_session_timeout = {int(IDLE_IN_TRANSACTION * 1000)}")
+    dbapi.commit()
 
 
 def _checked_in(_dbapi: Any, record: ConnectionPoolEntry) -> None:

@@ -13,6 +13,7 @@ from sqlalchemy.engine import make_url
 
 from shared import db
 from shared.settings import DatabaseSettings
+from tests.support.processes import wait_until
 
 
 def test_a_connection_dropped_while_idle_is_replaced_before_use(database_url: str,
@@ -28,6 +29,31 @@ def test_a_connection_dropped_while_idle_is_replaced_before_use(database_url: st
     with engine.connect() as conn:
         assert conn.execute(text("select pg_backend_pid()")).scalar_one() != first
     engine.dispose()
+
+
+def test_a_transaction_its_process_left_open_is_ended_with_its_locks(database_url: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker frozen mid-transaction (SIGSTOP, a paused VM) held its row locks for as long as it
+    stayed frozen, and every other worker's steps on those rows waited with it, a thread each."""
+    monkeypatch.setattr(db, "IDLE_IN_TRANSACTION", 0.5)
+    engine = db.get_engine(database_url, pool_size=2)  # an engine of its own: made with the setting
+    other = create_engine(database_url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as frozen:
+            frozen.execute(text("select pg_advisory_xact_lock(4242)"))  # held until its transaction ends
+
+            def free() -> bool:
+                with other.connect() as conn:
+                    return bool(conn.execute(text("select pg_try_advisory_lock(4242)")).scalar_one())
+
+            wait_until(free, timeout=30, message="the frozen transaction's lock to be let go")
+            with pytest.raises(exc.DBAPIError) as ended:
+                frozen.execute(text("select 1"))  # its session was ended: once awake, its task is tried again
+            assert db.unavailable(ended.value), ended.value
+    finally:
+        engine.dispose()
+        other.dispose()
+        db.get_engine.cache_clear()
 
 
 def test_what_counts_as_the_database_being_unavailable(database_url: str) -> None:
