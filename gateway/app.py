@@ -73,6 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(redis.ConnectionError, _redis_unavailable)  # type: ignore[arg-type]
+    app.add_exception_handler(redis.TimeoutError, _redis_not_answering)  # type: ignore[arg-type]
     for unreachable in db.UNAVAILABLE:
         app.add_exception_handler(unreachable, _database_unavailable)
     return app
@@ -259,6 +260,13 @@ async def _nanofleet_error(request: Request, err: NanofleetError) -> JSONRespons
 
 async def _redis_unavailable(request: Request, err: redis.ConnectionError) -> JSONResponse:
     return redis_unavailable(err)
+
+
+async def _redis_not_answering(request: Request, err: redis.TimeoutError) -> JSONResponse:
+    """Redis took connections but gave no answer in time (not a ConnectionError in redis-py): a 503
+    as for one that refuses them."""
+    return JSONResponse({"detail": "Redis is not answering; try again shortly"}, status_code=503,
+                        headers={"Retry-After": "5"})
 
 
 async def _database_unavailable(request: Request, err: Exception) -> JSONResponse:

@@ -7,11 +7,11 @@ import binascii
 from typing import Annotated, Any
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from shared.channels.base import IMAGE_TYPES, MAX_IMAGE, MAX_IMAGES, image_type
-from shared.contracts import BLANKS, NO_NUL, NOT_BLANK, Said
+from shared.contracts import BLANKS, NO_NUL, NOT_BLANK, not_blank
 
 MAX_MESSAGE = 100_000  # characters
 # A photo as a data URL: "data:image/jpeg;base64," (the longest head) and MAX_IMAGE bytes in base64,
@@ -40,7 +40,12 @@ BIGINT_MAX = 2**63 - 1  # offsets past Postgres' bigint are refused with 422, no
 # Postgres text cannot hold NUL: refuse it with 422 instead of failing in the database. A pattern,
 # not a validator, so the OpenAPI schema says so too.
 Text = Annotated[str, StringConstraints(pattern=NO_NUL)]
-Words = Annotated[Said, StringConstraints(pattern=NO_NUL)]  # nor blank
+# Words, nor blank (shared.contracts.Said), with their length limit on the string itself: a limit given
+# in the field's Field() applies after the blank check, and pydantic then counts "items", not characters.
+Title = Annotated[str, StringConstraints(pattern=NO_NUL, max_length=200), AfterValidator(not_blank),
+                  Field(json_schema_extra={"pattern": NOT_BLANK})]
+Words = Annotated[str, StringConstraints(pattern=NO_NUL, min_length=1, max_length=MAX_MESSAGE),
+                  AfterValidator(not_blank), Field(json_schema_extra={"pattern": NOT_BLANK})]
 Id = Annotated[str, Path(max_length=64, pattern=r"^[^\x00]+$")]
 
 
@@ -56,7 +61,7 @@ class RequestBody(CamelModel):
 
 
 class ConversationIn(RequestBody):
-    title: Words | None = Field(default=None, max_length=200)
+    title: Title | None = None
 
 
 class ConversationOut(CamelModel):
@@ -64,7 +69,7 @@ class ConversationOut(CamelModel):
 
 
 class ConversationPatch(RequestBody):
-    title: Words | None = Field(min_length=1, max_length=200, description="the new title; null removes it")
+    title: Title | None = Field(description="the new title; null removes it")
 
 
 class Usage(CamelModel):
@@ -125,7 +130,7 @@ class ChatIn(RequestBody):
 
 
 class RegenerateIn(RequestBody):
-    message: Words | None = Field(default=None, min_length=1, max_length=MAX_MESSAGE, description=(
+    message: Words | None = Field(default=None, description=(
         "the last user message as edited; left out, it is answered again as it was"))
     model: Text | None = Field(default=None, max_length=200, description=(
         "the model of the new answer (as for chat); left out, the one the message was sent with"))

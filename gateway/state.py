@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import redis
 import redis.asyncio as aioredis
+from celery import Celery
 from celery.app.control import Control
 from kombu.exceptions import OperationalError
 
@@ -35,8 +36,23 @@ REDIS_WAIT = 5.0
 # every read of an idle stream, and with it the stream, short. Connecting keeps the 5 s.
 REDIS_READ_TIMEOUT = 30.0
 REDIS_CONNECT_TIMEOUT = 5.0
+# The gateway's broker connection: a Redis that accepts and never answers fails a send in about
+# 2 x BROKER_TIMEOUT (one try and one retry, which a connection gone stale with a restart needs), not
+# after minutes with the request held. Its blocking reads (the workers' ping replies) wait 1 s at most.
+BROKER_TIMEOUT = 2.0
 WORKER_PING_TIMEOUT = 1.0
 WORKERS_FRESH = 5.0  # seconds a worker count is reused
+
+
+def gateway_celery(settings: Settings) -> Celery:
+    """The Celery app the gateway sends tasks with: the workers' configuration, with a socket timeout
+    on the broker connection and one retry of a failed send. (The workers keep no socket timeout:
+    theirs is a long-lived consumer.) A send that fails leaves the sweeper to enqueue (AppState.dispatch)."""
+    app = make_celery(settings, name="nanofleet-gateway")
+    app.conf.broker_transport_options = {**app.conf.broker_transport_options, "socket_timeout": BROKER_TIMEOUT,
+                                         "socket_connect_timeout": BROKER_TIMEOUT}
+    app.conf.task_publish_retry_policy = {**app.conf.task_publish_retry_policy, "max_retries": 1}
+    return app
 
 
 def async_redis(url: str, *, connections: int = REDIS_CONNECTIONS, wait: float = REDIS_WAIT) -> aioredis.Redis:
@@ -70,7 +86,7 @@ class AppState:
     @classmethod
     def build(cls, settings: Settings) -> AppState:
         client = redis.Redis.from_url(settings.redis_url, max_connections=100)
-        producer = Producer(make_celery(settings, name="nanofleet-gateway"))
+        producer = Producer(gateway_celery(settings))
         return cls(
             settings=settings,
             runtime=hooks.install(Runtime.build(settings, events=RedisEvents(client))),  # a cancel ends runs too

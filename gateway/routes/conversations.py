@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -38,7 +40,8 @@ from gateway.schemas import (
     ToolCallOut,
 )
 from gateway.state import AppState
-from gateway.waiting import last_event_id, wait_for_run
+from gateway.waiting import last_event_id, promptly, read_retrying, unread, wait_for_run
+from shared import db
 from shared.agent import conversations, views
 from shared.agent.events import DELETED, FINAL, TEXT_DELTA, RedisEvents, watch
 from shared.agent.events import read as read_events
@@ -154,18 +157,30 @@ def _submit(state: AppState, conversation_id: str, body: ChatIn) -> Submitted:
 
 @router.post("/{conversation_id}/chat", response_model=ChatOut,
              responses={**BAD_BODY, **NOT_FOUND,
-                        503: {"description": "Redis is unreachable or busy; nothing was sent"},
-                        504: {"model": TimedOut, "description": "no answer in time, or this gateway is shutting "
-                                                                "down; the run goes on"}})
+                        503: {"description": "Redis or the database is unreachable, busy or not answering; "
+                                             "nothing was sent"},
+                        504: {"model": TimedOut, "description": "no answer in time (a database or Redis outage "
+                                                                "after the message was stored is waited out until "
+                                                                "then), or this gateway is shutting down; the run "
+                                                                "goes on"}})
 async def chat(conversation_id: Id, body: ChatIn, state: StateDep) -> ChatOut:
     """Send a message and wait for the agent's answer (and the tool calls it made)."""
     since = await last_event_id(state, conversation_id)
     out = await run_in_threadpool(_submit, state, conversation_id, body)
     if out.reply is not None or out.message_id is None:
         return ChatOut(conversation_id=conversation_id, assistant_message=out.reply or "")
+    # From here the message is stored: whatever fails, the answer is a 504 naming the run, never a
+    # 503 (which says nothing was sent, and invites a retry that would send it twice).
+    timeout = state.settings.agent.chat_timeout
+    deadline = time.monotonic() + timeout
     run = await wait_for_run(state, conversation_id=conversation_id, message_id=out.message_id,
-                             run_id=out.run_id, since=since, timeout=state.settings.agent.chat_timeout)
-    calls = await _settled_tool_calls(state, run.id)
+                             run_id=out.run_id, since=since, timeout=timeout)
+    try:
+        calls = await _settled_tool_calls(state, run.id, until=deadline)
+    except Exception as err:
+        if not db.unavailable(err):
+            raise
+        raise unread(conversation_id, run.id) from err
     text = run.final_text or ("Stopped." if run.status == RunStatus.CANCELLED else "")
     return ChatOut(conversation_id=conversation_id, assistant_message=text, tool_calls=calls,
                    run_id=run.id, status=run.status.value)
@@ -174,13 +189,14 @@ async def chat(conversation_id: Id, body: ChatIn, state: StateDep) -> ChatOut:
 SETTLE_WAIT = 5.0  # seconds /chat waits for the outcome of a tool call its cancelled run left running
 
 
-async def _settled_tool_calls(state: AppState, run_id: str) -> list[ToolCallOut]:
+async def _settled_tool_calls(state: AppState, run_id: str, *, until: float) -> list[ToolCallOut]:
     """The ended run's tool calls with their outcomes. A call still running when its run was cancelled
     is stopped within about a second and records how it ended: that is waited for (SETTLE_WAIT at
-    most; one still running after it is reported as failed, cut off)."""
+    most; one still running after it is reported as failed, cut off). A read the database fails is
+    tried again until `until` (the chat's deadline, time.monotonic())."""
     deadline = anyio.current_time() + SETTLE_WAIT
     while True:
-        calls = await run_in_threadpool(_tool_calls, state, run_id)
+        calls = await read_retrying(functools.partial(_tool_calls, state, run_id), until=until)
         if not any(c.status == ToolStatus.RUNNING for c in calls) or anyio.current_time() >= deadline:
             break
         await anyio.sleep(0.1)
@@ -281,7 +297,7 @@ async def events(
     resume = _resume_after(last_event)
     await run_in_threadpool(_require_conversation, state, conversation_id)
     since = resume or await last_event_id(state, conversation_id)  # never "$": a gap between reads
-    await watch(state.aredis, conversation_id)  # the next LLM call streams
+    await promptly(watch(state.aredis, conversation_id))  # the next LLM call streams
     if state.streams >= state.max_streams:  # checked after the last await: no other request slips in between
         raise HTTPException(503, f"too many open event streams ({state.max_streams}); try again shortly",
                             headers={"Retry-After": "5"})

@@ -25,7 +25,8 @@ from shared.scheduling.ids import call_key, derived
 from shared.settings import Settings
 
 SESSION_PREFIX = "subagent:"
-CANCELLED_ALONE = "cancelled through the API (POST /api/v1/subagents/{id}/cancel)"
+# POST /api/v1/subagents/{id}/cancel, or /api/v1/runs/{id}/cancel naming a subagent's run: announce() reports it
+CANCELLED_ALONE = "cancelled on its own through the API"
 ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING)
 QUOTE_CHARS = 8000
 

@@ -71,7 +71,11 @@ def test_bad_requests_are_refused_with_what_is_wrong(api: Any) -> None:
     assert api.get("/api/v1/conversations/nope").status_code == 404
     assert api.patch("/api/v1/conversations/nope", json={"title": "x"}).status_code == 404
     assert api.patch(f"/api/v1/conversations/{cid}", json={}).status_code == 422  # say what the title becomes
-    assert api.patch(f"/api/v1/conversations/{cid}", json={"title": "x" * 201}).status_code == 422
+    for too_long in (api.patch(f"/api/v1/conversations/{cid}", json={"title": "x" * 201}),
+                     api.post("/api/v1/conversations", json={"title": "x" * 201}),
+                     api.post(f"/api/v1/conversations/{cid}/regenerate", json={"message": "x" * 100_001})):
+        assert too_long.status_code == 422, too_long.text  # counted in characters, as every other string
+        assert too_long.json()["detail"][0]["msg"].endswith(" characters"), too_long.text
     assert api.patch(f"/api/v1/conversations/{cid}", json={"title": ""}).status_code == 422  # null removes it
     refused = api.get("/api/v1/conversations", params={"chanel": "telegram"})  # a misspelt filter lists nothing
     assert refused.status_code == 422 and "chanel" in refused.text

@@ -40,3 +40,22 @@ def test_list_show_and_cancel_subagents(make_stack: Callable[..., Stack], fake_l
     # the chat was told "I'll report back": it hears that its subagent was cancelled, once
     [report] = wait_until(lambda: reports(stack, cid), message="the report of the cancel")
     assert f"({sid}) was cancelled through the API before it finished" in report.content
+
+
+def test_cancelling_a_subagents_run_tells_its_chat(make_stack: Callable[..., Stack], fake_llm: FakeLLM) -> None:
+    """POST /api/v1/runs/{id}/cancel with a subagent's run id cancels it on its own, as
+    /api/v1/subagents/{id}/cancel does: the chat told "I'll report back" hears it was cancelled.
+    (It used to hear nothing: the runs route gave another reason, which announce() took for a /stop.)"""
+    stack = scheduling_stack(make_stack)
+    with client(stack) as api:
+        cid = new_conversation(api)
+        spawn = call("spawn", task="sleep:10", label="slow").replace("sleep:", "sleep\\u003a")
+        body = api.post(f"/api/v1/conversations/{cid}/chat", json={"message": spawn}).json()
+        sid = json.loads(body["toolCalls"][0]["result"])["subagent_id"]
+        wait_until(lambda: api.get(f"/api/v1/subagents/{sid}").json()["status"] == "running",
+                   message="the subagent to start")
+        out = api.post(f"/api/v1/runs/{sid}/cancel").json()
+        assert out == {"runId": sid, "cancelled": [sid]}
+    wait_until(lambda: fake_llm.in_flight == 0, message="the cancelled subagent's LLM call to return")
+    [report] = wait_until(lambda: reports(stack, cid), message="the report of the cancel")
+    assert f"({sid}) was cancelled through the API before it finished" in report.content
