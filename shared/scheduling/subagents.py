@@ -13,13 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func
+from sqlalchemy import func, text
+from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, col, select
 
 from shared.agent import conversations, lease, steps, views
 from shared.agent.runtime import Next, Runtime
 from shared.constants import INTERNAL, REPORT, T_AGENT_STEP, T_SUBAGENT_STEP
-from shared.db import session_scope
+from shared.db import session_scope, sqlstate
 from shared.models import Conversation, Message, Role, Run, RunKind, RunStatus
 from shared.scheduling.ids import call_key, derived
 from shared.settings import Settings
@@ -29,6 +30,11 @@ SESSION_PREFIX = "subagent:"
 CANCELLED_ALONE = "cancelled on its own through the API"
 ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING)
 QUOTE_CHARS = 8000
+# Seconds a spawn waits for its parent run's and conversation's locks: well inside the spawn tool's
+# timeout, which cannot stop the thread doing it. A spawn that waited longer made its child after its
+# call was reported failed (and retryable), and the model's retry made a second one.
+LOCK_WAIT = 10.0
+LOCK_NOT_AVAILABLE = "55P03"
 
 
 class LimitReached(Exception):
@@ -46,6 +52,13 @@ class ParentStopped(Exception):
     def __init__(self, status: RunStatus) -> None:
         super().__init__(f"the turn was stopped ({status.value}); no subagent was started")
         self.status = status
+
+
+class ParentBusy(Exception):
+    """The spawning run or its conversation stayed locked for LOCK_WAIT s: nothing was started."""
+
+    def __init__(self) -> None:
+        super().__init__(f"the conversation stayed busy for {LOCK_WAIT:g} s; no subagent was started: try again")
 
 
 @dataclass(frozen=True)
@@ -66,42 +79,53 @@ def running(s: Session, conversation_id: str) -> int:
 
 
 def spawn(settings: Settings, *, parent_run_id: str, call_id: str, task: str, label: str | None) -> Spawned:
-    """Create the child run and its session; raises LimitReached, or ParentStopped when the parent
-    run ended. Enqueue its step 0 afterwards."""
-    with session_scope(settings.database_url) as s:
-        # The parent first, then its conversation, as cancellation locks them: a /stop either ended
-        # the parent before this (refused here) or waits and then cancels the child with it.
-        parent = s.get_one(Run, parent_run_id, with_for_update=True)
-        if parent.status not in ACTIVE:
-            raise ParentStopped(parent.status)
-        s.get_one(Conversation, parent.conversation_id, with_for_update=True)  # one count at a time
-        cid = derived("subagent", call_key(s, parent.id, call_id))
-        if (existing := s.get(Run, cid)) is not None:
-            return Spawned(existing.id, existing.label or "", replayed=True)
-        if (n := running(s, parent.conversation_id)) >= settings.subagents.max_concurrent:
-            raise LimitReached(n, settings.subagents.max_concurrent)
-        label = label or " ".join(task.split())[:40]
-        conv = conversations.get_or_create(s, session_key=SESSION_PREFIX + cid, channel=INTERNAL, chat_id=cid,
-                                           meta={"parent_conversation_id": parent.conversation_id, "label": label})
-        conv.active_run_id = cid  # the child holds its session's turn lock until it finishes
-        origin = {**(parent.origin or {}), "conversation_id": parent.conversation_id}
-        s.add(conv)
-        child = Run(id=cid, conversation_id=conv.id, kind=RunKind.SUBAGENT, parent_run_id=parent.id, label=label,
-                    task=task, origin=origin, model=parent.model, max_iterations=settings.subagents.max_iterations)
-        child.lease_until = lease.until(settings.runtime.lease_seconds)  # on the sweeper's clock (see try_start_turn)
-        s.add(child)
-        # In the transcript at once (not the mailbox): a cancel before step 0 must not leave it to start a turn.
-        s.add(Message(conversation_id=conv.id, run_id=cid, role=Role.USER, content=task, meta={"origin": origin}))
-        return Spawned(cid, label, replayed=False)
+    """Create the child run and its session; raises LimitReached, ParentStopped when the parent run
+    ended, or ParentBusy when its locks stayed held. Enqueue its step 0 afterwards."""
+    try:
+        with session_scope(settings.database_url) as s:
+            s.execute(text(f"set local lock_timeout = {int(LOCK_WAIT * 1000)}"))
+            return _spawn(s, settings, parent_run_id=parent_run_id, call_id=call_id, task=task, label=label)
+    except OperationalError as err:
+        if sqlstate(err) != LOCK_NOT_AVAILABLE:
+            raise
+        raise ParentBusy() from None
+
+
+def _spawn(s: Session, settings: Settings, *, parent_run_id: str, call_id: str, task: str,
+           label: str | None) -> Spawned:
+    # The parent first, then its conversation, as cancellation locks them: a /stop either ended
+    # the parent before this (refused here) or waits and then cancels the child with it.
+    parent = s.get_one(Run, parent_run_id, with_for_update=True)
+    if parent.status not in ACTIVE:
+        raise ParentStopped(parent.status)
+    s.get_one(Conversation, parent.conversation_id, with_for_update=True)  # one count at a time
+    cid = derived("subagent", call_key(s, parent.id, call_id))
+    if (existing := s.get(Run, cid)) is not None:
+        return Spawned(existing.id, existing.label or "", replayed=True)
+    if (n := running(s, parent.conversation_id)) >= settings.subagents.max_concurrent:
+        raise LimitReached(n, settings.subagents.max_concurrent)
+    label = label or " ".join(task.split())[:40]
+    conv = conversations.get_or_create(s, session_key=SESSION_PREFIX + cid, channel=INTERNAL, chat_id=cid,
+                                       meta={"parent_conversation_id": parent.conversation_id, "label": label})
+    conv.active_run_id = cid  # the child holds its session's turn lock until it finishes
+    origin = {**(parent.origin or {}), "conversation_id": parent.conversation_id}
+    s.add(conv)
+    child = Run(id=cid, conversation_id=conv.id, kind=RunKind.SUBAGENT, parent_run_id=parent.id, label=label,
+                task=task, origin=origin, model=parent.model, max_iterations=settings.subagents.max_iterations)
+    child.lease_until = lease.until(settings.runtime.lease_seconds)  # on the sweeper's clock (see try_start_turn)
+    s.add(child)
+    # In the transcript at once (not the mailbox): a cancel before step 0 must not leave it to start a turn.
+    s.add(Message(conversation_id=conv.id, run_id=cid, role=Role.USER, content=task, meta={"origin": origin}))
+    return Spawned(cid, label, replayed=False)
 
 
 def first_step(run_id: str) -> Next:
     return Next(T_SUBAGENT_STEP, (run_id, 0))
 
 
-def _quote(text: str) -> str:
-    text = text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + " [...]"
-    return "\n".join(f"> {line}" for line in (text.strip() or "(nothing)").splitlines())
+def _quote(said: str) -> str:
+    said = said if len(said) <= QUOTE_CHARS else said[:QUOTE_CHARS] + " [...]"
+    return "\n".join(f"> {line}" for line in (said.strip() or "(nothing)").splitlines())
 
 
 def report(child: Run) -> str:

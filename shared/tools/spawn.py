@@ -46,6 +46,8 @@ class SpawnTool(Tool):
             return ToolResult.fail(ErrorCode.NOT_ALLOWED, f"{err}; wait for one to finish, or cancel one")
         except subagents.ParentStopped as err:
             return ToolResult.fail(ErrorCode.NOT_ALLOWED, str(err))
+        except subagents.ParentBusy as err:
+            return ToolResult.fail(ErrorCode.FAILED, str(err), retryable=True)
         ctx.followups.append(subagents.first_step(spawned.run_id))
         return ToolResult.success({
             "subagent_id": spawned.run_id,

@@ -187,6 +187,19 @@ def test_a_replayed_spawn_finds_its_child(core: Core) -> None:
     assert runs(stack, kind=RunKind.SUBAGENT)[0].status == RunStatus.CANCELLED
 
 
+def test_a_spawn_kept_waiting_on_its_turns_locks_starts_nothing(core: Core, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spawn tool's timeout cannot stop the thread that spawns: one that waited out a lock held
+    longer made its child after its call was reported failed and retryable, and the retry another."""
+    stack, _, _ = core()
+    ctx = parent_call(stack, "spawn")
+    monkeypatch.setattr(subagents, "LOCK_WAIT", 0.3)
+    with db(stack) as s:  # a step of the parent run holds it
+        s.execute(text("select 1 from runs where id = :id for update"), {"id": ctx.run_id})
+        result = asyncio.run(SpawnTool().run(SpawnArgs(task="t"), ctx))
+    assert not result.ok and result.error == ErrorCode.FAILED and result.retryable
+    assert "no subagent was started" in result.message and runs(stack, kind=RunKind.SUBAGENT) == []
+
+
 def test_a_replayed_cron_add_finds_its_job(core: Core) -> None:
     stack, _, mirror = core()
     ctx = parent_call(stack, "cron")
