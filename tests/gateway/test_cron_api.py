@@ -77,6 +77,10 @@ def test_invalid_jobs_are_refused_with_the_reason(stack: Stack, api: Any) -> Non
         assert r.status_code == 422 and reason in r.text, (body, r.text)
     assert api.get("/api/v1/cron").json() == []
     assert api.get("/api/v1/cron", params={"chat_id": "42"}).status_code == 422  # a misspelt filter lists nothing
+    job = api.post("/api/v1/cron", json={"message": "x", "everySeconds": 60}).json()
+    for message, reason in (("x" * 10_001, "at most 10000 characters"), (" ", "it is blank")):  # not "items"
+        r = api.patch(f"/api/v1/cron/{job['id']}", json={"message": message})
+        assert r.status_code == 422 and reason in r.text, r.text
 
 
 def test_cron_needs_an_api_key(stack: Stack) -> None:
