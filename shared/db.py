@@ -32,6 +32,10 @@ APP_NAME = "nanofleet"  # what pg_stat_activity shows for a process that did not
 # nanofleet's transactions are short, none open across a model call or a tool. Its row locks
 # held every other worker's steps on those rows, a thread each, until all were stuck.
 IDLE_IN_TRANSACTION = 60
+# Seconds a statement may wait for a lock, then fails (as the database being unavailable: its task is
+# tried again). Without it, a frozen process's other connections queued on a lock it held took the
+# lock in turn when its holder was ended, and each held it for IDLE_IN_TRANSACTION more.
+LOCK_TIMEOUT = 30
 
 
 @dataclass(frozen=True)
@@ -92,10 +96,11 @@ def get_engine(url: str, pool_size: int | None = None) -> Engine:
 
 
 def _end_idle_transactions(dbapi: Any, _record: ConnectionPoolEntry) -> None:
-    """Set as a statement, not a startup option, which a connection pooler (PgBouncer) may refuse;
-    committed, as a SET inside a transaction that rolls back is undone."""
+    """IDLE_IN_TRANSACTION and LOCK_TIMEOUT, set as statements, not as startup options, which a
+    connection pooler (PgBouncer) may refuse; committed, as a SET in a transaction rolled back is undone."""
     with dbapi.cursor() as cursor:
         cursor.execute(f"set idle_in_transaction_session_timeout = {int(IDLE_IN_TRANSACTION * 1000)}")
+        cursor.execute(f"set lock_timeout = {int(LOCK_TIMEOUT * 1000)}")
     dbapi.commit()
 
 

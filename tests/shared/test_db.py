@@ -56,6 +56,24 @@ def test_a_transaction_its_process_left_open_is_ended_with_its_locks(database_ur
         db.get_engine.cache_clear()
 
 
+def test_a_statement_waits_for_a_lock_only_so_long(database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Queued behind a frozen process's lock, a statement would take the lock when its holder was
+    ended, and hold it for as long again: it gives up instead, and its task is tried again."""
+    monkeypatch.setattr(db, "LOCK_TIMEOUT", 0.3)
+    engine = db.get_engine(database_url, pool_size=3)  # an engine of its own: made with the setting
+    other = create_engine(database_url)
+    try:
+        with other.connect() as holder:
+            holder.execute(text("select pg_advisory_xact_lock(4343)"))
+            with pytest.raises(exc.DBAPIError) as waited, engine.connect() as conn:
+                conn.execute(text("select pg_advisory_xact_lock(4343)"))
+            assert db.unavailable(waited.value) and "lock timeout" in str(waited.value)
+    finally:
+        engine.dispose()
+        other.dispose()
+        db.get_engine.cache_clear()
+
+
 def test_what_counts_as_the_database_being_unavailable(database_url: str) -> None:
     """Another try may succeed: the server unreachable, or no pooled connection free in time (a
     worker's threads hold them all). Not: a statement the server refused."""
