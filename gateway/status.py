@@ -88,14 +88,17 @@ def database_problem(url: str, *, may_create: bool = False) -> str | None:
 def migration_problem(url: str) -> str | None:
     """Why this nanofleet cannot work on the database at `url` as it is (missing, never migrated, at
     an older revision, another application's; a newer nanofleet's is served, see problem_at), in a
-    line naming it and what to run; None when it is usable. One connection; None too when the server does not answer:
-    a process may start before it and wait for it, and /readyz reports it meanwhile."""
+    line naming it and what to run; None when it is usable. One connection; None too when the server
+    does not answer: a process may start before it and wait for it, and /readyz reports it meanwhile."""
+    from shared.db import DatabaseRefused
     from shared.migrate import problem_at, revision_at
 
     engine = _engine(url)
     try:
         with engine.connect() as conn:
             problem = problem_at(conn, revision_at(conn))
+    except DatabaseRefused as err:
+        problem = f"refused: {err}"
     except DBAPIError as err:
         if not NO_DATABASE.fullmatch(_pg_reason(err)):
             return None

@@ -15,7 +15,7 @@ HINTS = {
     "NotFoundError": "check the model name and API base",
     "ContextWindowExceededError": ("the conversation is too long for the model: send /new to start afresh, or "
                                    "a shorter message (if short ones fail too, the configured context_window is "
-                                   "larger than the model's)"),
+                                   "larger than the model's, or max_tokens leaves the prompt too little)"),
     "ContentPolicyViolationError": "the provider's content policy refused this request",
 }
 

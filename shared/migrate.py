@@ -153,7 +153,14 @@ def revision_at(conn: Connection) -> str | None:
     every few seconds."""
     if not inspect(conn).has_table(VERSION_TABLE):
         return None
-    revision: str | None = conn.execute(text(f"select version_num from {VERSION_TABLE}")).scalar()
+    try:
+        revision: str | None = conn.execute(text(f"select version_num from {VERSION_TABLE}")).scalar()
+    except DBAPIError as err:  # a role the tables were never granted to (migrated by another, the owner)
+        if sqlstate(err) != INSUFFICIENT_PRIVILEGE:
+            raise
+        raise DatabaseRefused(url=conn.engine.url.render_as_string(hide_password=False), reason=first_line(err),
+                              advice="grant the role access to nanofleet's tables, or use the role that "
+                                     "migrated them") from None
     return revision
 
 
@@ -167,4 +174,7 @@ def schema_problem(url: str) -> str | None:
     """Why this code cannot use the database at `url` as it is (see problem_at), or None.
     Raises what connecting raises when the database does not answer."""
     with get_engine(url).connect() as conn:
-        return problem_at(conn, revision_at(conn))
+        try:
+            return problem_at(conn, revision_at(conn))
+        except DatabaseRefused as err:
+            return str(err)

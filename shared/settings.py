@@ -80,9 +80,9 @@ class LLMProfile(BaseModel):
     def _consistent(self) -> LLMProfile:
         if (self.input_cost_per_token is None) != (self.output_cost_per_token is None):
             raise ValueError("set input_cost_per_token and output_cost_per_token together, or neither")
-        if self.max_tokens and self.context_window and self.max_tokens >= self.context_window:
-            raise ValueError(f"max_tokens ({self.max_tokens}) leaves no room for a prompt in context_window "
-                             f"({self.context_window}): make it smaller")
+        if self.max_tokens and self.context_window and self.max_tokens > self.context_window * 3 // 4:
+            raise ValueError(f"max_tokens ({self.max_tokens}) leaves less than a quarter of context_window "
+                             f"({self.context_window}) for the prompt: make it smaller")
         return self
 
 
@@ -107,11 +107,16 @@ class LLMSettings(LLMProfile):
     # litellm model string, called on the default endpoint with the default key.
     allowed_models: list[str] = Field(default_factory=list)
 
-    @model_validator(mode="after")
-    def _known_models(self) -> LLMSettings:
-        for name, profile in self.profiles.items():  # (a misspelt "model" key left the built-in default)
+    @field_validator("profiles")
+    @classmethod
+    def _profiles_name_models(cls, v: dict[str, LLMProfile]) -> dict[str, LLMProfile]:
+        for name, profile in v.items():  # (a misspelt "model" key left the built-in default)
             if "model" not in profile.model_fields_set:
                 raise ValueError(f"profile {name!r} names no model: give it one (a litellm model string)")
+        return v
+
+    @model_validator(mode="after")
+    def _known_models(self) -> LLMSettings:
         named = [("fallback", name) for name in self.fallbacks]
         if self.transcription_model:
             named.append(("transcription_model", self.transcription_model))

@@ -37,7 +37,7 @@ def _url(name: str, *, options: str | None = None) -> str:
 def own_database(*statements: str, create: bool = True) -> Iterator[str]:
     """A database name of this test's own (created when `create`, then `statements` run in it as its
     owner), dropped afterwards."""
-    name = f"qa_fix_{uuid.uuid4().hex[:8]}"
+    name = f"nanofleet_refused_{uuid.uuid4().hex[:8]}"
     admin = create_engine(make_url(services.postgres_url()).set(database="postgres"), isolation_level="AUTOCOMMIT")
     try:
         if create:
@@ -119,3 +119,26 @@ def test_a_newer_nanofleets_database_is_still_left_alone(tmp_path: Path) -> None
         assert schema_problem(url) is None
     assert done.returncode == 0, done.stderr
     assert "which a newer nanofleet migrated: left as it is" in done.stderr
+
+
+def test_a_role_never_granted_the_tables_is_told_what_to_do(tmp_path: Path) -> None:
+    """Migrated by the owner, run as an application role nobody granted the tables to: a traceback
+    from `migrate` and `agent`, and every process started and failed each request."""
+    role = f"nanofleet_no_access_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(make_url(services.postgres_url()).set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'create role "{role}"'))
+    try:
+        with own_database() as name:
+            upgrade(_url(name))
+            url = _url(name, options=f"-c role={role}")
+            env = _env(tmp_path, database_url=url, redis_url=CLOSED_REDIS)
+            for args in (["migrate"], ["agent", "-m", "hello"], ["worker"]):
+                _assert_explained(_run(env, *args), "permission denied for table alembic_version: grant the role "
+                                                     "access to nanofleet's tables, or use the role that migrated them")
+            assert "permission denied for table alembic_version" in (schema_problem(url) or "")
+            get_engine(url).dispose()
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'drop role if exists "{role}"'))
+        admin.dispose()

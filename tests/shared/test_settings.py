@@ -169,18 +169,19 @@ def test_an_empty_path_is_refused_not_taken_for_the_current_directory(monkeypatc
 def test_a_profile_without_a_model_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """A misspelt key inside the JSON ("modle") left the built-in default model, with no word said."""
     monkeypatch.setenv("NANOFLEET_LLM__PROFILES", '{"cheap": {"modle": "openai/gpt-4.1-nano"}}')
-    with pytest.raises(SettingsError, match="profile 'cheap' names no model"):
+    with pytest.raises(SettingsError, match="NANOFLEET_LLM__PROFILES: profile 'cheap' names no model"):
         load_settings()
 
 
 def test_max_tokens_must_leave_room_for_a_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt, its history trimmed to what max_tokens left, and the answer must fit the window."""
     monkeypatch.setenv("NANOFLEET_LLM__CONTEXT_WINDOW", "8192")
-    monkeypatch.setenv("NANOFLEET_LLM__MAX_TOKENS", "8192")
+    monkeypatch.setenv("NANOFLEET_LLM__MAX_TOKENS", "6145")
     with pytest.raises(SettingsError) as err:
         load_settings()
-    assert "max_tokens (8192) leaves no room for a prompt in context_window (8192)" in str(err.value)
-    monkeypatch.setenv("NANOFLEET_LLM__MAX_TOKENS", "2000")
-    assert load_settings().llm.max_tokens == 2000
+    assert "max_tokens (6145) leaves less than a quarter of context_window (8192) for the prompt" in str(err.value)
+    monkeypatch.setenv("NANOFLEET_LLM__MAX_TOKENS", "6144")
+    assert load_settings().llm.max_tokens == 6144
 
 
 @pytest.mark.parametrize(("var", "value", "expected"), [
