@@ -33,6 +33,8 @@ from shared.outbox import add_reply
 
 log = logging.getLogger(__name__)
 UNSUPPORTED = "Sorry, I can only read text for now, not {what}. Could you write it out?"
+# An image (a photo, or one sent as a file) no model here sees: files such as PDFs are read, so "only text" misleads
+UNSEEN_IMAGE = "Sorry, I can't see images, only read text and files such as PDFs. Could you write out what it shows?"
 SET_ASIDE = ("Sorry, I couldn't take in your message: something went wrong on my side each time I tried. "
              "Send it again, or put it differently; if it keeps happening, the operator can find the error "
              "in the worker log.")
@@ -203,7 +205,7 @@ def _taken_in(rt: Runtime, s: Session, row: Row[Any], event_id: int,
             return None, ids
         if any(r.fetching for r in items):
             return None
-        return albums.merged([media.as_ahead(rt, item) for item in album]), ids
+        return albums.merged(album, lambda item: media.as_ahead(rt, item)), ids
     later = s.execute(select(LEDGER.c.id, LEDGER.c.message, AGE).where(*same).order_by(LEDGER.c.id)).all()
     burst, over = debounce.burst(msg, (InboundMessage.model_validate(r.message) for r in later))
     quiet = float(later[len(burst) - 2].age if len(burst) > 1 else row.age)  # since its last message
@@ -261,12 +263,13 @@ def _tell_set_aside(rt: Runtime, s: Session, channel: str, event_id: int, stored
 def _one(rt: Runtime, s: Session, msg: InboundMessage) -> tuple[Submitted | None, list[Next]]:
     """Submit one message in the caller's transaction: what became of it (None for a notice), and the
     tasks to enqueue after the commit."""
+    image = (msg.media or {}).get("kind") == "photo"
     if msg.media:  # not prepared ahead (media.ahead)
         msg = media.prepared(rt, msg)
     if msg.notice or msg.unsupported:
+        said = UNSEEN_IMAGE if image else UNSUPPORTED.format(what=msg.unsupported)
         return None, add_reply(s, rt.settings, key=f"{msg.channel}:{msg.event_id}", channel=msg.channel,
-                               chat_id=msg.chat_id, text=msg.notice or UNSUPPORTED.format(what=msg.unsupported),
-                               meta=msg.reply_meta)
+                               chat_id=msg.chat_id, text=msg.notice or said, meta=msg.reply_meta)
     cid = conversations.find(s, msg.key(), keep=not command_of(msg.content)) or \
         conversations.get_or_create(s, session_key=msg.key(), channel=msg.channel, chat_id=msg.chat_id).id
     origin = {"channel": msg.channel, "chat_id": msg.chat_id, "sender_id": msg.sender_id,

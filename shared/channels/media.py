@@ -13,13 +13,14 @@ preparing it holds the row locked (an ahead fetch starting then finds it taken).
 from __future__ import annotations
 
 import logging
+import re
 
 from sqlalchemy import ColumnElement, func, select, update
 
 from shared.agent import lease
 from shared.agent.runtime import Runtime
 from shared.channels import files, images, saved, voice
-from shared.channels.base import MAX_IMAGE, Rejected
+from shared.channels.base import MAX_IMAGE, MAX_IMAGES, Rejected
 from shared.channels.delivery import channel_for
 from shared.contracts import InboundMessage
 from shared.db import table_of
@@ -27,6 +28,7 @@ from shared.models import InboundEvent, utcnow
 
 log = logging.getLogger(__name__)
 LEDGER = table_of(InboundEvent)
+EARLIER = LEDGER.alias("earlier")  # an album's items before the one at hand
 AUDIO = ("voice", "audio")
 UNPREPARED = LEDGER.c.message["media"].astext.is_not(None)  # pending, its attachment not fetched yet
 # A worker is fetching its attachment ahead (its lease live); never NULL, so it may be negated
@@ -37,7 +39,11 @@ RESEND = "Could you send it again?"
 # for the log. A redirect, a token expired or refused: the bot's fault, and sending again cannot help.
 BOT_SIDE = "I can't fetch it right now; the problem is on my side, not yours"
 GONE = "it is no longer available"
-TOO_LARGE = "it is too large"
+TOO_LARGE = "it is too large: {mb} MB at most"
+OVER_LIMIT = re.compile(r"\bis over [\d,]+ bytes$")  # how a download over its limit is refused (shared.channels)
+MB = 1024 * 1024
+# What the model is told, after the caption, of an attachment that could not be fetched
+UNFETCHED = "[{what}: not read, {why}]"
 NOT_NOW = "I couldn't fetch it right now"
 
 
@@ -50,9 +56,14 @@ def _kinds(rt: Runtime) -> list[str]:
 
 
 def _to_fetch(kinds: list[str]) -> ColumnElement[bool]:
-    """An attachment of these kinds, not a follower's: it is fetched only if its album addresses the bot."""
+    """An attachment of these kinds, not a follower's (it is fetched only if its album addresses the
+    bot), nor an album item's past the MAX_IMAGES the model is given (shared.channels.albums)."""
+    album = LEDGER.c.message["album"].astext
+    before = select(func.count()).where(EARLIER.c.session_key == LEDGER.c.session_key,
+                                        EARLIER.c.message["album"].astext == album, EARLIER.c.id < LEDGER.c.id,
+                                        EARLIER.c.message.is_not(None)).scalar_subquery()
     kind: ColumnElement[bool] = LEDGER.c.message["media"]["kind"].astext.in_(kinds) & \
-        LEDGER.c.message["follower"].astext.is_distinct_from("true")
+        LEDGER.c.message["follower"].astext.is_distinct_from("true") & (album.is_(None) | (before < MAX_IMAGES))
     return kind
 
 
@@ -168,22 +179,36 @@ def _fetch(rt: Runtime, msg: InboundMessage, limit: int, what: str, ask: str) ->
         return ch.fetch_media(msg.media, limit)
     except Rejected as err:
         log.warning("inbound event %s: its %s could not be fetched: %s", msg.event_id, what, err)  # (secrets masked)
-        why, resend = _why(err)
+        why, resend = _why(err, limit)
         ask = ask if resend or ask != RESEND else ""  # (writing a voice message out still gets it through)
-        return msg.answered(" ".join([NOT_FETCHED.format(what=what, channel=msg.channel, why=why), ask]).strip())
+        return _not_fetched(msg, what, why, " ".join([NOT_FETCHED.format(what=what, channel=msg.channel, why=why),
+                                                      ask]).strip())
 
 
-def _why(err: Rejected) -> tuple[str, bool]:
-    """What the sender is told of a refusal, and whether sending the attachment again may help. A refusal
-    of ours (over the size limit, not on the platform's host) says why in plain words already; an HTTP
-    refusal's body (an expired token's error, a trace id) is not for them."""
-    status = err.status
+def _not_fetched(msg: InboundMessage, what: str, why: str, notice: str) -> InboundMessage:
+    """`msg` without the attachment that could not be fetched, the model told which and why after its
+    caption (UNFETCHED). Only a message with nothing else to answer (no caption, no photo) gets the notice
+    instead; it keeps that line all the same, for the album it may be an item of (shared.channels.albums)."""
+    name = (msg.media or {}).get("name")
+    line = UNFETCHED.format(what=f"{what} {' '.join(name.split())[:200]}" if name else what, why=why)
+    rest = msg.model_copy(update={"media": None, "unsupported": None,
+                                  "content": f"{msg.content}\n\n{line}" if msg.content.strip() else line})
+    return rest if msg.content.strip() or msg.images else rest.answered(notice)
+
+
+def _why(err: Rejected, limit: int) -> tuple[str, bool]:
+    """What the sender is told of a refusal, and whether sending the attachment again may help. A file
+    too large for our limit (`limit` bytes) or the platform's will be too large again; another refusal
+    of ours (not on the platform's host) says why in plain words already; an HTTP refusal's body (an
+    expired token's error, a trace id) is not for them."""
+    status, said = err.status, str(err)
+    if status == 413 or "too big" in said.lower() or (status is None and OVER_LIMIT.search(said)):
+        # (Telegram's getFile: "Bad Request: file is too big"; ours: "...: the file is over 10,485,760 bytes")
+        return TOO_LARGE.format(mb=limit // MB), False
     if status is None:
-        return str(err).split(": ", 1)[-1][:200], True
+        return said.split(": ", 1)[-1][:200], True
     if 300 <= status < 400 or status in (401, 403, 407):
         return BOT_SIDE, False
     if status in (404, 410):
         return GONE, True
-    if status == 413 or "too big" in str(err).lower():  # (Telegram's getFile: "Bad Request: file is too big")
-        return TOO_LARGE, True
     return NOT_NOW, True

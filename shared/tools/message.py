@@ -33,6 +33,8 @@ from shared.tools.workspace import NotAFile, OutsideWorkspace, read_start
 
 API = "api"
 MAX_FILES = 10
+OURS = "the most this bot sends (NANOFLEET_TOOLS__MESSAGE__MAX_FILE_BYTES)"
+THEIRS = "the most that can be sent to {channel}"
 CHANNELS = {API, *(name for name, f in ChannelsSettings.model_fields.items()
                    if isinstance(f.annotation, type) and issubclass(f.annotation, ChannelBase))}
 
@@ -81,20 +83,23 @@ def _load(ctx: ToolContext, channel: str, paths: list[str]) -> list[OutFile] | T
                                "permission FS_READ, which is not granted")
     platform = get_channel(channel, ctx.settings)
     limit = ctx.settings.tools.message.max_file_bytes
+    whose = OURS  # the smaller limit is named: raising the setting cannot pass the platform's
     if platform is not None:
         if not platform.max_file_bytes:
             return ToolResult.fail(ErrorCode.INVALID_ARGS, f"files cannot be sent to {channel}")
-        limit = min(limit, platform.max_file_bytes)
+        if platform.max_file_bytes < limit:
+            limit, whose = platform.max_file_bytes, THEIRS.format(channel=channel)
     files = []
     for path in paths:
-        loaded = _read(ctx, path, limit, channel)
+        loaded = _read(ctx, path, limit, whose)
         if isinstance(loaded, ToolResult):
             return loaded
         files.append(loaded)
     return files
 
 
-def _read(ctx: ToolContext, path: str, limit: int, channel: str) -> OutFile | ToolResult:
+def _read(ctx: ToolContext, path: str, limit: int, whose: str) -> OutFile | ToolResult:
+    """The file at `path`, or the refusal the model reads: larger than `limit`, `whose` limit it is."""
     try:
         data, more = read_start(ctx.workspace, path, limit)
     except OutsideWorkspace as err:
@@ -106,8 +111,7 @@ def _read(ctx: ToolContext, path: str, limit: int, channel: str) -> OutFile | To
     except OSError as err:
         return ToolResult.fail(ErrorCode.FAILED, f"cannot read {path}: {err.strerror or err}")
     if more:
-        return ToolResult.fail(ErrorCode.TOO_LARGE, f"{path} is larger than {limit:,} bytes, the most that can be "
-                               f"sent to {channel}")
+        return ToolResult.fail(ErrorCode.TOO_LARGE, f"{path} is larger than {limit:,} bytes, {whose}")
     name = PurePosixPath(path).name
     return OutFile(name, image_type(data) or mimetypes.guess_type(name)[0] or "application/octet-stream", data)
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import uuid
 
-from shared.channels.files import NOT_READ
+from shared.channels.files import MAX_FILE, NOT_READ
 from shared.channels.images import UNSEEN
+from shared.channels.inbound import UNSEEN_IMAGE
 from tests.fakes.llm import FakeLLM, last_user_text
 from tests.support.documents import pdf
 from tests.support.platforms import ChannelStack
@@ -81,3 +82,52 @@ def test_a_pdf_attached_to_discord_s_ask_is_read(channels: ChannelStack, fake_ll
     channels.settled(chat)
     assert asked(fake_llm, marker) == [f"[file minutes.pdf]\nMinutes {marker}"]
     assert len(d.replies(chat)) == 1
+
+
+def _over_the_cap() -> bytes:
+    return b"%PDF-1.4 " + b"x" * (MAX_FILE + 1024 * 1024)  # 11 MiB: never downloaded (getFile gives its size)
+
+
+def test_a_file_over_the_cap_is_not_asked_again_and_its_caption_is_answered(channels: ChannelStack,
+                                                                            fake_llm: FakeLLM) -> None:
+    """It got "could you send it again?" with the raw limit in bytes, and its caption was dropped."""
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    alone, captioned, marker = d.new_chat(), d.new_chat(), uuid.uuid4().hex[:8]
+    for chat, caption in ((alone, None), (captioned, f"big one {marker}")):
+        update = tg.document(chat=int(chat), sender=int(d.allowed), content=_over_the_cap(), name="big.pdf",
+                             mime="application/pdf", caption=caption)
+        assert channels.post("telegram", tg.signed(update)).status_code == 200
+        channels.settled(chat)
+    assert d.replies(alone) == ["Sorry, I couldn't get your file from telegram (it is too large: 10 MB at most)."]
+    assert asked(fake_llm, marker) == [f"big one {marker}\n\n[file big.pdf: not read, it is too large: 10 MB at most]"]
+
+
+def test_an_album_with_a_file_too_large_reads_the_rest_and_names_the_one_not_read(channels: ChannelStack,
+                                                                                  fake_llm: FakeLLM) -> None:
+    """The one item's notice used to be the album's: the caption and the readable file never reached the
+    model, and the conversation held no message."""
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    chat, marker = d.new_chat(), uuid.uuid4().hex[:8]
+    items = [tg.document(chat=int(chat), sender=int(d.allowed), content=_over_the_cap(), name="big.pdf",
+                         mime="application/pdf"),
+             tg.document(chat=int(chat), sender=int(d.allowed), content=f"Q3 {marker}".encode(), name="q3.txt",
+                         mime="text/plain", caption="summarise these reports")]
+    for update in items:
+        update["message"]["media_group_id"] = f"album-{marker}"
+        assert channels.post("telegram", tg.signed(update)).status_code == 200
+    channels.settled(chat)
+    assert asked(fake_llm, marker) == ["[file big.pdf: not read, it is too large: 10 MB at most]\n\n"
+                                       f"summarise these reports\n\n[file q3.txt]\nQ3 {marker}"]
+    assert len(d.replies(chat)) == 1 and not [r for r in d.replies(chat) if "Sorry" in r]
+
+
+def test_an_image_sent_as_a_file_to_a_model_that_sees_none_is_told_images_are_not_seen(
+        channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    """It was told "I can only read text for now, not a file", though PDFs and text files are read."""
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    chat, calls = d.new_chat(), fake_llm.calls()
+    update = tg.document(chat=int(chat), sender=int(d.allowed), content=b"\x89PNG\r\n\x1a\n" + b"\x00" * 32,
+                         name="chart.png", mime="image/png")
+    assert channels.post("telegram", tg.signed(update)).status_code == 200
+    channels.settled(chat)
+    assert d.replies(chat) == [UNSEEN_IMAGE] and fake_llm.calls() == calls

@@ -179,7 +179,7 @@ def test_a_slack_photo_is_fetched_with_the_bot_token_from_slack_only(channels: C
     assert d.replies(chat) == [f"echo: {seen(image)}"]
     assert sl.refused == [] and len(sl.downloads) == 1
 
-    elsewhere = sl.file_share(channel=chat, user=d.allowed, text="and this?", event_id="EvP2", content=image,
+    elsewhere = sl.file_share(channel=chat, user=d.allowed, text="", event_id="EvP2", content=image,
                               mimetype="image/png", name="dog.png")
     elsewhere["event"]["files"][0]["url_private_download"] = "http://127.0.0.2:9/files-pri/T1-F9/download/dog.png"
     assert channels.post("slack", sl.signed(elsewhere)).status_code == 200

@@ -134,3 +134,22 @@ def test_photos_and_voice_messages_a_user_sends_are_kept_for_a_model_that_sees_a
                      f"[The user sent a photo, saved as {names[alone]}; you cannot see images.]",
                      f"[The user sent a voice message, saved as {names[tg.files['v9']]}; it was not transcribed.]"]
     assert not [r for r in d.replies(chat) if "only read text" in r or "Sorry" in r]
+
+
+def test_an_album_of_six_photos_fetches_and_keeps_only_the_four_the_model_is_given(
+        channels: ChannelStack, fake_llm: FakeLLM) -> None:
+    """Every photo was fetched and kept, and the model shown where all six were, then told it was not
+    given two of them."""
+    tg, d = channels.fakes["telegram"], channels.driver("telegram")
+    chat, marker, fetched = d.new_chat(), uuid.uuid4().hex[:8], len(tg.downloads)
+    updates = [tg.photo(chat=int(chat), sender=int(d.allowed), image=png(60 + i, 3), album=f"album-{marker}",
+                        caption=f"which? {marker}" if i == 0 else None) for i in range(6)]
+    for update in updates:
+        assert channels.post("telegram", tg.signed(update)).status_code == 200
+    channels.settled(chat)
+    ids = [u["message"]["photo"][-1]["file_id"] for u in updates]
+    assert sorted(tg.downloads[fetched:]) == sorted(ids[:4])
+    with fake_llm.lock:
+        [said] = [t for t in (last_user_text(r["messages"]) for r in fake_llm.requests) if marker in t]
+    assert said.count("saved as inbox/") == 4 and said.startswith(f"which? {marker}")
+    assert said.endswith("[2 more item(s) came with this message that you were not given: 4 are read at most.]")

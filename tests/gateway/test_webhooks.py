@@ -19,7 +19,7 @@ from shared.agent import conversations
 from shared.agent.service import HELP, SENDING_COMMANDS
 from shared.channels.discord import NOT_OURS
 from shared.channels.images import UNSEEN, UNSEEN_SOME
-from shared.channels.inbound import UNSUPPORTED
+from shared.channels.inbound import UNSEEN_IMAGE, UNSUPPORTED
 from shared.db import get_engine
 from tests.fakes.llm import FakeLLM
 from tests.support.platforms import DRIVERS, ChannelStack, llm_requests_with
@@ -503,7 +503,7 @@ def test_a_voice_message_or_photo_gets_a_notice_and_no_llm_call(channels: Channe
     del photo["entry"][0]["changes"][0]["value"]["messages"][0]["text"]
     assert channels.post("whatsapp", wa.signed(photo)).status_code == 200
     channels.settled(number)
-    assert w.replies(number)[-1] == UNSUPPORTED.format(what="a photo")
+    assert w.replies(number)[-1] == UNSEEN_IMAGE  # (not "only text": files such as PDFs are read)
     assert channels.scalar("select count(*) from runs r join conversations c on c.id = r.conversation_id "
                            "where c.chat_id in (:a, :b)", a=chat, b=number) == 0
     assert fake_llm.calls() == 0

@@ -39,9 +39,34 @@ def test_the_model_is_told_of_what_it_is_not_given() -> None:
     assert (films.content, films.unsupported, films.event_id) == ("", "a video", "2")  # one notice, not one each
 
 
-def test_an_item_that_could_not_be_fetched_gives_the_album_its_notice() -> None:
-    failed = item(2).answered("Sorry, I couldn't get your photo")
-    assert albums.merged([item(1, "look"), failed, item(3)]).notice == "Sorry, I couldn't get your photo"
+def test_an_item_that_could_not_be_read_is_told_to_the_model_unless_nothing_else_is_read() -> None:
+    """One unreadable item used to give the whole album its notice: the caption and the other items lost."""
+    failed = item(2, "[file big.pdf: not read, it is too large]").answered("Sorry, I couldn't get your file")
+    one = albums.merged([item(1, "look"), failed, item(3)])
+    assert (one.notice, one.content) == (None, "look\n\n[file big.pdf: not read, it is too large]")
+    assert [one.media, *one.more_media] == [{"kind": "photo", "id": "p1"}, {"kind": "photo", "id": "p3"}]
+    scan = item(4, media=None, unsupported=None).answered("Sorry, I couldn't read scan.pdf")  # (a notice alone)
+    assert albums.merged([item(1, "look"), scan]).content == "look\n\n" + albums.UNREAD_ITEM.format(
+        notice="Sorry, I couldn't read scan.pdf")
+    alone = albums.merged([failed, scan])  # nothing else to read: the sender's notice, once
+    assert alone.notice == "Sorry, I couldn't get your file"
+
+
+def test_only_the_items_the_model_is_given_are_fetched() -> None:
+    """Every item used to be fetched and kept, the model then shown the saved places of photos it was
+    told it was not given."""
+    prepared: list[str] = []
+
+    def prepare(one: InboundMessage) -> InboundMessage:
+        prepared.append(one.event_id)
+        return one.model_copy(update={"media": None, "unsupported": None, "content": f"[photo {one.event_id}]"})
+
+    many = [item(n, "and this" if n == MAX_IMAGES + 2 else "", follower=n == 1) for n in range(1, MAX_IMAGES + 3)]
+    one = albums.merged(many, prepare)
+    assert prepared == [str(n) for n in range(2, MAX_IMAGES + 2)]  # (the follower last: past the limit)
+    assert one.content == "\n\n".join([*(f"[photo {n}]" for n in range(2, MAX_IMAGES + 2)), "and this",
+                                        albums.PASSED_OVER.format(n=2, limit=MAX_IMAGES)])
+    assert (one.media, one.more_media, one.unsupported) == (None, [], None)
 
 
 def test_in_a_group_the_album_is_the_addressed_item_s_with_the_followers_after_it() -> None:

@@ -87,8 +87,22 @@ def test_a_file_over_the_limit_is_too_large(database_url: str, workspace: Path,
     run = make_run()
     too_large = send(reg, run, {"files": ["fits.log", "big.log"]})[0]
     assert too_large.error == ErrorCode.TOO_LARGE and "100 bytes" in too_large.message
+    assert "NANOFLEET_TOOLS__MESSAGE__MAX_FILE_BYTES" in too_large.message  # (ours: not telegram's)
     assert rows(database_url) == []
     assert send(reg, run, {"files": ["fits.log"]}, call_id="call_2")[0].ok
+
+
+def test_a_file_over_the_platform_s_smaller_limit_names_the_platform(database_url: str, workspace: Path,
+                                                                    make_run: Callable[..., Run]) -> None:
+    clean_db(database_url)
+    with (workspace / "huge.bin").open("wb") as f:  # (sparse: one byte over what a Telegram bot may upload)
+        f.truncate(50 * 1024 * 1024 + 1)
+    settings = configured(tool_settings(workspace, allowed=["message"], granted=["FS_READ"]), database_url)
+    tools = settings.tools.model_copy(update={"message": MessageSettings(max_file_bytes=60 * 1024 * 1024)})
+    run = make_run()
+    too_large = send(build_registry(settings.model_copy(update={"tools": tools})), run, {"files": ["huge.bin"]})[0]
+    assert too_large.error == ErrorCode.TOO_LARGE and run.origin["channel"] == "telegram"
+    assert too_large.message == "huge.bin is larger than 52,428,800 bytes, the most that can be sent to telegram"
 
 
 def test_files_need_fs_read(database_url: str, workspace: Path, make_run: Callable[..., Run]) -> None:
