@@ -6,7 +6,7 @@ sent, as one that refuses them, not a 500 half a minute later."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -29,6 +29,19 @@ def _stored(s: Stack, cid: str) -> str | None:
         return db.exec(select(Run.id).where(Run.conversation_id == cid)).first()
 
 
+def _chat_through(api: Any, s: Stack, proxy: Any, mode: str, message: str = "hi",
+                  meanwhile: Callable[[Future[Any], str], None] = lambda waiting, run_id: None) -> tuple[str, str, Any]:
+    """A /chat whose message is stored, then the proxy turned to `mode` (and `meanwhile` done while
+    it waits): the conversation, the run, and the answer."""
+    with ThreadPoolExecutor(1) as pool:
+        cid = api.post("/api/v1/conversations").json()["conversationId"]
+        waiting = pool.submit(api.post, f"/api/v1/conversations/{cid}/chat", json={"message": message})
+        run_id = str(wait_until(lambda: _stored(s, cid), timeout=30, message="the message to be stored"))
+        proxy.set(mode)
+        meanwhile(waiting, run_id)
+        return cid, run_id, waiting.result(timeout=60)
+
+
 def _ended(s: Stack, run_id: str) -> bool:
     with Session(get_engine(s.settings.database_url)) as db:
         run = db.get(Run, run_id)
@@ -39,39 +52,32 @@ def test_a_database_blip_while_a_chat_waits_is_waited_out(make_stack: Callable[.
     """Postgres refusing the gateway for a while after the message is stored: the chat keeps waiting
     and answers once it can read the end (it answered 503, "nothing was sent", at the first read)."""
     s = make_stack()  # no worker yet: the run waits until the database has failed the waiter
-    with ThreadPoolExecutor(1) as pool, proxy_to(s.settings.database_url) as proxy:
-        settings = s.settings.model_copy(update={"database_url": proxy.url(s.settings.database_url)})
-        with gateway(settings) as api:
-            cid = api.post("/api/v1/conversations").json()["conversationId"]
-            waiting = pool.submit(api.post, f"/api/v1/conversations/{cid}/chat", json={"message": "hi"})
-            run_id = str(wait_until(lambda: _stored(s, cid), timeout=30, message="the message to be stored"))
-            proxy.set(REFUSE)
-            wait_until(lambda: waiting.done() or proxy.refused >= 2, timeout=30,
-                       message="the waiter to find the database down")
-            assert not waiting.done(), waiting.result().text  # it waits on, whatever it reads
-            s.worker()
-            wait_until(lambda: _ended(s, run_id), timeout=60, message="the run to end")
-            proxy.set(FORWARD)
-            answer = waiting.result(timeout=60)
-            assert answer.status_code == 200, answer.text
-            assert answer.json()["assistantMessage"] == "echo: hi" and answer.json()["runId"] == run_id
+
+    def refused_then_back(waiting: Future[Any], run_id: str) -> None:
+        wait_until(lambda: waiting.done() or proxy.refused >= 2, timeout=30,
+                   message="the waiter to find the database down")
+        assert not waiting.done(), waiting.result().text  # it waits on, whatever it reads
+        s.worker()
+        wait_until(lambda: _ended(s, run_id), timeout=60, message="the run to end")
+        proxy.set(FORWARD)
+
+    with proxy_to(s.settings.database_url) as proxy, \
+            gateway(s.settings.model_copy(update={"database_url": proxy.url(s.settings.database_url)})) as api:
+        _, run_id, answer = _chat_through(api, s, proxy, REFUSE, meanwhile=refused_then_back)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["assistantMessage"] == "echo: hi" and answer.json()["runId"] == run_id
 
 
 def test_a_chat_whose_database_stays_down_answers_504_naming_the_run(make_stack: Callable[..., Stack]) -> None:
     s = make_stack()  # no worker: the run never ends
-    with ThreadPoolExecutor(1) as pool, proxy_to(s.settings.database_url) as proxy:
-        agent = s.settings.agent.model_copy(update={"chat_timeout": 3.0})
-        settings = s.settings.model_copy(update={"database_url": proxy.url(s.settings.database_url), "agent": agent})
-        with gateway(settings) as api:
-            cid = api.post("/api/v1/conversations").json()["conversationId"]
-            waiting = pool.submit(api.post, f"/api/v1/conversations/{cid}/chat", json={"message": "hi"})
-            run_id = str(wait_until(lambda: _stored(s, cid), timeout=30, message="the message to be stored"))
-            proxy.set(REFUSE)
-            answer = waiting.result(timeout=60)
-            assert answer.status_code == 504, answer.text
-            body = answer.json()
-            assert body["conversationId"] == cid and body["runId"] == run_id
-            assert f"GET /api/v1/runs/{run_id}" in body["detail"]
+    agent = s.settings.agent.model_copy(update={"chat_timeout": 3.0})
+    with proxy_to(s.settings.database_url) as proxy, gateway(s.settings.model_copy(update={
+            "database_url": proxy.url(s.settings.database_url), "agent": agent})) as api:
+        cid, run_id, answer = _chat_through(api, s, proxy, REFUSE)
+    assert answer.status_code == 504, answer.text
+    body = answer.json()
+    assert body["conversationId"] == cid and body["runId"] == run_id
+    assert f"GET /api/v1/runs/{run_id}" in body["detail"]
 
 
 def test_a_chat_goes_on_when_redis_stops_answering(make_stack: Callable[..., Stack]) -> None:
@@ -80,16 +86,12 @@ def test_a_chat_goes_on_when_redis_stops_answering(make_stack: Callable[..., Sta
     s = make_stack()
     s.worker()
     s.beat()  # the sweeper enqueues the run if the gateway's send did not get through
-    with (ThreadPoolExecutor(1) as pool, proxy_to(s.settings.redis_url) as proxy,
-          gateway(s.settings.model_copy(update={"redis_url": proxy.url(s.settings.redis_url)})) as api):
-        cid = api.post("/api/v1/conversations").json()["conversationId"]
-        waiting = pool.submit(api.post, f"/api/v1/conversations/{cid}/chat", json={"message": "sleep:2"})
-        run_id = str(wait_until(lambda: _stored(s, cid), timeout=30, message="the message to be stored"))
-        proxy.set(HANG)
-        answer = waiting.result(timeout=60)
-        assert answer.status_code == 200, answer.text
-        assert answer.json()["assistantMessage"] == "echo: sleep:2" and answer.json()["runId"] == run_id
+    with proxy_to(s.settings.redis_url) as proxy, \
+            gateway(s.settings.model_copy(update={"redis_url": proxy.url(s.settings.redis_url)})) as api:
+        _, run_id, answer = _chat_through(api, s, proxy, HANG, message="sleep:2")
         assert proxy.held > 0  # the wait did read through the hung proxy
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["assistantMessage"] == "echo: sleep:2" and answer.json()["runId"] == run_id
 
 
 def test_a_redis_that_stops_answering_is_a_503(make_stack: Callable[..., Stack]) -> None:
