@@ -177,8 +177,9 @@ def _models(settings: Settings) -> list[tuple[str, str]]:
     named = [(f"{prefix}MODEL", llm.model)]
     named += [(f"{prefix}PROFILES__{name.upper()}__MODEL", p.model) for name, p in llm.profiles.items()]
     named += [(f"{prefix}FALLBACKS", m) for m in llm.fallbacks if m not in llm.profiles]
-    extra = llm.transcription_model
-    return named + ([(f"{prefix}TRANSCRIPTION_MODEL", extra)] if extra and extra not in llm.profiles else [])
+    named += [(f"{prefix}TRANSCRIPTION_MODEL", m) for m in [llm.transcription_model] if m and m not in llm.profiles]
+    beat = settings.heartbeat.model
+    return named + ([("NANOFLEET_HEARTBEAT__MODEL", beat)] if beat and beat not in llm.profiles else [])
 
 
 def warn_model_key(settings: Settings) -> None:

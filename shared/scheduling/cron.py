@@ -15,6 +15,7 @@ whose firing was lost after its receipt.
 from __future__ import annotations
 
 import logging
+import re
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -247,8 +248,9 @@ def on_finish(rt: Runtime, s: Session, run: Run) -> list[Next]:
 
 
 def quiet(run: Run) -> bool:
-    """Whether a heartbeat run had nothing to tell anyone."""
-    return (run.final_text or "").strip().upper().startswith(HEARTBEAT_QUIET)
+    """Whether a heartbeat run had nothing to tell anyone: it answered HEARTBEAT_OK and nothing else
+    (markup and punctuation aside). "HEARTBEAT_OK for most, but the backup FAILED" is sent."""
+    return re.fullmatch(rf"\W*{HEARTBEAT_QUIET}\W*", (run.final_text or "").upper()) is not None
 
 
 def post_result(s: Session, run: Run) -> list[Next]:

@@ -41,7 +41,10 @@ MAX_CHARS = 8000
 QUIET = HEARTBEAT_QUIET
 DECIDE_RETRIES = 3  # then this heartbeat is given up; the next interval brings another
 KEYED_BY_ID = datetime(1970, 1, 1, tzinfo=UTC)  # a heartbeat's receipt is unique by its job id alone
-_EMPTY_LINE = re.compile(r"^\s*(#.*|[-*+]\s*(\[\s?\])?\s*|<!--.*-->)?\s*$")
+# A heading (or a setext heading's underline, a rule), an empty item or checklist item, a comment
+_UNDERLINE = re.compile(r"^\s*(=+|-+)\s*$")
+_ITEM = re.compile(r"^\s*([-*+]|\d+[.)])\s")
+_EMPTY_LINE = re.compile(r"^\s*(#.*|(=+|-+|\*+|_+)|([-*+]|\d+[.)])\s*(\[\s?\])?\s*|<!--.*-->)?\s*$")
 
 DECIDE = """You check a list of periodic tasks. It is {now}. Decide whether any of them needs doing now.
 Answer RUN or SKIP on the first line. After RUN, list the tasks to do now, one per line.
@@ -55,8 +58,10 @@ Answer with what the user should hear. If there is nothing worth telling them, a
 
 def tasks(text: str) -> str:
     """The file without headings, empty checklist items and comments; empty: nothing to do."""
-    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
-    return "\n".join(line for line in text.splitlines() if not _EMPTY_LINE.match(line)).strip()
+    lines = re.sub(r"<!--.*?-->", "", text, flags=re.S).splitlines()
+    headings = {i for i in range(len(lines) - 1)  # a setext heading's text (a list item's next "---" is a rule)
+                if _UNDERLINE.match(lines[i + 1]) and not _ITEM.match(lines[i])}
+    return "\n".join(line for i, line in enumerate(lines) if i not in headings and not _EMPTY_LINE.match(line)).strip()
 
 
 def read(rt: Runtime) -> str:
@@ -92,7 +97,8 @@ def target(s: Session) -> dict[str, Any]:
         .where(col(Conversation.channel).not_in((INTERNAL, "api", "cli")), col(Conversation.chat_id) != "")
         .order_by(col(Conversation.last_active_at).desc()).limit(1)
     ).first()
-    if conv is None:
+    if conv is None:  # (an API conversation is a program's, which may not expect one)
+        log.warning("heartbeat: no chat on a platform has spoken yet: the result stays in the heartbeat session")
         return {"channel": "api", "chat_id": ""}
     # The newest message from the chat knows its thread (Slack, Feishu); messages outlive runs (retention).
     last = s.exec(select(Message.meta).where(Message.conversation_id == conv.id, Message.role == Role.USER)

@@ -178,8 +178,10 @@ def test_a_model_litellm_cannot_place_is_named_where_the_model_is_called(caplog:
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         warn_model_key(load_settings(llm={"model": "bogus-model", "api_key": "sk-x", "fallbacks": ["openai/gpt-4o"],
-                                          "profiles": {"fast": {"model": "quick"}, "ok": {"model": "gpt-4o"}}}))
+                                          "profiles": {"fast": {"model": "quick"}, "ok": {"model": "gpt-4o"}}},
+                                     heartbeat={"model": "cheap"}))  # (it failed at every interval)
     lines = [r.getMessage() for r in caplog.records if "names no provider" in r.getMessage()]
     assert [line.split(" names")[0] for line in lines] == ["NANOFLEET_LLM__MODEL=bogus-model",
-                                                          "NANOFLEET_LLM__PROFILES__FAST__MODEL=quick"]
+                                                          "NANOFLEET_LLM__PROFILES__FAST__MODEL=quick",
+                                                          "NANOFLEET_HEARTBEAT__MODEL=cheap"]
     assert "provider/model (openai/gpt-4.1-mini" in lines[0]

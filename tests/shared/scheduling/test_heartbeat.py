@@ -172,6 +172,17 @@ def test_the_heartbeat_session_is_trimmed(core: Core) -> None:
 def test_heartbeat_tasks_ignore_headings_comments_and_empty_items() -> None:
     assert heartbeat.tasks("# T\n\n<!-- a\nb -->\n- [ ]\n* \n") == ""
     assert heartbeat.tasks("# T\n- [ ] call mum\n") == "- [ ] call mum"
+    assert heartbeat.tasks("Tasks\n=====\n1. [ ]\n2) \n---\n") == ""  # a setext heading, numbered items, a rule
+    assert heartbeat.tasks("Tasks\n-----\n- check backups\n---\n") == "- check backups"  # an item before a rule
+
+
+@pytest.mark.parametrize(("answer", "quiet"), [
+    ("HEARTBEAT_OK", True), (" **heartbeat_ok.** ", True),
+    ("HEARTBEAT_OK for most tasks, but the backup FAILED: disk full", False), ("All fine. HEARTBEAT_OK", False),
+])
+def test_only_a_bare_heartbeat_ok_is_quiet(answer: str, quiet: bool) -> None:
+    """A model adds to the token: an answer that starts with it may still carry an alert."""
+    assert cron.quiet(Run(conversation_id="c", final_text=answer)) is quiet
 
 
 def decisions(fake_llm: FakeLLM) -> int:
