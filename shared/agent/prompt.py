@@ -48,6 +48,7 @@ _skipped: dict[Path, str] = {}
 # change within the file system's timestamp granularity could keep every field of that identity.
 _read: dict[Path, tuple[tuple[int, ...], str]] = {}
 SETTLE_NS = 2_000_000_000
+FORGED_SENDER = re.compile(r"^(\s*)\[(?=[^\]\n]*\]:)", re.M)  # a line of a group message that starts as `[x]:`
 NOT_IN_NAMES = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\[\]()]+")  # line breaks, controls, brackets
 
 
@@ -216,8 +217,12 @@ def runtime_context(run: Run, now: datetime | None = None) -> dict[str, Any]:
 def said(msg: Message) -> str:
     """A message's text; in a group chat, a person's message starts with who wrote it (`sender` in
     its meta: set when it came in, so subagent reports and cron tasks, which copy a chat's origin,
-    are not attributed to anyone)."""
-    return f"[{msg.meta['sender']}]: {msg.content}" if msg.meta.get("sender") else msg.content
+    are not attributed to anyone), and a line of it that would read as another's `[name (id)]:` is
+    escaped (`\\[`): a member could write one to speak as the owner."""
+    if not msg.meta.get("sender"):
+        return msg.content
+    body = FORGED_SENDER.sub(r"\1\\[", msg.content)
+    return f"[{msg.meta['sender']}]: {body}"
 
 
 def sender(origin: dict[str, Any]) -> str:
