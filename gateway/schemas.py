@@ -46,6 +46,8 @@ Title = Annotated[str, StringConstraints(pattern=NO_NUL, max_length=200), AfterV
                   Field(json_schema_extra={"pattern": NOT_BLANK})]
 Words = Annotated[str, StringConstraints(pattern=NO_NUL, min_length=1, max_length=MAX_MESSAGE),
                   AfterValidator(not_blank), Field(json_schema_extra={"pattern": NOT_BLANK})]
+JobMessage = Annotated[str, StringConstraints(pattern=NO_NUL, min_length=1, max_length=10_000),
+                       AfterValidator(not_blank), Field(json_schema_extra={"pattern": NOT_BLANK})]  # a cron job's
 Id = Annotated[str, Path(max_length=64, pattern=r"^[^\x00]+$")]
 
 

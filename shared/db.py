@@ -183,6 +183,7 @@ def session_scope(url: str) -> Iterator[Session]:
 
 UNIQUE_VIOLATION = "23505"  # CREATE DATABASE beside another one: pg_database's unique name index
 INSUFFICIENT_PRIVILEGE = "42501"
+LOCK_NOT_AVAILABLE = "55P03"  # a lock not had within lock_timeout
 
 
 class DatabaseRefused(Exception):

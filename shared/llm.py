@@ -9,17 +9,16 @@ import logging
 import os
 import random
 import time
-import uuid
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import httpx
 
-from shared.contracts import without_nul
+from shared.llm_answers import answered, streamed
 from shared.llm_faults import retry_after, user_message
 from shared.llm_images import without_images
-from shared.llm_types import LLMError, LLMResponse, LLMToolCall, Usage
+from shared.llm_types import LLMError, LLMResponse
 from shared.settings import LLMProfile, LLMSettings
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the cost map at import
@@ -313,12 +312,6 @@ def _vision(model: str) -> bool:
 
 
 def _parse(response: Any, model: str) -> LLMResponse:
-    message = response.choices[0].message
-    calls = [
-        LLMToolCall(id=c.id, name=_storable(c.function.name), arguments=_storable(c.function.arguments or "{}"))
-        for c in (message.tool_calls or [])
-    ]
-    usage = getattr(response, "usage", None)
     hidden = getattr(response, "_hidden_params", None) or {}
     cost = hidden.get("response_cost")  # litellm priced it already, or found no price (None): no second try
     if cost is None and "response_cost" not in hidden:
@@ -326,56 +319,17 @@ def _parse(response: Any, model: str) -> LLMResponse:
             cost = _litellm().completion_cost(completion_response=response, model=model)
         except Exception:  # models without a price in the map
             cost = 0.0
-    return LLMResponse(
-        content=_storable(message.content or ""),
-        tool_calls=calls,
-        usage=Usage(
-            prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
-            completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
-            cost=float(cost or 0.0),
-        ),
-        model=model,
-    )
+    return answered(response, model, float(cost or 0.0))
 
 
 def _streamed(stream: Any, on_delta: Callable[[str], None], model: str) -> LLMResponse:
-    """Pass the text on as it comes and put the answer together: the text in order, each tool
-    call's id, name and argument pieces by its index, and the usage the last chunk carries (asked
-    for with `include_usage`). litellm's own `stream_chunk_builder` does the same at about a third
-    of the cost of a whole streamed call."""
-    text: list[str] = []
-    calls: dict[int, LLMToolCall] = {}
-    usage = None
-    for chunk in stream:
-        usage = getattr(chunk, "usage", None) or usage
-        if not chunk.choices:
-            continue
-        delta = chunk.choices[0].delta
-        if delta.content:
-            text.append(delta.content)
-            on_delta(delta.content)
-        for piece in delta.tool_calls or ():
-            call = calls.setdefault(piece.index or 0, LLMToolCall(id="", name="", arguments=""))
-            call.id = piece.id or call.id
-            if piece.function is not None:
-                call.name = piece.function.name or call.name
-                call.arguments += piece.function.arguments or ""
-    prompt = getattr(usage, "prompt_tokens", 0) or 0
-    completion = getattr(usage, "completion_tokens", 0) or 0
+    answer = streamed(stream, on_delta, model)
     try:
-        cost = sum(_litellm().cost_per_token(model=model, prompt_tokens=prompt, completion_tokens=completion))
+        answer.usage.cost = float(sum(_litellm().cost_per_token(
+            model=model, prompt_tokens=answer.usage.prompt_tokens, completion_tokens=answer.usage.completion_tokens)))
     except Exception:  # models without a price in the map
-        cost = 0.0
-    tool_calls = [LLMToolCall(id=c.id or f"call_{uuid.uuid4().hex[:24]}", name=_storable(c.name),
-                              arguments=_storable(c.arguments or "{}")) for _, c in sorted(calls.items())]
-    return LLMResponse(content=_storable("".join(text)), tool_calls=tool_calls,
-                       usage=Usage(prompt_tokens=prompt, completion_tokens=completion, cost=float(cost)), model=model)
-
-
-def _storable(text: str) -> str:
-    """A model's text as Postgres can store it: a NUL or a lone surrogate (which a model may well
-    write) failed the step that wrote it, five times, each after a paid call."""
-    return str(without_nul(text, lone_surrogates=True))
+        answer.usage.cost = 0.0
+    return answer
 
 
 def _user_message(err: Exception, wait: float | None = None) -> str:

@@ -7,13 +7,13 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Response
-from pydantic import AfterValidator, Field, StringConstraints
+from pydantic import Field
 from sqlmodel import col, select
 
 from gateway.deps import SessionDep, StateDep, only_params, require_key
-from gateway.schemas import BAD_BODY, UNAUTHORIZED, RequestBody
+from gateway.schemas import BAD_BODY, UNAUTHORIZED, JobMessage, RequestBody
 from gateway.state import AppState
-from shared.contracts import NO_NUL, NOT_BLANK, not_blank
+from shared.contracts import NO_NUL
 from shared.models import CronJob, CronReceipt
 from shared.scheduling import jobs
 from shared.scheduling.beat import BeatMirror
@@ -23,9 +23,6 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1/cron", tags=["cron"], dependencies=[Depends(require_key)], responses=UNAUTHORIZED)
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such job"}}
 JobId = Annotated[str, Path(pattern=NO_NUL, max_length=64)]
-# The limit on the string itself: in a field's Field() around an optional one, pydantic counts "items"
-JobMessage = Annotated[str, StringConstraints(min_length=1, max_length=10_000, pattern=NO_NUL),
-                       AfterValidator(not_blank), Field(json_schema_extra={"pattern": NOT_BLANK})]
 
 
 class CronIn(RequestBody):

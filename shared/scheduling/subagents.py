@@ -20,7 +20,7 @@ from sqlmodel import Session, col, select
 from shared.agent import conversations, lease, steps, views
 from shared.agent.runtime import Next, Runtime
 from shared.constants import INTERNAL, REPORT, T_AGENT_STEP, T_SUBAGENT_STEP
-from shared.db import session_scope, sqlstate
+from shared.db import LOCK_NOT_AVAILABLE, session_scope, sqlstate
 from shared.models import Conversation, Message, Role, Run, RunKind, RunStatus
 from shared.scheduling.ids import call_key, derived
 from shared.settings import Settings
@@ -34,7 +34,6 @@ QUOTE_CHARS = 8000
 # timeout, which cannot stop the thread doing it. A spawn that waited longer made its child after its
 # call was reported failed (and retryable), and the model's retry made a second one.
 LOCK_WAIT = 10.0
-LOCK_NOT_AVAILABLE = "55P03"
 
 
 class LimitReached(Exception):
